@@ -1,0 +1,99 @@
+"""ONNX's own node test cases, run through onnx2jax.
+
+The onnx wheel carries the generators of its backend node tests
+(``onnx.backend.test.case.node.collect_testcases``): about 1,900 single-node
+models with inputs and expected outputs. This module runs them and compares
+like ONNX's backend runner does (same dtype, ``assert_allclose`` with the
+case's rtol/atol), so that the pass rate is a number anyone can reproduce:
+``onnx2jax conformance``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Iterable
+
+import jax
+import numpy as np
+import onnx
+from onnx.backend.test.case.node import collect_testcases
+from onnx.backend.test.case.test_case import TestCase
+
+from onnx2jax.translate import translate
+
+
+@functools.lru_cache(maxsize=1)
+def node_cases() -> tuple[TestCase, ...]:
+    """ONNX's node test cases, sorted by name (generated once per process)."""
+    import warnings
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        cases = [c for c in collect_testcases() if c.kind == "node"]
+    return tuple(sorted(cases, key=lambda c: c.name))
+
+
+def case_op_types(case: TestCase) -> tuple[str, ...]:
+    """The op types a case's model uses (normally one)."""
+    return tuple(sorted({n.op_type for n in case.model.graph.node}))
+
+
+def assert_outputs_match(expected: Any, actual: Any, rtol: float, atol: float, where: str = "") -> None:
+    """Asserts one output equals ONNX's expected value: same dtype, values within tolerance.
+
+    Sequences (lists) are compared element by element; strings and bools exactly.
+    """
+    if isinstance(expected, list):
+        if not isinstance(actual, (list, tuple)) or len(actual) != len(expected):
+            raise AssertionError(f"{where}: expected a sequence of {len(expected)}, got {type(actual).__name__}")
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            assert_outputs_match(e, a, rtol, atol, f"{where}[{i}]")
+        return
+    if expected is None:
+        if actual is not None:
+            raise AssertionError(f"{where}: expected an empty optional, got a value")
+        return
+    expected = np.asarray(expected)
+    actual = np.asarray(actual)
+    if expected.dtype != actual.dtype:
+        raise AssertionError(f"{where}: dtype {actual.dtype}, expected {expected.dtype}")
+    if expected.shape != actual.shape:
+        raise AssertionError(f"{where}: shape {actual.shape}, expected {expected.shape}")
+    if expected.dtype.kind in "OUSb" or expected.dtype.kind in "iu":
+        np.testing.assert_array_equal(actual, expected, err_msg=where)
+    else:
+        np.testing.assert_allclose(
+            actual.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol, err_msg=where
+        )
+
+
+def run_case(case: TestCase) -> None:
+    """Runs one node case through onnx2jax (jitted); raises on any difference."""
+    model = translate(case.model)
+    for index, (inputs, outputs) in enumerate(case.data_sets):
+        actual = model(*inputs)
+        for name, e, a in zip(model.output_names, outputs, actual):
+            assert_outputs_match(e, a, case.rtol, case.atol, f"{case.name} set {index} output {name!r}")
+
+
+@dataclasses.dataclass
+class CaseResult:
+    name: str
+    op_types: tuple[str, ...]
+    passed: bool
+    error: str = ""
+
+
+def run_cases(cases: Iterable[TestCase]) -> list[CaseResult]:
+    """Runs every case, catching failures, for the CLI's pass-rate report."""
+    results = []
+    for case in cases:
+        try:
+            run_case(case)
+            results.append(CaseResult(case.name, case_op_types(case), True))
+        except Exception as e:  # noqa: BLE001 - every failure is reported, none stops the run
+            results.append(CaseResult(case.name, case_op_types(case), False, f"{type(e).__name__}: {e}"[:300]))
+        if len(results) % 200 == 0:
+            jax.clear_caches()  # thousands of tiny programs otherwise pile up in memory
+    return results

@@ -1,0 +1,8 @@
+"""Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear, QLinearMatMul, MatMulInteger, QLinearConv, ConvInteger."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from onnx2jax.ops.registry import register

@@ -1,0 +1,96 @@
+"""The op registry: (domain, op_type, since_version) -> a jax implementation.
+
+An implementation is a plain function. Inputs arrive positionally (``None`` for
+an omitted optional input), attributes as keyword arguments named exactly as in
+the ONNX spec, with the schema's defaults already filled in by the translator.
+It returns one array or a tuple of arrays.
+
+Versions are registered *exactly*: ``@register("Relu", 6, 13, 14)`` claims the
+schema versions 6, 13 and 14. A model whose opset resolves to a schema version
+nobody registered fails loudly instead of running code written for another
+version of the op.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterable, NamedTuple
+
+import onnx.defs
+
+
+class OpKey(NamedTuple):
+    """One registered schema version of one op."""
+
+    domain: str
+    op_type: str
+    since_version: int
+
+
+@dataclasses.dataclass(frozen=True)
+class OpImpl:
+    """A registered implementation and what the translator must give it.
+
+    Attributes:
+      fn: the implementation.
+      static_inputs: positions of inputs that must be known while tracing (a
+        Reshape's shape, a Slice's starts); the translator passes them as numpy
+        arrays and refuses to trace otherwise.
+      needs_context: whether ``fn`` takes an :class:`OpContext` as its first
+        argument (subgraphs, node names, opset).
+    """
+
+    fn: Callable
+    static_inputs: frozenset[int] = frozenset()
+    needs_context: bool = False
+
+
+_REGISTRY: dict[OpKey, OpImpl] = {}
+
+
+def register(
+    op_type: str,
+    *since_versions: int,
+    domain: str = "",
+    static_inputs: Iterable[int] = (),
+    context: bool = False,
+) -> Callable[[Callable], Callable]:
+    """Registers ``fn`` for the given schema versions of ``op_type``.
+
+    Raises:
+      ValueError: a version is registered twice, or none is given.
+    """
+    if not since_versions:
+        raise ValueError(f"register({op_type!r}) needs at least one since_version")
+
+    def decorate(fn: Callable) -> Callable:
+        impl = OpImpl(fn, frozenset(static_inputs), context)
+        for version in since_versions:
+            key = OpKey(domain, op_type, version)
+            if key in _REGISTRY:
+                raise ValueError(f"{key} is registered twice")
+            _REGISTRY[key] = impl
+        return fn
+
+    return decorate
+
+
+def schema_version(domain: str, op_type: str, opset: int) -> int | None:
+    """The since_version of the schema that ``opset`` selects, or None if ONNX has none."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain).since_version
+    except onnx.defs.SchemaError:
+        return None
+
+
+def lookup(domain: str, op_type: str, opset: int) -> OpImpl | None:
+    """The implementation for ``op_type`` at ``opset`` in ``domain``, or None."""
+    version = schema_version(domain, op_type, opset)
+    if version is None:
+        return None
+    return _REGISTRY.get(OpKey(domain, op_type, version))
+
+
+def registered() -> frozenset[OpKey]:
+    """Every registered (domain, op_type, since_version)."""
+    return frozenset(_REGISTRY)

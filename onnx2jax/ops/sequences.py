@@ -1,0 +1,8 @@
+"""Sequence and optional values."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from onnx2jax.ops.registry import register

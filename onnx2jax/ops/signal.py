@@ -1,0 +1,8 @@
+"""Signal processing: DFT, STFT, window functions, MelWeightMatrix."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from onnx2jax.ops.registry import register

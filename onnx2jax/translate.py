@@ -1,0 +1,420 @@
+"""ONNX graph -> a pure, traceable jax function ``f(params, *inputs)``.
+
+The translator walks the nodes in their stored (topological) order, keeping a
+name -> value environment. A value is either *static* (a numpy array, known
+while tracing: constants, shapes, anything computed only from them) or
+*traced* (a jax array). A node whose inputs are all static is evaluated at
+trace time under ``jax.ensure_compile_time_eval`` so that Shape -> Gather ->
+Concat -> Reshape chains fold into numpy and Reshape/Expand/Slice/Tile get
+static arguments. Symbolic dims are specialised from the actual input shapes:
+``jax.jit`` traces once per shape signature and caches the result.
+
+Initializers become the ``params`` pytree (a dict name -> array), except small
+non-float ones (at most ``STATIC_INITIALIZER_LIMIT`` elements: shape vectors,
+axes, indices), which are folded as constants so that shape chains stay static.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnx.defs
+import onnx.helper
+import onnx.numpy_helper
+
+from onnx2jax import ops as _ops  # noqa: F401  (fills the registry)
+from onnx2jax.errors import NodeError, PrecisionError, UnsupportedOpError
+from onnx2jax.loading import ModelLike, load_model
+from onnx2jax.ops.registry import OpImpl, lookup
+
+STATIC_INITIALIZER_LIMIT = 4096
+"""Non-float initializers up to this many elements are folded as constants."""
+
+_WIDE_TYPES = frozenset(
+    {
+        onnx.TensorProto.INT64,
+        onnx.TensorProto.UINT64,
+        onnx.TensorProto.DOUBLE,
+        onnx.TensorProto.COMPLEX128,
+    }
+)
+
+
+class Hooks(Protocol):
+    """Lets a caller rewrite the values flowing into and out of each node.
+
+    ``onnx2jax.compile`` uses this to put sharding constraints on node inputs
+    and outputs; plain translation uses none.
+    """
+
+    def node_inputs(self, node: onnx.NodeProto, values: list) -> list: ...
+
+    def node_outputs(self, node: onnx.NodeProto, values: list) -> list: ...
+
+
+@dataclasses.dataclass
+class OpContext:
+    """What the few context-taking ops (control flow, Shape-like ops) may see."""
+
+    node_name: str
+    op_type: str
+    opset: int
+    run_graph: Callable[[onnx.GraphProto, Sequence[Any]], list]
+    output_count: int
+
+
+def is_static(value: Any) -> bool:
+    """A value known while tracing (numpy), as opposed to a jax array or tracer."""
+    return isinstance(value, (np.ndarray, np.generic))
+
+
+@functools.lru_cache(maxsize=None)
+def _resolve(domain: str, op_type: str, opset: int) -> OpImpl | None:
+    return lookup(domain, op_type, opset)
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_attributes(domain: str, op_type: str, opset: int):
+    try:
+        return onnx.defs.get_schema(op_type, opset, domain).attributes
+    except onnx.defs.SchemaError:
+        return {}
+
+
+def _attribute_value(attr: onnx.AttributeProto) -> Any:
+    value = onnx.helper.get_attribute_value(attr)
+    if isinstance(value, bytes):
+        return value.decode("utf-8")
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, list):
+        if value and isinstance(value[0], bytes):
+            return tuple(v.decode("utf-8") for v in value)
+        if value and isinstance(value[0], onnx.TensorProto):
+            return tuple(onnx.numpy_helper.to_array(v) for v in value)
+        return tuple(value)
+    return value
+
+
+def node_attributes(node: onnx.NodeProto, domain: str, opset: int) -> dict[str, Any]:
+    """The node's attributes with the schema's defaults filled in.
+
+    Raises:
+      NodeError: a required attribute is missing.
+    """
+    given = {a.name: _attribute_value(a) for a in node.attribute}
+    for name, spec in _schema_attributes(domain, node.op_type, opset).items():
+        if name in given:
+            continue
+        if spec.default_value.type != onnx.AttributeProto.UNDEFINED:
+            given[name] = _attribute_value(spec.default_value)
+        elif spec.required:
+            raise NodeError(
+                f"node {node.name!r} ({node.op_type}): required attribute {name!r} is missing"
+            )
+    return given
+
+
+def _subgraphs(node: onnx.NodeProto):
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            yield attr.g
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            yield from attr.graphs
+
+
+def unsupported_ops(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[tuple[str, str, int]]:
+    """Every (domain, op_type, opset) in ``graph`` and its subgraphs with no implementation."""
+    missing = []
+    for node in graph.node:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        opset = opsets.get(domain)
+        if opset is None or _resolve(domain, node.op_type, opset) is None:
+            missing.append((domain, node.op_type, opset if opset is not None else -1))
+        for sub in _subgraphs(node):
+            missing.extend(unsupported_ops(sub, opsets))
+    return missing
+
+
+def _to_jax(value: Any) -> Any:
+    return jnp.asarray(value) if is_static(value) else value
+
+
+class GraphRunner:
+    """Evaluates one graph (and its subgraphs) over an environment of values."""
+
+    def __init__(self, opsets: Mapping[str, int], hooks: Hooks | None = None):
+        self.opsets = dict(opsets)
+        self.hooks = hooks
+
+    def run(self, graph: onnx.GraphProto, env: dict[str, Any]) -> list:
+        """Runs every node of ``graph`` in ``env`` (updated in place); returns its outputs."""
+        for node in graph.node:
+            self._run_node(node, env)
+        missing = [o.name for o in graph.output if o.name not in env]
+        if missing:
+            raise NodeError(f"graph {graph.name!r}: outputs {missing} are never produced")
+        return [env[o.name] for o in graph.output]
+
+    def run_subgraph(self, graph: onnx.GraphProto, outer: Mapping[str, Any], inputs: Sequence[Any]) -> list:
+        """Runs a subgraph whose formal inputs are bound to ``inputs``; outer names stay visible."""
+        env = dict(outer)
+        for info, value in zip(graph.input, inputs):
+            env[info.name] = value
+        for init in graph.initializer:
+            env[init.name] = onnx.numpy_helper.to_array(init)
+        return self.run(graph, env)
+
+    def _run_node(self, node: onnx.NodeProto, env: dict[str, Any]) -> None:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        opset = self.opsets.get(domain, -1)
+        impl = _resolve(domain, node.op_type, opset)
+        where = f"node {node.name!r} ({node.op_type}, opset {opset})"
+        if impl is None:
+            raise UnsupportedOpError([(domain, node.op_type, opset)])
+        inputs = []
+        for name in node.input:
+            if not name:
+                inputs.append(None)
+            elif name in env:
+                inputs.append(env[name])
+            else:
+                raise NodeError(f"{where}: input {name!r} is not defined before it is used")
+        if self.hooks is not None:
+            inputs = self.hooks.node_inputs(node, inputs)
+        for position in impl.static_inputs:
+            if position < len(inputs) and inputs[position] is not None and not is_static(inputs[position]):
+                raise NodeError(
+                    f"{where}: input {position} ({node.input[position]!r}) must be known while "
+                    "tracing (it sets a shape), but it depends on runtime data"
+                )
+        attrs = node_attributes(node, domain, opset)
+        args: list[Any] = list(inputs)
+        if impl.needs_context:
+            snapshot = env
+            ctx = OpContext(
+                node_name=node.name,
+                op_type=node.op_type,
+                opset=opset,
+                run_graph=lambda g, values: self.run_subgraph(g, snapshot, values),
+                output_count=len(node.output),
+            )
+            args = [ctx, *args]
+        all_static = not any(True for _ in _subgraphs(node)) and all(
+            v is None or is_static(v) for v in inputs
+        )
+        try:
+            if all_static:
+                with jax.ensure_compile_time_eval():
+                    result = impl.fn(*args, **attrs)
+                result = _as_static(result)
+            else:
+                result = impl.fn(*args, **attrs)
+        except (NodeError, UnsupportedOpError):
+            raise
+        except Exception as e:  # noqa: BLE001 - re-raised with the node named
+            raise NodeError(f"{where}: {type(e).__name__}: {e}") from e
+        outputs = list(result) if isinstance(result, (tuple, list)) else [result]
+        if len(outputs) < len([o for o in node.output if o]):
+            raise NodeError(f"{where}: produced {len(outputs)} outputs, the node names {len(node.output)}")
+        if self.hooks is not None:
+            outputs = self.hooks.node_outputs(node, outputs[: len(node.output)])
+        for name, value in zip(node.output, outputs):
+            if name:
+                env[name] = value
+
+
+def _as_static(result: Any) -> Any:
+    if isinstance(result, (tuple, list)):
+        return type(result)(_as_static(r) for r in result)
+    if result is None or isinstance(result, list):
+        return result
+    return np.asarray(result)
+
+
+def _opsets(model: onnx.ModelProto) -> dict[str, int]:
+    opsets = {}
+    for entry in model.opset_import:
+        opsets["" if entry.domain == "ai.onnx" else entry.domain] = entry.version
+    return opsets
+
+
+def _uses_wide_types(graph: onnx.GraphProto) -> bool:
+    infos = list(graph.input) + list(graph.output) + list(graph.value_info)
+    if any(i.type.tensor_type.elem_type in _WIDE_TYPES for i in infos):
+        return True
+    return any(t.data_type in _WIDE_TYPES for t in graph.initializer)
+
+
+@dataclasses.dataclass
+class InputInfo:
+    """A graph input: its name, ONNX dtype and shape (ints, dim_param strings or None)."""
+
+    name: str
+    dtype: np.dtype | None
+    shape: tuple[int | str | None, ...] | None
+
+
+def _input_info(info: onnx.ValueInfoProto) -> InputInfo:
+    tt = info.type.tensor_type
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
+    shape = None
+    if tt.HasField("shape"):
+        shape = tuple(
+            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
+        )
+    return InputInfo(info.name, dtype, shape)
+
+
+class JaxModel:
+    """An ONNX model as a pure jax function.
+
+    ``model.fn(params, *inputs)`` is the traceable function (works under
+    ``jax.jit``, ``jax.vmap``, ``jax.grad``); ``model(*inputs)`` runs it jitted
+    with 64-bit types enabled for the call only (see :func:`translate`).
+
+    Attributes:
+      proto: the loaded, function-inlined ModelProto.
+      params: initializers that are parameters, name -> numpy array.
+      constants: small non-float initializers folded while tracing.
+      inputs: the graph's runtime inputs (not initializers), in order.
+      output_names: the graph's outputs, in order.
+      uses_64bit: whether the graph has int64/float64 tensors, so that tracing
+        needs ``jax.enable_x64``.
+    """
+
+    def __init__(self, proto: onnx.ModelProto):
+        self.proto = proto
+        graph = proto.graph
+        self.opsets = _opsets(proto)
+        missing = unsupported_ops(graph, self.opsets)
+        if missing:
+            raise UnsupportedOpError(missing)
+        self.params: dict[str, np.ndarray] = {}
+        self.constants: dict[str, np.ndarray] = {}
+        for init in graph.initializer:
+            array = onnx.numpy_helper.to_array(init)
+            if _is_parameter(array):
+                self.params[init.name] = array
+            else:
+                self.constants[init.name] = array
+        for sparse in graph.sparse_initializer:
+            self.params[sparse.values.name] = _densify(sparse)
+        initialized = set(self.params) | set(self.constants)
+        self.inputs = [_input_info(i) for i in graph.input if i.name not in initialized]
+        self.output_names = [o.name for o in graph.output]
+        self.uses_64bit = _uses_wide_types(graph)
+        self._jitted = None
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+    def bind_inputs(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> dict[str, Any]:
+        """Maps positional and named arguments onto the graph's inputs, checking dtype and rank.
+
+        Raises:
+          TypeError: missing, extra or ill-typed inputs, naming each.
+        """
+        if len(inputs) > len(self.inputs):
+            raise TypeError(f"model takes {len(self.inputs)} inputs {self.input_names}, got {len(inputs)}")
+        bound = {info.name: value for info, value in zip(self.inputs, inputs)}
+        for name, value in named.items():
+            if name in bound:
+                raise TypeError(f"input {name!r} given twice")
+            if name not in self.input_names:
+                raise TypeError(f"unknown input {name!r}; the model's inputs are {self.input_names}")
+            bound[name] = value
+        absent = [i.name for i in self.inputs if i.name not in bound]
+        if absent:
+            raise TypeError(f"missing inputs {absent}")
+        for info in self.inputs:
+            _check_input(info, bound[info.name])
+        return bound
+
+    def evaluate(self, params: Mapping[str, Any], inputs: Mapping[str, Any], hooks: Hooks | None = None) -> tuple:
+        """Traces the graph over ``params`` and named ``inputs``; returns the outputs in order."""
+        if self.uses_64bit and not jax.config.jax_enable_x64:
+            raise PrecisionError(
+                "this model has 64-bit tensors (int64/float64) and JAX's x64 mode is off, so they "
+                "would silently become 32-bit. Trace it inside `with jax.enable_x64(True):`, or call "
+                "the model object itself, which does that for the call only."
+            )
+        env: dict[str, Any] = dict(self.constants)
+        env.update(params)
+        env.update(inputs)
+        outputs = GraphRunner(self.opsets, hooks).run(self.proto.graph, env)
+        return tuple(_to_jax(o) for o in outputs)
+
+    def fn(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
+        """The pure function: outputs (a tuple, in ONNX output order) of the graph."""
+        return self.evaluate(params, self.bind_inputs(inputs, named))
+
+    def __call__(self, *inputs: Any, **named: Any) -> tuple:
+        """Runs the model jitted, with 64-bit types on for this call only."""
+        with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
+            if self._jitted is None:
+                self._jitted = jax.jit(self.evaluate)
+            bound = self.bind_inputs(inputs, named)
+            return self._jitted(self.params, bound)
+
+
+def _is_parameter(array: np.ndarray) -> bool:
+    if array.dtype.kind in "fc" or array.dtype.name in ("bfloat16",) or array.dtype.name.startswith("float8"):
+        return True
+    return array.size > STATIC_INITIALIZER_LIMIT
+
+
+def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
+    values = onnx.numpy_helper.to_array(sparse.values)
+    indices = onnx.numpy_helper.to_array(sparse.indices)
+    dense = np.zeros(int(np.prod(sparse.dims)), dtype=values.dtype)
+    flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, tuple(sparse.dims))
+    dense[flat] = values
+    return dense.reshape(tuple(sparse.dims))
+
+
+def _check_input(info: InputInfo, value: Any) -> None:
+    if value is None:
+        return
+    dtype = getattr(value, "dtype", None)
+    if info.dtype is not None and dtype is not None and np.dtype(dtype) != info.dtype:
+        raise TypeError(f"input {info.name!r}: expected dtype {info.dtype}, got {np.dtype(dtype)}")
+    shape = getattr(value, "shape", None)
+    if info.shape is not None and shape is not None:
+        if len(shape) != len(info.shape):
+            raise TypeError(f"input {info.name!r}: expected rank {len(info.shape)} {info.shape}, got shape {tuple(shape)}")
+        for axis, (want, got) in enumerate(zip(info.shape, shape)):
+            if isinstance(want, int) and want > 0 and want != got:
+                raise TypeError(f"input {info.name!r}: axis {axis} must be {want}, got shape {tuple(shape)}")
+
+
+def translate(model: ModelLike) -> JaxModel:
+    """Translates an ONNX model into a :class:`JaxModel`.
+
+    64-bit types: ONNX models are full of int64 (ids, shapes) and sometimes
+    float64. JAX turns those into 32-bit unless its x64 mode is on, and that
+    mode is a global setting. onnx2jax never changes it globally: calling the
+    model object enables x64 for that call only (``jax.enable_x64`` is a
+    context manager). When you trace ``model.fn`` yourself, do it inside
+    ``with jax.enable_x64(True):`` if ``model.uses_64bit``; otherwise a
+    :class:`PrecisionError` says so instead of silently narrowing types.
+
+    Args:
+      model: a path, serialized bytes, or ModelProto.
+
+    Raises:
+      UnsupportedOpError: listing every unsupported op of the model at once.
+      ModelLoadError: the file or its external data cannot be read safely.
+
+    Example:
+      >>> m = translate("tests/data/tiny_llama.onnx")   # doctest: +SKIP
+      >>> (logits,) = m(np.zeros((1, 8), np.int64))     # doctest: +SKIP
+    """
+    return JaxModel(load_model(model))

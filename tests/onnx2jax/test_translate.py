@@ -1,0 +1,141 @@
+"""The translator on small graphs built with onnx.helper, against numpy and onnxruntime."""
+
+import os
+
+import jax
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import pytest
+
+import onnx2jax
+from onnx2jax.errors import ModelLoadError, PrecisionError, UnsupportedOpError
+
+FLOAT = onnx.TensorProto.FLOAT
+
+
+def mlp_model(w: np.ndarray) -> onnx.ModelProto:
+    graph = oh.make_graph(
+        [oh.make_node("MatMul", ["x", "W"], ["y"], name="mm"), oh.make_node("Relu", ["y"], ["z"], name="relu")],
+        "mlp",
+        [oh.make_tensor_value_info("x", FLOAT, ["batch", w.shape[0]])],
+        [oh.make_tensor_value_info("z", FLOAT, ["batch", w.shape[1]])],
+        [onh.from_array(w, "W")],
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+
+
+def test_matmul_relu_matches_numpy():
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    (z,) = onnx2jax.translate(mlp_model(w))(x)
+    np.testing.assert_allclose(np.asarray(z), np.maximum(x @ w, 0), rtol=1e-6)
+    assert z.dtype == np.float32
+
+
+def test_fn_is_pure_and_differentiable():
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((4, 3)).astype(np.float32)
+    x = rng.standard_normal((5, 4)).astype(np.float32)
+    model = onnx2jax.translate(mlp_model(w))
+    assert set(model.params) == {"W"}
+
+    def loss(params):
+        return model.fn(params, x)[0].sum()
+
+    grad = jax.jit(jax.grad(loss))(model.params)["W"]
+    expected = x.T @ (x @ w > 0).astype(np.float32)
+    np.testing.assert_allclose(np.asarray(grad), expected, rtol=1e-5)
+    batched = jax.vmap(lambda xs: model.fn(model.params, xs)[0])(np.stack([x, 2 * x]))
+    np.testing.assert_allclose(np.asarray(batched[1]), np.maximum(2 * x @ w, 0), rtol=1e-5)
+
+
+def test_every_unsupported_op_is_listed_at_once():
+    graph = oh.make_graph(
+        [
+            oh.make_node("FancyOp", ["x"], ["y"], name="a", domain="my.domain"),
+            oh.make_node("Relu", ["y"], ["z"], name="b"),
+            oh.make_node("NotAnOnnxOp", ["z"], ["w"], name="c"),
+        ],
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, [2])],
+        [oh.make_tensor_value_info("w", FLOAT, [2])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("my.domain", 1)])
+    with pytest.raises(UnsupportedOpError) as info:
+        onnx2jax.translate(model)
+    assert info.value.missing == [("", "NotAnOnnxOp", 17), ("my.domain", "FancyOp", 1)]
+    assert "my.domain::FancyOp@1" in str(info.value) and "ai.onnx::NotAnOnnxOp@17" in str(info.value)
+
+
+def test_input_dtype_and_rank_are_checked():
+    model = onnx2jax.translate(mlp_model(np.ones((4, 3), np.float32)))
+    with pytest.raises(TypeError, match="input 'x': expected dtype float32, got float64"):
+        model(np.ones((2, 4)))
+    with pytest.raises(TypeError, match="input 'x': expected rank 2"):
+        model(np.ones((4,), np.float32))
+
+
+def test_64bit_model_refuses_to_narrow_silently():
+    graph = oh.make_graph(
+        [oh.make_node("Add", ["a", "b"], ["c"], name="add")],
+        "g",
+        [oh.make_tensor_value_info(n, onnx.TensorProto.INT64, [2]) for n in "ab"],
+        [oh.make_tensor_value_info("c", onnx.TensorProto.INT64, [2])],
+    )
+    model = onnx2jax.translate(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    big = np.array([2**40, -(2**40)], np.int64)
+    (c,) = model(big, np.array([1, 1], np.int64))
+    assert c.dtype == np.int64 and list(np.asarray(c)) == [2**40 + 1, -(2**40) + 1]
+    assert not jax.config.jax_enable_x64, "the call must not change JAX's global x64 setting"
+    with pytest.raises(PrecisionError, match="enable_x64"):
+        model.fn({}, big, big)
+
+
+def _save_with_external(model: onnx.ModelProto, directory, location: str) -> str:
+    path = os.path.join(directory, "m.onnx")
+    onnx.save(model, path, save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin", size_threshold=0)
+    saved = onnx.load(path, load_external_data=False)
+    for tensor in saved.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = location
+    onnx.save(saved, path)
+    return path
+
+
+def test_external_data_loads_from_model_directory(tmp_path):
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    path = _save_with_external(mlp_model(w), tmp_path, "w.bin")
+    model = onnx2jax.translate(path)
+    np.testing.assert_array_equal(model.params["W"], w)
+
+
+def test_external_data_outside_model_directory_is_refused(tmp_path):
+    inner = tmp_path / "model"
+    inner.mkdir()
+    path = _save_with_external(mlp_model(np.ones((4, 3), np.float32)), inner, "../w.bin")
+    os.replace(inner / "w.bin", tmp_path / "w.bin")
+    with pytest.raises(ModelLoadError, match="escapes the model's directory"):
+        onnx2jax.translate(path)
+
+
+def test_missing_and_truncated_external_data(tmp_path):
+    path = _save_with_external(mlp_model(np.ones((4, 3), np.float32)), tmp_path, "w.bin")
+    with open(tmp_path / "w.bin", "r+b") as f:
+        f.truncate(20)
+    with pytest.raises(ModelLoadError, match="truncated"):
+        onnx2jax.translate(path)
+    os.remove(tmp_path / "w.bin")
+    with pytest.raises(ModelLoadError, match="not found"):
+        onnx2jax.translate(path)
+
+
+def test_truncated_model_file(tmp_path):
+    data = mlp_model(np.ones((4, 3), np.float32)).SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match="truncated or corrupt"):
+        onnx2jax.translate(str(path))
