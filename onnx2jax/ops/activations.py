@@ -2,12 +2,119 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
 from onnx2jax.ops.registry import register
 
 
-@register("Relu", 6, 13, 14)
-def relu(x):
-    return jnp.maximum(x, jnp.zeros((), x.dtype))
+def _zero(x):
+    return jnp.zeros((), jnp.asarray(x).dtype)
+
+
+def _const(value, x):
+    """An attribute value in ``x``'s dtype (attributes are Python floats)."""
+    return jnp.asarray(value, jnp.asarray(x).dtype)
+
+
+@register("Relu", 1, 6, 13, 14)
+def relu(x, *, consumed_inputs=None):
+    return jnp.maximum(x, _zero(x))
+
+
+@register("LeakyRelu", 1, 6, 16)
+def leaky_relu(x, *, alpha=0.01, consumed_inputs=None):
+    return jnp.where(x < 0, x * _const(alpha, x), x)
+
+
+@register("PRelu", 7, 9, 16)
+def prelu(x, slope):
+    return jnp.where(x < 0, x * slope, x).astype(jnp.asarray(x).dtype)
+
+
+@register("ThresholdedRelu", 10, 22)
+def thresholded_relu(x, *, alpha=1.0):
+    return jnp.where(x > _const(alpha, x), x, _zero(x))
+
+
+@register("Elu", 1, 6, 22)
+def elu(x, *, alpha=1.0, consumed_inputs=None):
+    return jnp.where(x > 0, x, _const(alpha, x) * jnp.expm1(x))
+
+
+@register("Celu", 12, 28)
+def celu(x, *, alpha=1.0):
+    a = _const(alpha, x)
+    return jnp.maximum(x, _zero(x)) + jnp.minimum(_zero(x), a * jnp.expm1(x / a))
+
+
+@register("Selu", 1, 6, 22)
+def selu(x, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875, consumed_inputs=None):
+    return _const(gamma, x) * jnp.where(x > 0, x, _const(alpha, x) * jnp.expm1(x))
+
+
+@register("Sigmoid", 1, 6, 13)
+def sigmoid(x, *, consumed_inputs=None):
+    return jax.nn.sigmoid(x)
+
+
+@register("HardSigmoid", 1, 6, 22)
+def hard_sigmoid(x, *, alpha=0.2, beta=0.5, consumed_inputs=None):
+    y = _const(alpha, x) * x + _const(beta, x)
+    return jnp.clip(y, _zero(x), _const(1, x))
+
+
+@register("HardSwish", 14, 22)
+def hard_swish(x):
+    return x * jnp.clip(x * _const(1 / 6, x) + _const(0.5, x), _zero(x), _const(1, x))
+
+
+@register("Tanh", 1, 6, 13)
+def tanh(x, *, consumed_inputs=None):
+    return jnp.tanh(x)
+
+
+@register("Softplus", 1, 22)
+def softplus(x):
+    return jnp.logaddexp(x, _zero(x))
+
+
+@register("Softsign", 1, 22)
+def softsign(x):
+    return x / (_const(1, x) + jnp.abs(x))
+
+
+@register("Mish", 18, 22)
+def mish(x):
+    return x * jnp.tanh(jnp.logaddexp(x, _zero(x)))
+
+
+@register("Gelu", 20)
+def gelu(x, *, approximate="none"):
+    if approximate == "tanh":
+        return jax.nn.gelu(x, approximate=True)
+    if approximate == "none":
+        return jax.nn.gelu(x, approximate=False)
+    raise ValueError(f"approximate must be 'none' or 'tanh', got {approximate!r}")
+
+
+@register("Swish", 24)
+def swish(x, *, alpha=1.0):
+    return x * jax.nn.sigmoid(_const(alpha, x) * x)
+
+
+@register("SwiGLU", 28)
+def swiglu(a, b, *, alpha=1.0):
+    if jnp.shape(a) != jnp.shape(b):
+        raise ValueError(f"SwiGLU inputs must have the same shape, got {jnp.shape(a)} and {jnp.shape(b)}")
+    return a * jax.nn.sigmoid(_const(alpha, a) * a) * b
+
+
+@register("Shrink", 9)
+def shrink(x, *, bias=0.0, lambd=0.5):
+    x = jnp.asarray(x)
+    # Attributes are floats; integer inputs compare and shift in their own type as the
+    # reference does after casting the attributes.
+    lam, b = _const(lambd, x), _const(bias, x)
+    return jnp.where(x < -lam, x + b, jnp.where(x > lam, x - b, _zero(x)))
