@@ -1,0 +1,1 @@
+"""The ONNX multi-device formalism, framework-neutral (onnx + numpy only)."""
