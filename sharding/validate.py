@@ -1,0 +1,530 @@
+"""Structural validation of a model's multi-device annotations.
+
+Checks what needs no op semantics (that is the checker's job): that every
+annotation is well formed and fits its tensor and its device configuration.
+Every problem is reported in one pass, as a `Diagnostic`:
+
+=========================  ========  =========================================
+code                       severity  found
+=========================  ========  =========================================
+shape-inference-failed     note      ranks come only from the model's own types
+configuration-invalid      error     a configuration without name, devices...
+configuration-repeated     error     two configurations (or one node's two
+                                     annotations) with one name
+node-name-missing          error     an annotated node without a name
+node-name-repeated         error     two annotated nodes with one name
+unknown-configuration      error     configuration_id missing or not defined
+tensor-not-in-node         error     tensor_name not an input/output of the node
+spec-repeated              error     two specs for one tensor in one annotation
+axis-missing               error     a sharded_dim without axis
+axis-out-of-range          error     axis outside [-rank, rank)
+axis-repeated              error     one axis sharded twice
+sharded-dim-empty          error     a sharded_dim without simple_sharding
+num-shards-missing         error     a simple_sharding without num_shards
+num-shards-invalid         error     num_shards < 1
+dim-value-invalid          error     a negative dim_value
+dim-value-mismatch         error     dim_value differs from the axis size
+dim-param-mismatch         error     dim_param differs from the axis's dim
+fused-size-mismatch        error     sub-axis sizes do not multiply to the size
+fused-size-unknown         warning   two sub-axes without dim_value
+shard-count-mismatch       error     len(device) != product of num_shards
+device-out-of-range        error     a device id outside [0, num_devices)
+group-key-missing          error     a negative device entry with no group
+group-key-not-negative     error     a group key >= 0
+group-key-repeated         error     a group key defined twice
+group-empty                error     a group with no device
+device-repeated            warning   a device holding two shards of one tensor
+=========================  ========  =========================================
+
+Only the main graph is checked: annotations inside subgraphs (control flow)
+are outside the formalism.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import onnx
+import onnx.checker
+import onnx.shape_inference
+
+from .diagnostics import Diagnostic, Severity, ShardingError
+
+Dim = int | str | None
+Shape = tuple[Dim, ...]
+
+
+@dataclass(frozen=True)
+class _Node:
+    """Where diagnostics point: one node, and what it needs for checks."""
+
+    proto: onnx.NodeProto
+    config: str
+    num_devices: int | None
+
+    def diag(
+        self,
+        code: str,
+        message: str,
+        hint: str | None = None,
+        *,
+        tensor: str | None = None,
+        axis: int | None = None,
+        severity: Severity = "error",
+    ) -> Diagnostic:
+        return Diagnostic(
+            code=code,
+            severity=severity,
+            node=self.proto.name,
+            op_type=self.proto.op_type,
+            tensor=tensor,
+            axis=axis,
+            message=message,
+            hint=hint,
+        )
+
+
+def _shape_of(type_proto: onnx.TypeProto) -> Shape | None:
+    if type_proto.WhichOneof("value") != "tensor_type" or not type_proto.tensor_type.HasField(
+        "shape"
+    ):
+        return None
+    dims: list[Dim] = []
+    for dim in type_proto.tensor_type.shape.dim:
+        which = dim.WhichOneof("value")
+        dims.append(
+            dim.dim_value
+            if which == "dim_value"
+            else dim.dim_param
+            if which == "dim_param"
+            else None
+        )
+    return tuple(dims)
+
+
+def _tensor_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], list[Diagnostic]]:
+    """Known shapes of the main graph's tensors, after shape inference."""
+    notes = []
+    try:
+        graph = onnx.shape_inference.infer_shapes(model).graph
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        graph = model.graph
+        notes.append(
+            Diagnostic(
+                code="shape-inference-failed",
+                severity="note",
+                message=f"shape inference failed ({str(e).splitlines()[0]}); "
+                "only the model's declared shapes are used",
+            )
+        )
+    shapes: dict[str, Shape] = {}
+    for info in (*graph.input, *graph.output, *graph.value_info):
+        shape = _shape_of(info.type)
+        if shape is not None:
+            shapes[info.name] = shape
+    for init in graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    for sparse in graph.sparse_initializer:
+        shapes[sparse.values.name] = tuple(sparse.dims)
+    return shapes, notes
+
+
+def _check_configurations(model: onnx.ModelProto) -> tuple[dict[str, int | None], list[Diagnostic]]:
+    """Device configurations by name (num_devices, None when invalid), and their problems."""
+    configs: dict[str, int | None] = {}
+    diags = []
+
+    def bad(code: str, message: str, hint: str) -> None:
+        diags.append(Diagnostic(code=code, severity="error", message=message, hint=hint))
+
+    for index, config in enumerate(model.configuration):
+        name = config.name
+        if not config.HasField("name") or not name:
+            bad(
+                "configuration-invalid",
+                f"configuration #{index} has no name",
+                "set DeviceConfigurationProto.name",
+            )
+            continue
+        if name in configs:
+            bad(
+                "configuration-repeated",
+                f"configuration {name!r} is defined twice",
+                "give each configuration its own name",
+            )
+            continue
+        num = config.num_devices if config.HasField("num_devices") else None
+        if num is None or num < 1:
+            bad(
+                "configuration-invalid",
+                f"configuration {name!r} has num_devices {num}",
+                "set num_devices to the number of devices (>= 1)",
+            )
+            num = None
+        elif config.device and len(config.device) != num:
+            bad(
+                "configuration-invalid",
+                f"configuration {name!r} names {len(config.device)} devices "
+                f"but num_devices is {num}",
+                "name every device or none",
+            )
+        configs[name] = num
+    return configs, diags
+
+
+def _check_node_names(model: onnx.ModelProto) -> Iterator[Diagnostic]:
+    seen: set[str] = set()
+    for index, node in enumerate(model.graph.node):
+        if not node.device_configurations:
+            continue
+        if not node.name:
+            yield Diagnostic(
+                code="node-name-missing",
+                severity="error",
+                op_type=node.op_type,
+                message=f"node #{index} ({node.op_type}) is annotated but has no name",
+                hint="give every annotated node a unique name",
+            )
+        elif node.name in seen:
+            yield Diagnostic(
+                code="node-name-repeated",
+                severity="error",
+                node=node.name,
+                op_type=node.op_type,
+                message=f"node #{index}: another annotated node is also named {node.name!r}",
+                hint="give every annotated node a unique name",
+            )
+        seen.add(node.name)
+
+
+def _check_tensor_name(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagnostic]:
+    inputs = [n for n in node.proto.input if n]
+    outputs = [n for n in node.proto.output if n]
+    if spec.tensor_name not in inputs + outputs:
+        yield node.diag(
+            "tensor-not-in-node",
+            f"the spec names tensor {spec.tensor_name!r}, "
+            "which is not an input or output of the node",
+            f"name one of the inputs {inputs} or outputs {outputs}",
+            tensor=spec.tensor_name,
+        )
+
+
+def _check_axes(
+    node: _Node, spec: onnx.ShardingSpecProto, shape: Shape | None
+) -> Iterator[Diagnostic]:
+    tensor = spec.tensor_name
+    seen: dict[int, int] = {}
+    for dim in spec.sharded_dim:
+        if not dim.HasField("axis"):
+            yield node.diag(
+                "axis-missing",
+                "a sharded_dim has no axis",
+                "set ShardedDimProto.axis",
+                tensor=tensor,
+            )
+            continue
+        axis = key = dim.axis
+        if shape is not None:
+            rank = len(shape)
+            if not -rank <= axis < rank:
+                yield node.diag(
+                    "axis-out-of-range",
+                    f"axis {axis} is out of range for a tensor of rank {rank} "
+                    f"(shape {list(shape)})",
+                    f"use an axis in [{-rank}, {rank - 1}]",
+                    tensor=tensor,
+                    axis=axis,
+                )
+                continue
+            key = axis % rank
+        if key in seen:
+            yield node.diag(
+                "axis-repeated",
+                f"axis {axis} is sharded twice (also as axis {seen[key]})",
+                "list each axis once; to shard one axis by several factors "
+                "use one fused sharded_dim",
+                tensor=tensor,
+                axis=axis,
+            )
+        seen[key] = axis
+
+
+def _axis_size(dim: onnx.ShardedDimProto, shape: Shape | None) -> Dim:
+    if shape is None or not dim.HasField("axis") or not -len(shape) <= dim.axis < len(shape):
+        return None
+    return shape[dim.axis]
+
+
+def _check_sizes(
+    node: _Node, tensor: str, dim: onnx.ShardedDimProto, size: Dim
+) -> Iterator[Diagnostic]:
+    axis = dim.axis
+    parts = dim.simple_sharding
+    if len(parts) == 1:
+        part = parts[0]
+        which = part.WhichOneof("dim")
+        if which == "dim_value" and isinstance(size, int) and part.dim_value != size:
+            yield node.diag(
+                "dim-value-mismatch",
+                f"dim_value is {part.dim_value} but axis {axis} has size {size}",
+                f"write dim_value {size} or leave it out",
+                tensor=tensor,
+                axis=axis,
+            )
+        if which == "dim_param" and size is not None and part.dim_param != size:
+            found = f"symbolic size {size!r}" if isinstance(size, str) else f"fixed size {size}"
+            yield node.diag(
+                "dim-param-mismatch",
+                f"dim_param is {part.dim_param!r} but axis {axis} has {found}",
+                f"write {size!r} or leave the size out",
+                tensor=tensor,
+                axis=axis,
+            )
+        return
+    values = [p.dim_value if p.WhichOneof("dim") == "dim_value" else None for p in parts]
+    unknown = values.count(None)
+    if unknown > 1:
+        yield node.diag(
+            "fused-size-unknown",
+            f"fused axis {axis}: {unknown} sub-axes have no dim_value, "
+            "so the sub-axis sizes cannot be known",
+            "write dim_value on every sub-axis but at most one",
+            tensor=tensor,
+            axis=axis,
+            severity="warning",
+        )
+        return
+    if not isinstance(size, int):
+        return
+    product = math.prod(v for v in values if v is not None)
+    sizes = ["?" if v is None else v for v in values]
+    if unknown == 0 and product != size:
+        found = f"its sub-axis sizes {sizes} multiply to {product}"
+    elif unknown == 1 and (product == 0 or size % product):
+        found = f"its written sub-axis sizes {sizes} (product {product}) do not divide it"
+    else:
+        return
+    yield node.diag(
+        "fused-size-mismatch",
+        f"fused axis {axis} has size {size} but {found}",
+        "the sub-axis sizes (dim_value) must multiply to the axis size",
+        tensor=tensor,
+        axis=axis,
+    )
+
+
+def _check_parts(
+    node: _Node, spec: onnx.ShardingSpecProto, shape: Shape | None
+) -> Iterator[Diagnostic]:
+    tensor = spec.tensor_name
+    for dim in spec.sharded_dim:
+        axis = dim.axis if dim.HasField("axis") else None
+        if not dim.simple_sharding:
+            yield node.diag(
+                "sharded-dim-empty",
+                "a sharded_dim has no simple_sharding",
+                "add one SimpleShardedDimProto with num_shards, or drop the sharded_dim",
+                tensor=tensor,
+                axis=axis,
+            )
+            continue
+        for part in dim.simple_sharding:
+            if not part.HasField("num_shards"):
+                yield node.diag(
+                    "num-shards-missing",
+                    "a simple_sharding has no num_shards",
+                    "set num_shards (>= 1)",
+                    tensor=tensor,
+                    axis=axis,
+                )
+            elif part.num_shards < 1:
+                yield node.diag(
+                    "num-shards-invalid",
+                    f"num_shards is {part.num_shards}",
+                    "set num_shards >= 1",
+                    tensor=tensor,
+                    axis=axis,
+                )
+            if part.WhichOneof("dim") == "dim_value" and part.dim_value < 0:
+                yield node.diag(
+                    "dim-value-invalid",
+                    f"dim_value is {part.dim_value}",
+                    "sizes are >= 0",
+                    tensor=tensor,
+                    axis=axis,
+                )
+        if axis is not None:
+            yield from _check_sizes(node, tensor, dim, _axis_size(dim, shape))
+
+
+def _num_shards(spec: onnx.ShardingSpecProto) -> int | None:
+    """The product of all num_shards, or None if one is missing or invalid."""
+    counts = [
+        p.num_shards if p.HasField("num_shards") else 0
+        for d in spec.sharded_dim
+        for p in d.simple_sharding
+    ]
+    return math.prod(counts) if all(c >= 1 for c in counts) else None
+
+
+def _check_device_id(node: _Node, tensor: str, device: int, where: str) -> Iterator[Diagnostic]:
+    limit = node.num_devices
+    if device < 0 or (limit is not None and device >= limit):
+        bound = f"[0, {limit})" if limit is not None else "[0, ...)"
+        yield node.diag(
+            "device-out-of-range",
+            f"{where} names device {device}, outside {bound} (configuration {node.config!r})",
+            f"use device ids in {bound}",
+            tensor=tensor,
+        )
+
+
+def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagnostic]:
+    tensor = spec.tensor_name
+    groups: dict[int, tuple[int, ...]] = {}
+    for entry in spec.index_to_device_group_map:
+        key = entry.key
+        if key in groups:
+            yield node.diag(
+                "group-key-repeated",
+                f"group key {key} is defined twice",
+                "define each key once",
+                tensor=tensor,
+            )
+        if key >= 0:
+            yield node.diag(
+                "group-key-not-negative",
+                f"group key {key} is not negative, so it reads as a device",
+                "use negative keys (-1, -2, ...) for groups",
+                tensor=tensor,
+            )
+        if not entry.value:
+            yield node.diag(
+                "group-empty",
+                f"group {key} has no device",
+                "list the devices that replicate the shard",
+                tensor=tensor,
+            )
+        for device in entry.value:
+            yield from _check_device_id(node, tensor, device, f"group {key}")
+        groups[key] = tuple(entry.value)
+    shards = _num_shards(spec)
+    if shards is not None and len(spec.device) != shards:
+        yield node.diag(
+            "shard-count-mismatch",
+            f"device lists {len(spec.device)} entries but the sharded_dims make {shards} shards",
+            "give one device (or negative group key) per shard: the product of all num_shards",
+            tensor=tensor,
+        )
+    holder: dict[int, int] = {}
+    for shard, entry in enumerate(spec.device):
+        if entry >= 0:
+            yield from _check_device_id(node, tensor, entry, f"shard {shard}")
+            members: tuple[int, ...] = (entry,)
+        elif entry in groups:
+            members = groups[entry]
+        else:
+            yield node.diag(
+                "group-key-missing",
+                f"shard {shard} has device entry {entry}, "
+                "which is not a key of index_to_device_group_map",
+                f"add {entry} to index_to_device_group_map or use a device id >= 0",
+                tensor=tensor,
+            )
+            continue
+        for device in dict.fromkeys(members):
+            if device in holder:
+                yield node.diag(
+                    "device-repeated",
+                    f"device {device} holds shards {holder[device]} and {shard}",
+                    "a device should hold one shard of a tensor",
+                    tensor=tensor,
+                    severity="warning",
+                )
+            holder.setdefault(device, shard)
+
+
+def _check_node(
+    node_proto: onnx.NodeProto, configs: Mapping[str, int | None], shapes: Mapping[str, Shape]
+) -> Iterator[Diagnostic]:
+    seen_configs: set[str] = set()
+    for config in node_proto.device_configurations:
+        config_id = config.configuration_id
+        node = _Node(node_proto, config_id, configs.get(config_id))
+        if not config.HasField("configuration_id"):
+            yield node.diag(
+                "unknown-configuration",
+                "an annotation has no configuration_id",
+                f"name one of {sorted(configs)}",
+            )
+        elif config_id not in configs:
+            yield node.diag(
+                "unknown-configuration",
+                f"configuration_id {config_id!r} names no device configuration of the model",
+                f"name one of {sorted(configs)} "
+                "or add the configuration to ModelProto.configuration",
+            )
+        if config_id in seen_configs:
+            yield node.diag(
+                "configuration-repeated",
+                f"the node has two annotations for configuration {config_id!r}",
+                "merge them into one NodeDeviceConfigurationProto",
+            )
+        seen_configs.add(config_id)
+        tensors: set[str] = set()
+        for spec in config.sharding_spec:
+            if spec.tensor_name in tensors:
+                yield node.diag(
+                    "spec-repeated",
+                    f"tensor {spec.tensor_name!r} has two specs in one annotation",
+                    "keep one spec per tensor",
+                    tensor=spec.tensor_name,
+                )
+            tensors.add(spec.tensor_name)
+            shape = shapes.get(spec.tensor_name)
+            yield from _check_tensor_name(node, spec)
+            yield from _check_axes(node, spec, shape)
+            yield from _check_parts(node, spec, shape)
+            yield from _check_devices(node, spec)
+
+
+def validate_model(model: onnx.ModelProto) -> list[Diagnostic]:
+    """Every structural problem of the model's multi-device annotations.
+
+    Args:
+        model: The model; it is not modified.
+
+    Returns:
+        The diagnostics, model-level first, then node by node in graph order.
+        An empty list means the annotations are well formed.
+
+    Example:
+        >>> for d in validate_model(model):  # doctest: +SKIP
+        ...     print(d)
+        error[axis-repeated] node 'mm0' (MatMul), tensor 'X', axis 1: ...
+    """
+    shapes, diags = _tensor_shapes(model)
+    configs, config_diags = _check_configurations(model)
+    diags += config_diags
+    diags += _check_node_names(model)
+    for node in model.graph.node:
+        diags += _check_node(node, configs, shapes)
+    return diags
+
+
+def require_valid(model: onnx.ModelProto) -> list[Diagnostic]:
+    """Validates the model and raises if any error was found.
+
+    Returns:
+        The warnings and notes.
+
+    Raises:
+        ShardingError: With every diagnostic, when at least one is an error.
+    """
+    diags = validate_model(model)
+    if any(d.severity == "error" for d in diags):
+        raise ShardingError(diags)
+    return diags
