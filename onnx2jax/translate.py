@@ -143,6 +143,9 @@ def unsupported_ops(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[t
 
 
 def _to_jax(value: Any) -> Any:
+    """A graph output as jax: static arrays converted, sequences (lists) element-wise, None kept."""
+    if isinstance(value, list):
+        return [_to_jax(v) for v in value]
     return jnp.asarray(value) if is_static(value) else value
 
 
@@ -245,9 +248,20 @@ def _opsets(model: onnx.ModelProto) -> dict[str, int]:
     return opsets
 
 
+def _elem_types(type_proto: onnx.TypeProto):
+    """The tensor element types inside a (possibly sequence or optional) type."""
+    kind = type_proto.WhichOneof("value")
+    if kind == "tensor_type":
+        yield type_proto.tensor_type.elem_type
+    elif kind == "sequence_type":
+        yield from _elem_types(type_proto.sequence_type.elem_type)
+    elif kind == "optional_type":
+        yield from _elem_types(type_proto.optional_type.elem_type)
+
+
 def _uses_wide_types(graph: onnx.GraphProto) -> bool:
     infos = list(graph.input) + list(graph.output) + list(graph.value_info)
-    if any(i.type.tensor_type.elem_type in _WIDE_TYPES for i in infos):
+    if any(t in _WIDE_TYPES for i in infos for t in _elem_types(i.type)):
         return True
     return any(t.data_type in _WIDE_TYPES for t in graph.initializer)
 
