@@ -1,0 +1,106 @@
+"""Spec -> mesh mapping, as pure functions (no jax devices involved)."""
+
+import pytest
+
+from onnx2jax.mesh import MeshMappingError, MeshPlan, layout_of, map_specs
+from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
+
+
+def on_groups(name, axis, groups):
+    """Axis ``axis`` split len(groups) ways, shard i replicated on groups[i]."""
+    keys = tuple(-(i + 1) for i in range(len(groups)))
+    return ShardingSpec(
+        name,
+        (ShardedDim(axis, (SimpleShardedDim(len(groups)),)),),
+        devices=keys,
+        groups=tuple(sorted((k, tuple(g)) for k, g in zip(keys, groups))),
+    )
+
+
+def test_proposal_0007_broadcast_composition():
+    mapping = map_specs(
+        {
+            "out": layout_of(ShardingSpec.split("o", {0: 2, 1: 2}, [0, 1, 2, 3]), (4, 6)),
+            "in1": layout_of(on_groups("a", 0, [(0, 1), (2, 3)]), (4, 1)),
+            "in2": layout_of(on_groups("b", 1, [(0, 2), (1, 3)]), (1, 6)),
+        },
+        4,
+    )
+    assert mapping.plan == MeshPlan(("d0", "d1"), (2, 2), (0, 1, 2, 3))
+    assert mapping.pspecs == {"out": (("d0",), ("d1",)), "in1": (("d0",), None), "in2": (None, ("d1",))}
+
+
+def test_megatron_specs_merge_into_one_axis():
+    devices = range(8)
+    mapping = map_specs(
+        {
+            "col": layout_of(ShardingSpec.split("w1", {1: 8}, devices), (16, 64)),
+            "row": layout_of(ShardingSpec.split("w2", {0: 8}, devices), (64, 16)),
+            "rep": layout_of(ShardingSpec.replicated("x", devices), (4, 16)),
+        },
+        8,
+    )
+    assert mapping.plan.axis_sizes == (8,)
+    assert mapping.pspecs == {"col": (None, ("d0",)), "row": (("d0",), None), "rep": (None, None)}
+
+
+def test_permuted_devices_become_the_mesh_order():
+    mapping = map_specs({"p": layout_of(ShardingSpec.split("p", {0: 4}, [3, 1, 2, 0]), (8,))}, 4)
+    assert mapping.plan.device_order == (3, 1, 2, 0)
+    assert mapping.pspecs["p"] == (("d0",),)
+
+
+def test_two_specs_with_transposed_device_orders_share_a_mesh():
+    mapping = map_specs(
+        {
+            "a": layout_of(ShardingSpec.split("a", {0: 4}, [0, 1, 2, 3]), (4,)),
+            "b": layout_of(ShardingSpec.split("b", {0: 4}, [0, 2, 1, 3]), (4,)),
+        },
+        4,
+    )
+    # Devices [[0, 1], [2, 3]]: a's shard k is on device k when d0 is the major
+    # axis; b's order 0, 2, 1, 3 is the same grid read column-major.
+    assert mapping.plan == MeshPlan(("d0", "d1"), (2, 2), (0, 1, 2, 3))
+    assert mapping.pspecs == {"a": (("d0", "d1"),), "b": (("d1", "d0"),)}
+
+
+def test_fused_axis_expands_into_sub_axes():
+    gate_up = ShardingSpec(
+        "w", (ShardedDim(1, (SimpleShardedDim(1, dim_value=2), SimpleShardedDim(2, dim_value=8))),), devices=(0, 1)
+    )
+    layout = layout_of(gate_up, (4, 16))
+    assert layout.expanded_shape == (4, 2, 8)
+    assert map_specs({"w": layout}, 2).pspecs["w"] == (None, None, ("d0",))
+
+
+def test_partial_spec_reports_replica_devices():
+    mapping = map_specs(
+        {
+            "sub": layout_of(ShardingSpec.split("q", {0: 2}, [0, 1]), (4,)),
+            "all": layout_of(ShardingSpec.split("w", {1: 8}, range(8)), (2, 8)),
+        },
+        8,
+    )
+    assert mapping.partial == {"sub": frozenset({2, 3, 4, 5, 6, 7})}
+
+
+def test_user_mesh_row_major():
+    plan = MeshPlan(("data", "model"), (2, 4), tuple(range(8)))
+    batch = on_groups("x", 0, [(0, 1, 2, 3), (4, 5, 6, 7)])
+    model = ShardingSpec(
+        "w", (ShardedDim(1, (SimpleShardedDim(4),)),), devices=(-1, -2, -3, -4),
+        groups=((-4, (3, 7)), (-3, (2, 6)), (-2, (1, 5)), (-1, (0, 4))),
+    )
+    mapping = map_specs({"x": layout_of(batch, (4, 16)), "w": layout_of(model, (16, 32))}, 8, plan)
+    assert mapping.pspecs == {"x": (("data",), None), "w": (None, ("model",))}
+
+
+def test_inexpressible_spec_is_named_with_its_devices():
+    with pytest.raises(MeshMappingError, match=r"(?s)1 sharding spec\(s\) cannot be expressed.*odd: shard grid 2, shard devices \{0,3\}, \{1,2\}"):
+        map_specs(
+            {
+                "all": layout_of(ShardingSpec.split("a", {0: 4}, [0, 1, 2, 3]), (4,)),
+                "odd": layout_of(on_groups("b", 0, [(0, 3), (1, 2)]), (4,)),
+            },
+            4,
+        )
