@@ -47,15 +47,18 @@ _WIDE_TYPES = frozenset(
 
 
 class Hooks(Protocol):
-    """Lets a caller rewrite the values flowing into and out of each node.
+    """Lets a caller wrap the execution of each node.
 
     ``onnx2jax.compile`` uses this to put sharding constraints on node inputs
-    and outputs; plain translation uses none.
+    and outputs, and to run some nodes on unfused views of fused-axis
+    tensors; plain translation uses none.
     """
 
-    def node_inputs(self, node: onnx.NodeProto, values: list) -> list: ...
-
-    def node_outputs(self, node: onnx.NodeProto, values: list) -> list: ...
+    def run_node(
+        self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
+    ) -> list:
+        """Returns the node's outputs; ``compute(inputs)`` runs its implementation."""
+        ...
 
 
 @dataclasses.dataclass
@@ -189,23 +192,33 @@ class GraphRunner:
                 inputs.append(env[name])
             else:
                 raise NodeError(f"{where}: input {name!r} is not defined before it is used")
-        if self.hooks is not None:
-            inputs = self.hooks.node_inputs(node, inputs)
+        attrs = node_attributes(node, domain, opset)
+        compute = functools.partial(self._compute, node, impl, attrs, env, where)
+        if self.hooks is None:
+            outputs = compute(inputs)
+        else:
+            outputs = self.hooks.run_node(node, inputs, attrs, compute)
+        for name, value in zip(node.output, outputs):
+            if name:
+                env[name] = value
+
+    def _compute(
+        self, node: onnx.NodeProto, impl: OpImpl, attrs: dict[str, Any], env: dict[str, Any], where: str, inputs: list
+    ) -> list:
+        """Runs one node's implementation on ``inputs``; returns its outputs as a list."""
         for position in impl.static_inputs:
             if position < len(inputs) and inputs[position] is not None and not is_static(inputs[position]):
                 raise NodeError(
                     f"{where}: input {position} ({node.input[position]!r}) must be known while "
                     "tracing (it sets a shape), but it depends on runtime data"
                 )
-        attrs = node_attributes(node, domain, opset)
         args: list[Any] = list(inputs)
         if impl.needs_context:
-            snapshot = env
             ctx = OpContext(
                 node_name=node.name,
                 op_type=node.op_type,
-                opset=opset,
-                run_graph=lambda g, values: self.run_subgraph(g, snapshot, values),
+                opset=self.opsets.get("" if node.domain == "ai.onnx" else node.domain, -1),
+                run_graph=lambda g, values: self.run_subgraph(g, env, values),
                 output_count=len(node.output),
             )
             args = [ctx, *args]
@@ -226,11 +239,7 @@ class GraphRunner:
         outputs = list(result) if isinstance(result, (tuple, list)) else [result]
         if len(outputs) < len([o for o in node.output if o]):
             raise NodeError(f"{where}: produced {len(outputs)} outputs, the node names {len(node.output)}")
-        if self.hooks is not None:
-            outputs = self.hooks.node_outputs(node, outputs[: len(node.output)])
-        for name, value in zip(node.output, outputs):
-            if name:
-                env[name] = value
+        return outputs[: len(node.output)]
 
 
 def _as_static(result: Any) -> Any:
