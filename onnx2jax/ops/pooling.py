@@ -186,17 +186,20 @@ def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, stride
     n = x.ndim - 2
     strides = tuple(int(s) for s in strides) if strides else (1,) * n
     pads = [int(p) for p in pads] if pads else [0] * (2 * n)
-    if output_shape is not None:
-        out_shape = tuple(int(v) for v in np.asarray(output_shape))
-    else:
-        spatial = tuple(
-            (size - 1) * s + k - pads[i] - pads[i + n]
-            for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))
-        )
-        out_shape = tuple(x.shape[:2]) + spatial
-    # Indices are flat over the whole output tensor (N, C, spatial...).
+    spatial = tuple(
+        (size - 1) * s + k - pads[i] - pads[i + n]
+        for i, (size, s, k) in enumerate(zip(x.shape[2:], strides, kernel_shape))
+    )
+    default_shape = tuple(x.shape[:2]) + spatial
+    out_shape = default_shape if output_shape is None else tuple(int(v) for v in np.asarray(output_shape))
+    # Indices are flat over the unpadded pooling input (the default shape); an
+    # explicit output_shape only enlarges the canvas they are placed on.
+    indices = indices.reshape(-1)
+    if out_shape != default_shape:
+        coords = jnp.unravel_index(indices, default_shape)
+        indices = jnp.ravel_multi_index(coords, out_shape, mode="clip")
     flat = jnp.zeros(int(np.prod(out_shape)), x.dtype)
-    flat = flat.at[indices.reshape(-1)].set(x.reshape(-1))
+    flat = flat.at[indices].set(x.reshape(-1))
     return flat.reshape(out_shape)
 
 
