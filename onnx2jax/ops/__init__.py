@@ -19,3 +19,4 @@ from onnx2jax.ops import sequences as sequences
 from onnx2jax.ops import quantization as quantization
 from onnx2jax.ops import rnn as rnn
 from onnx2jax.ops import signal as signal
+from onnx2jax.ops import dropout as dropout
