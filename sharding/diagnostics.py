@@ -32,6 +32,8 @@ class Diagnostic:
         axis: The axis as written in the annotation, if any.
         message: What was found, against what was expected, quoting values.
         hint: What would make the annotation valid, if known.
+        given: What the model has there, e.g. a spec in the text notation.
+        expected: What the op needs there, or the collective a reshard costs.
     """
 
     code: str
@@ -42,6 +44,8 @@ class Diagnostic:
     axis: int | None = None
     message: str
     hint: str | None = None
+    given: str | None = None
+    expected: str | None = None
 
     def __post_init__(self) -> None:
         if not _CODE.fullmatch(self.code):
