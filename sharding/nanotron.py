@@ -44,7 +44,9 @@ class SplitConfig:
             raise TypeError(f"SplitConfig.split_dim must be an int, got {self.split_dim!r}")
         if self.contiguous_chunks is not None:
             chunks = tuple(self.contiguous_chunks)
-            if not chunks or any(not isinstance(c, int) or c < 1 for c in chunks):
+            if not chunks or any(
+                isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in chunks
+            ):
                 raise ValueError(
                     f"SplitConfig.contiguous_chunks must be positive ints, got {chunks!r}"
                 )
