@@ -20,3 +20,4 @@ from onnx2jax.ops import quantization as quantization
 from onnx2jax.ops import rnn as rnn
 from onnx2jax.ops import signal as signal
 from onnx2jax.ops import dropout as dropout
+from onnx2jax.ops import losses as losses
