@@ -21,3 +21,4 @@ from onnx2jax.ops import rnn as rnn
 from onnx2jax.ops import signal as signal
 from onnx2jax.ops import dropout as dropout
 from onnx2jax.ops import losses as losses
+from onnx2jax.ops import strings as strings

@@ -57,6 +57,13 @@ def _div(a, b):
     return jnp.divide(a, b)
 
 
+def _equal(a, b):
+    if any(isinstance(v, np.ndarray) and v.dtype.kind in "OUS" for v in (a, b)):
+        # Strings exist only as values known while tracing; compare them in numpy.
+        return np.equal(np.asarray(a).astype(np.str_), np.asarray(b).astype(np.str_))
+    return jnp.equal(a, b)
+
+
 def _pow(x, y):
     x, y = jnp.asarray(x), jnp.asarray(y)
     if _is_int(x) and _is_int(y):
@@ -76,7 +83,7 @@ pow_ = _binary(_pow, 1, name="Pow", modern_versions=(7, 12, 13, 15))
 and_ = _binary(jnp.logical_and, 1, name="And", modern_versions=(7,))
 or_ = _binary(jnp.logical_or, 1, name="Or", modern_versions=(7,))
 xor = _binary(jnp.logical_xor, 1, name="Xor", modern_versions=(7,))
-equal = _binary(jnp.equal, 1, name="Equal", modern_versions=(7, 11, 13, 19))
+equal = _binary(_equal, 1, name="Equal", modern_versions=(7, 11, 13, 19))
 greater = _binary(jnp.greater, 1, name="Greater", modern_versions=(7, 9, 13))
 less = _binary(jnp.less, 1, name="Less", modern_versions=(7, 9, 13))
 greater_or_equal = _binary(jnp.greater_equal, name="GreaterOrEqual", modern_versions=(12, 16))
