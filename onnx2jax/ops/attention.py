@@ -1,8 +1,191 @@
-"""Fused transformer ops of recent opsets: Attention, RotaryEmbedding."""
+"""Fused transformer ops of recent opsets: Attention, RotaryEmbedding, LinearAttention.
+
+Attention follows ONNX's reference evaluator step by step (the order of the
+scaling, softcap, bias and fully-masked-row rules decides float16 results).
+"""
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+import onnx.helper
 
 from onnx2jax.ops.registry import register
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _split_heads(x, num_heads):
+    """(batch, seq, heads * head) -> (batch, heads, seq, head)."""
+    b, s, hidden = x.shape
+    return jnp.transpose(x.reshape(b, s, num_heads, hidden // num_heads), (0, 2, 1, 3))
+
+
+def _additive(mask, dtype):
+    """A boolean mask (True = attend) -> 0 / -inf; a float mask is already additive."""
+    if mask.dtype == jnp.bool_:
+        return jnp.where(mask, jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype))
+    return mask.astype(dtype)
+
+
+def _band(q_len, kv_len, offset, allowed_fn, dtype):
+    """0/-inf bias of shape (q, kv) (scalar offset) or (batch, 1, q, kv) (per-batch offset)."""
+    i = jnp.arange(q_len).reshape(q_len, 1)
+    j = jnp.arange(kv_len).reshape(1, kv_len)
+    if isinstance(offset, int):
+        allowed = allowed_fn(i + offset, j)
+    else:
+        allowed = allowed_fn(i[None] + offset.reshape(-1, 1, 1), j[None])[:, None]
+    return jnp.where(allowed, jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype))
+
+
+def _attention(
+    q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, *, scale, is_causal, q_num_heads,
+    kv_num_heads, softmax_precision, softcap, qk_matmul_output_mode, left_window_size=-1, right_window_size=-1,
+):
+    dtype = q.dtype
+    rank3 = q.ndim == 3
+    if rank3:
+        q = _split_heads(q, q_num_heads)
+        k = _split_heads(k, kv_num_heads)
+        v = _split_heads(v, kv_num_heads)
+    if scale is None:
+        scale = 1 / np.sqrt(q.shape[3])
+    # The reference scales Q and K by sqrt(scale) each, in the input dtype.
+    root = jnp.asarray(np.sqrt(scale), dtype)
+    if past_key is not None:
+        k = jnp.concatenate([past_key, k], axis=2)
+    if past_value is not None:
+        v = jnp.concatenate([past_value, v], axis=2)
+    present_key, present_value = k, v
+    q_len, kv_len = q.shape[2], k.shape[2]
+
+    if attn_mask is not None and attn_mask.shape[-1] < kv_len:
+        fill = False if attn_mask.dtype == jnp.bool_ else -jnp.inf
+        widths = [(0, 0)] * (attn_mask.ndim - 1) + [(0, kv_len - attn_mask.shape[-1])]
+        attn_mask = jnp.pad(attn_mask, widths, constant_values=fill)
+
+    if past_key is None and nonpad_kv_seqlen is not None:
+        offset = nonpad_kv_seqlen.reshape(-1).astype(jnp.int64) - q_len
+    else:
+        offset = past_key.shape[2] if past_key is not None else 0
+    bias = jnp.zeros((q_len, kv_len), dtype)
+    if attn_mask is not None:
+        bias = bias + _additive(attn_mask, dtype)
+    if is_causal:
+        bias = bias + _band(q_len, kv_len, offset, lambda i, j: j <= i, dtype)
+    if left_window_size >= 0 or right_window_size >= 0:
+
+        def window(i, j):
+            allowed = jnp.ones(jnp.broadcast_shapes(i.shape, j.shape), bool)
+            if left_window_size >= 0:
+                allowed &= i - j <= left_window_size
+            if right_window_size >= 0:
+                allowed &= j - i <= right_window_size
+            return allowed
+
+        bias = bias + _band(q_len, kv_len, offset, window, dtype)
+    if nonpad_kv_seqlen is not None:
+        valid = jnp.arange(kv_len)[None, :] < nonpad_kv_seqlen.reshape(-1, 1)
+        bias = bias + _additive(valid, dtype).reshape(-1, 1, 1, kv_len)
+
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    if heads_q != heads_kv and heads_q % heads_kv == 0:
+        k = jnp.repeat(k, heads_q // heads_kv, axis=1)
+        v = jnp.repeat(v, heads_q // heads_kv, axis=1)
+
+    qk = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2), precision=_HIGHEST)
+    if softcap and softcap > 0:
+        qk = jnp.tanh(qk / jnp.asarray(softcap, dtype)) * jnp.asarray(softcap, dtype)
+    scores = qk + bias
+    qk_output = qk
+    if qk_matmul_output_mode == 2:
+        qk_output = scores
+    if softmax_precision is not None:
+        scores = scores.astype(onnx.helper.tensor_dtype_to_np_dtype(softmax_precision))
+    # Softmax that maps a fully masked row (all -inf) to zeros instead of NaN.
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    safe_max = jnp.where(jnp.isneginf(row_max), jnp.zeros_like(row_max), row_max)
+    e = jnp.exp(scores - jax.lax.stop_gradient(safe_max))
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = e / jnp.where(total == 0, jnp.ones_like(total), total)
+    masked_row = jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True))
+    probs = jnp.where(masked_row, jnp.zeros((), probs.dtype), probs)
+    if qk_matmul_output_mode == 3:
+        qk_output = probs
+    probs = probs.astype(dtype)
+    y = jnp.matmul(probs, v, precision=_HIGHEST)
+    if rank3:
+        y = jnp.transpose(y, (0, 2, 1, 3)).reshape(y.shape[0], y.shape[2], -1)
+    return y.astype(dtype), present_key, present_value, qk_output.astype(dtype)
+
+
+@register("Attention", 23)
+def attention_23(
+    q, k, v, attn_mask=None, past_key=None, past_value=None, *, is_causal, qk_matmul_output_mode, softcap,
+    scale=None, q_num_heads=None, kv_num_heads=None, softmax_precision=None,
+):
+    return _attention(
+        q, k, v, attn_mask, past_key, past_value, None, scale=scale, is_causal=is_causal,
+        q_num_heads=q_num_heads, kv_num_heads=kv_num_heads, softmax_precision=softmax_precision,
+        softcap=softcap, qk_matmul_output_mode=qk_matmul_output_mode,
+    )
+
+
+@register("Attention", 24)
+def attention_24(
+    q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *, is_causal,
+    qk_matmul_output_mode, softcap, scale=None, q_num_heads=None, kv_num_heads=None, softmax_precision=None,
+):
+    return _attention(
+        q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale=scale, is_causal=is_causal,
+        q_num_heads=q_num_heads, kv_num_heads=kv_num_heads, softmax_precision=softmax_precision,
+        softcap=softcap, qk_matmul_output_mode=qk_matmul_output_mode,
+    )
+
+
+@register("Attention", 25)
+def attention_25(
+    q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *, is_causal,
+    qk_matmul_output_mode, softcap, left_window_size, right_window_size, scale=None, q_num_heads=None,
+    kv_num_heads=None, softmax_precision=None,
+):
+    if q.ndim == 4 and (q_num_heads is not None or kv_num_heads is not None):
+        raise ValueError("Attention-25: q_num_heads and kv_num_heads must not be given for 4-D inputs")
+    return _attention(
+        q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, scale=scale, is_causal=is_causal,
+        q_num_heads=q_num_heads, kv_num_heads=kv_num_heads, softmax_precision=softmax_precision,
+        softcap=softcap, qk_matmul_output_mode=qk_matmul_output_mode,
+        left_window_size=left_window_size, right_window_size=right_window_size,
+    )
+
+
+@register("RotaryEmbedding", 23)
+def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved, rotary_embedding_dim, num_heads=None):
+    shape = x.shape
+    if x.ndim == 4:  # (batch, heads, seq, head) -> (batch, seq, heads, head)
+        x = jnp.transpose(x, (0, 2, 1, 3))
+    else:  # (batch, seq, heads * head)
+        x = x.reshape(shape[0], shape[1], num_heads, shape[2] // num_heads)
+    dim = rotary_embedding_dim or x.shape[3]
+    rotate, keep = x[..., :dim], x[..., dim:]
+    if position_ids is not None:
+        cos_cache = jnp.take(cos_cache, position_ids, axis=0)
+        sin_cache = jnp.take(sin_cache, position_ids, axis=0)
+    cos = cos_cache[:, :, None, :]
+    sin = sin_cache[:, :, None, :]
+    if interleaved:
+        x1, x2 = rotate[..., 0::2], rotate[..., 1::2]
+    else:
+        x1, x2 = rotate[..., : dim // 2], rotate[..., dim // 2 :]
+    real = cos * x1 - sin * x2
+    imag = sin * x1 + cos * x2
+    if interleaved:
+        rotated = jnp.stack([real, imag], axis=-1).reshape(rotate.shape)
+    else:
+        rotated = jnp.concatenate([real, imag], axis=-1)
+    y = jnp.concatenate([rotated.astype(x.dtype), keep], axis=-1)
+    if len(shape) == 4:
+        return jnp.transpose(y, (0, 2, 1, 3))
+    return y.reshape(shape)
