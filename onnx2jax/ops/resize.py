@@ -8,6 +8,8 @@ time, following ONNX's reference implementation step by step.
 
 from __future__ import annotations
 
+import itertools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -284,3 +286,133 @@ def upsample_7(x, *, scales, mode):
 @register("Upsample", 9, 10, static_inputs=(1,))
 def upsample_9(x, scales, *, mode):
     return _upsample(x, scales, mode)
+
+
+# --- GridSample / AffineGrid --------------------------------------------------
+
+
+def _reflect(x, lo, hi):
+    """Reflects x by the nearer border until it lies in [lo, hi] (ONNX's GridSample rule)."""
+    span = hi - lo
+    below = x < lo
+    dx = jnp.where(below, lo - x, x - hi)
+    n = jnp.floor(dx / span)
+    r = dx - n * span
+    even = jnp.mod(n, 2) == 0
+    from_below = jnp.where(even, lo + r, hi - r)
+    from_above = jnp.where(even, hi - r, lo + r)
+    return jnp.where(below, from_below, jnp.where(x > hi, from_above, x))
+
+
+def _cubic_kernel(t, a=-0.75):
+    """Keys cubic weights for taps at -1, 0, 1, 2 around a fractional offset t in [0, 1)."""
+    return [
+        ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a,
+        ((a + 2) * t - (a + 3)) * t * t + 1,
+        ((a + 2) * (1 - t) - (a + 3)) * (1 - t) * (1 - t) + 1,
+        ((a * (2 - t) - 5 * a) * (2 - t) + 8 * a) * (2 - t) - 4 * a,
+    ]
+
+
+def _grid_sample(x, grid, mode, padding_mode, align_corners):
+    dims = x.shape[2:]
+    nd = len(dims)
+    dtype = x.dtype if jnp.issubdtype(x.dtype, jnp.floating) else jnp.float32
+    coords = []
+    for i, size in enumerate(dims):
+        g = grid[..., nd - 1 - i].astype(jnp.float32)  # grid's last axis lists x (W) first
+        if align_corners:
+            c = (g + 1) / 2.0 * (size - 1)
+            lo, hi = 0.0, size - 1.0
+        else:
+            c = ((g + 1) * size - 1) / 2.0
+            lo, hi = -0.5, size - 0.5
+        coords.append((c, lo, hi))
+
+    def fix(c, lo, hi, size):
+        outside = (c < lo) | (c > hi)
+        if padding_mode == "border":
+            return jnp.where(outside, jnp.clip(c, 0, size - 1), c)
+        if padding_mode == "reflection":
+            return jnp.where(outside, _reflect(c, lo, hi), c)
+        return c
+
+    def tap(index, lo, hi, size):
+        """An integer tap -> (clamped gather index, in-bounds weight factor)."""
+        if padding_mode == "zeros":
+            valid = (index >= 0) & (index < size)
+            return jnp.clip(index, 0, size - 1), valid
+        if padding_mode == "border":
+            return jnp.clip(index, 0, size - 1), None
+        reflected = _reflect(index.astype(jnp.float32), lo, hi)
+        return jnp.clip(jnp.trunc(reflected).astype(jnp.int32), 0, size - 1), None
+
+    per_axis = []  # for each axis: list of (index, weight, valid)
+    for (c, lo, hi), size in zip(coords, dims):
+        if mode == "nearest":
+            c = fix(jnp.round(c), lo, hi, size)  # jnp.round rounds half to even, as np.rint
+            index, valid = tap(c.astype(jnp.int32), lo, hi, size)
+            per_axis.append([(index, None, valid)])
+            continue
+        c = fix(c, lo, hi, size)
+        base = jnp.floor(c)
+        t = c - base
+        base = base.astype(jnp.int32)
+        if mode in ("linear", "bilinear"):
+            offsets, weights = (0, 1), (1 - t, t)
+        elif mode in ("cubic", "bicubic"):
+            offsets, weights = (-1, 0, 1, 2), _cubic_kernel(t)
+        else:
+            raise ValueError(f"GridSample: unknown mode {mode!r}")
+        taps = []
+        for o, w in zip(offsets, weights):
+            index, valid = tap(base + o, lo, hi, size)
+            taps.append((index, w.astype(dtype), valid))
+        per_axis.append(taps)
+
+    def sample(image, indices):  # image (C, *dims), indices per axis (out...)
+        return image[(slice(None),) + tuple(indices)]
+
+    y = None
+    for combo in itertools.product(*per_axis):
+        indices = [t[0] for t in combo]
+        values = jax.vmap(sample)(x.astype(dtype), indices)  # (N, C, out...)
+        weight = None
+        for _, w, valid in combo:
+            factor = w
+            if valid is not None:
+                v = valid.astype(dtype)
+                factor = v if factor is None else factor * v
+            if factor is not None:
+                weight = factor if weight is None else weight * factor
+        term = values if weight is None else values * weight[:, None]
+        y = term if y is None else y + term
+    return y.astype(x.dtype)
+
+
+@register("GridSample", 16)
+def grid_sample_16(x, grid, *, align_corners, mode, padding_mode):
+    # Opset 16 is 2-D only, with the modes spelled bilinear / bicubic.
+    return _grid_sample(x, grid, mode, padding_mode, align_corners)
+
+
+@register("GridSample", 20, 22)
+def grid_sample(x, grid, *, align_corners, mode, padding_mode):
+    return _grid_sample(x, grid, mode, padding_mode, align_corners)
+
+
+@register("AffineGrid", 20, static_inputs=(1,))
+def affine_grid(theta, size, *, align_corners):
+    spatial = [int(s) for s in np.asarray(size)[2:]]
+    axes = []
+    for n in spatial:
+        if align_corners:
+            axes.append(np.linspace(-1.0, 1.0, n) if n > 1 else np.array([-1.0]))
+        else:
+            axes.append((np.arange(n) * 2.0 + 1) / n - 1)
+    mesh = np.meshgrid(*axes, indexing="ij")  # in D, H, W order
+    # Homogeneous base coordinates ordered (x, y[, z], 1), i.e. W first.
+    base = np.stack([m for m in reversed(mesh)] + [np.ones(spatial)], axis=-1)
+    flat = jnp.asarray(base.reshape(-1, len(spatial) + 1), theta.dtype)
+    grid = jnp.einsum("nij,pj->npi", theta, flat, precision=jax.lax.Precision.HIGHEST)
+    return grid.reshape((theta.shape[0], *spatial, len(spatial))).astype(theta.dtype)
