@@ -55,12 +55,14 @@ class Layout:
         (expanded tensor dim, number of shards).
       shard_devices: for each shard (row-major over ``grid``), its device set.
       rank: the rank of the (expanded) tensor.
+      fused_axis: the tensor axis that is fused, when exactly one is.
     """
 
     grid: tuple[tuple[int, int], ...]
     shard_devices: tuple[frozenset[int], ...]
     rank: int
     expanded_shape: tuple[int, ...] | None = None
+    fused_axis: int | None = None
 
     @property
     def devices(self) -> frozenset[int]:
@@ -91,12 +93,13 @@ def layout_of(spec: ShardingSpec, shape: Sequence[int]) -> Layout:
             grid.append((first_sub_dim[axis] + offset, part.num_shards))
     count = math.prod(n for _, n in grid)
     shard_devices = tuple(frozenset(spec.devices_of_shard(k)) for k in range(count))
-    fused = len(expanded) != rank
+    fused_axes = [axis for axis, sd in by_axis.items() if len(sd.parts) > 1]
     return Layout(
         grid=tuple(grid),
         shard_devices=shard_devices,
         rank=len(expanded),
-        expanded_shape=tuple(expanded) if fused else None,
+        expanded_shape=tuple(expanded) if fused_axes else None,
+        fused_axis=fused_axes[0] if len(fused_axes) == 1 else None,
     )
 
 
@@ -196,20 +199,24 @@ def _prime_factors(n: int) -> list[int]:
 
 
 def _candidate_orders(layouts: Sequence[Layout], num_devices: int) -> list[tuple[int, ...]]:
-    """Device orders worth trying: the identity, then each full spec's shard-major and replica-major orders."""
-    everyone = frozenset(range(num_devices))
-    orders = [tuple(range(num_devices))]
+    """Device orders worth trying: the identity, then orders read off each spec.
+
+    A spec on every device gives its shard-major and replica-major orders; a
+    spec on some devices gives its shard-major order followed by the devices
+    it leaves out (which then hold replicas).
+    """
+    everyone = list(range(num_devices))
+    orders = [tuple(everyone)]
     for layout in layouts:
-        if layout.devices != everyone:
-            continue
         groups = [sorted(s) for s in layout.shard_devices]
-        shard_major = tuple(d for g in groups for d in g)
-        if len(set(groups_len := [len(g) for g in groups])) == 1:
-            replica_major = tuple(g[r] for r in range(groups_len[0]) for g in groups)
-        else:
-            replica_major = shard_major
+        shard_major = [d for g in groups for d in g]
+        sizes = {len(g) for g in groups}
+        replica_major = [g[r] for r in range(len(groups[0])) for g in groups] if len(sizes) == 1 else shard_major
         for order in (shard_major, replica_major):
-            if sorted(order) == list(range(num_devices)) and order not in orders:
+            if len(set(order)) != len(order):
+                continue
+            order = tuple(order + [d for d in everyone if d not in order])
+            if order not in orders:
                 orders.append(order)
     return orders
 

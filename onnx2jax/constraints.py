@@ -1,0 +1,240 @@
+"""Sharding constraints on node inputs and outputs, and unfused views of fused axes.
+
+Every node input and output that carries a spec is passed through
+``jax.lax.with_sharding_constraint`` with its NamedSharding (proposal 0007:
+inputs are resharded to the specs written for them, outputs come out in
+theirs).
+
+A *fused* axis (several simple_shardings on one axis) is not a tile of the
+ONNX tensor: device 0 of a [B, 2F] gate/up output split as
+[{2, 1 shard}, {F, 2 shards}] holds columns [0, F/2) and [F, 3F/2). XLA can
+only shard the unfused [B, 2, F] view. So a tensor with a fused spec is kept
+alive in that view, and the consumers that can work on it do: elementwise ops
+whose inputs share the view, Split along the fused axis at sub-axis
+boundaries, and MatMul by a weight whose output axis is fused. Only other
+consumers see the fused ONNX shape (a reshape XLA drops when nobody uses it).
+The collectives are then those of the unfused model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+from jax.sharding import NamedSharding
+
+from onnx2jax.translate import is_static
+
+ELEMENTWISE = frozenset(
+    """Abs Acos Acosh Add And Asin Asinh Atan Atanh BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Cast Ceil
+    Celu Clip Cos Cosh Div Elu Equal Erf Exp Floor Gelu Greater GreaterOrEqual HardSigmoid HardSwish Identity
+    IsInf IsNaN LeakyRelu Less LessOrEqual Log Max Min Mish Mod Mul Neg Not Or Pow Reciprocal Relu Round
+    Selu Sigmoid Sign Sin Sinh Softplus Softsign Sqrt Sub Sum Tan Tanh Where Xor""".split()
+)
+
+
+class SpecKey(NamedTuple):
+    """One node input or output that carries a spec."""
+
+    node: str
+    kind: str  # "in" or "out"
+    position: int
+    tensor: str
+
+    def __str__(self) -> str:
+        return f"node {self.node!r} {self.kind}put {self.position} ({self.tensor!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How one tensor is laid out on the mesh.
+
+    ``expanded_shape`` is set for fused-axis specs: the sharding applies to
+    the tensor reshaped to its sub-axes (``fused_axis`` is the ONNX axis).
+    """
+
+    sharding: NamedSharding
+    expanded_shape: tuple[int, ...] | None = None
+    fused_axis: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class View:
+    """A tensor held unfused: ``array`` has the fused ONNX axis ``axis`` split into ``count`` sub-axes."""
+
+    array: Any
+    shape: tuple[int, ...]
+    axis: int
+    count: int
+
+    def fold(self) -> Any:
+        """The tensor in its ONNX shape."""
+        return jnp.reshape(self.array, self.shape)
+
+    def inner(self) -> int:
+        """Elements of the fused axis per step of its outermost sub-axis."""
+        return math.prod(self.array.shape[self.axis + 1 : self.axis + self.count])
+
+
+def view_of(array: Any, shape: tuple[int, ...], placement: Placement) -> View:
+    """``array`` (ONNX ``shape``) seen through a fused placement's expanded shape."""
+    assert placement.expanded_shape is not None and placement.fused_axis is not None
+    count = len(placement.expanded_shape) - len(shape) + 1
+    return View(jnp.reshape(array, placement.expanded_shape), tuple(shape), placement.fused_axis, count)
+
+
+class ShardingHooks:
+    """The translator hook (see ``onnx2jax.translate.Hooks``) of one trace of a compiled model.
+
+    Args:
+      placements: by node input/output, where the value must live.
+      views: tensors already held unfused (fused parameters, as stored);
+        filled further as fused outputs are produced.
+    """
+
+    def __init__(self, placements: Mapping[SpecKey, Placement], views: Mapping[str, View]):
+        self.placements = placements
+        self.views = dict(views)
+
+    def run_node(
+        self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
+    ) -> list:
+        inputs = [
+            self._constrain(SpecKey(node.name, "in", i, name), v) for i, (name, v) in enumerate(zip(node.input, inputs))
+        ]
+        views = [self.views.get(name) if name else None for name in node.input]
+        out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
+        if out_views is None:
+            outputs = compute(inputs)
+        else:
+            outputs = []
+            for name, out in zip(node.output, out_views):
+                if isinstance(out, View):
+                    self.views[name] = out
+                    out = out.fold()
+                outputs.append(out)
+        return [
+            self._constrain(SpecKey(node.name, "out", i, name), v) for i, (name, v) in enumerate(zip(node.output, outputs))
+        ]
+
+    def _constrain(self, key: SpecKey, value: Any) -> Any:
+        placement = self.placements.get(key)
+        if placement is None or value is None or is_static(value) or isinstance(value, (list, tuple)):
+            return value
+        if placement.expanded_shape is None:
+            return jax.lax.with_sharding_constraint(value, placement.sharding)
+        view = self.views.get(key.tensor)
+        if view is None or tuple(view.array.shape) != placement.expanded_shape:
+            view = view_of(value, tuple(value.shape), placement)
+        view = dataclasses.replace(view, array=jax.lax.with_sharding_constraint(view.array, placement.sharding))
+        self.views[key.tensor] = view
+        return view.fold()
+
+    def _run_unfused(self, node: onnx.NodeProto, inputs: list, views: list, attrs: dict[str, Any], compute) -> list | None:
+        """The node's outputs computed on unfused views, or None where it cannot be."""
+        if node.op_type in ELEMENTWISE:
+            return _elementwise(inputs, views, compute)
+        if node.op_type == "Split":
+            return _split(inputs, views, attrs, len(node.output))
+        if node.op_type in ("MatMul", "Gemm"):
+            return _product(node.op_type, inputs, views, attrs)
+        if node.op_type == "Reshape":
+            return _reshape_leading(inputs, views)
+        return None
+
+
+def _elementwise(inputs: list, views: list, compute) -> list | None:
+    """Run the op on the views: every tensor input has one, aligned from the right (scalars may join)."""
+    first = next(v for v in views if v is not None)
+    from_right = len(first.shape) - first.axis
+    args, shapes = [], []
+    for value, view in zip(inputs, views):
+        if view is not None and len(view.shape) - view.axis == from_right and view.count == first.count:
+            args.append(view.array)
+            shapes.append(view.shape)
+        elif value is None or (is_static(value) and np.size(value) == 1):
+            args.append(None if value is None else np.reshape(value, ()))
+        else:
+            return None
+    shape = tuple(np.broadcast_shapes(*shapes))
+    return [View(out, shape, len(shape) - from_right, first.count) for out in compute(args)]
+
+
+def _split(inputs: list, views: list, attrs: Mapping[str, Any], count: int) -> list | None:
+    """Split along the fused axis at boundaries of its outermost sub-axis: slices of the view."""
+    view = views[0]
+    if view is None or attrs.get("axis", 0) % len(view.shape) != view.axis:
+        return None
+    sizes = _split_sizes(inputs, attrs, view.shape[view.axis], count)
+    inner = view.inner()
+    if sizes is None or any(size % inner for size in sizes):
+        return None
+    outputs, start = [], 0
+    for size in sizes:
+        piece = jax.lax.slice_in_dim(view.array, start // inner, (start + size) // inner, axis=view.axis)
+        shape = view.shape[: view.axis] + (size,) + view.shape[view.axis + 1 :]
+        outputs.append(View(piece, shape, view.axis, view.count) if size // inner > 1 else jnp.reshape(piece, shape))
+        start += size
+    return outputs
+
+
+def _product(op_type: str, inputs: list, views: list, attrs: Mapping[str, Any]) -> list | None:
+    """x @ W (+ C) with W's output axis fused: contract with W's view, so the product comes out unfused."""
+    weight = views[1] if len(views) > 1 else None
+    if weight is None or views[0] is not None or weight.axis != 1 or len(weight.shape) != 2:
+        return None
+    if op_type == "Gemm" and (attrs.get("transA") or attrs.get("transB")):
+        return None
+    x = inputs[0]
+    array = jnp.tensordot(x, weight.array, axes=([-1], [0]), precision=jax.lax.Precision.HIGHEST)
+    if op_type == "Gemm":
+        array = array * jnp.asarray(attrs.get("alpha", 1.0), array.dtype)
+        bias = inputs[2] if len(inputs) > 2 else None
+        if bias is not None:
+            bias_view = views[2]
+            if bias_view is not None and bias_view.array.shape == weight.array.shape[1:]:
+                bias_array = bias_view.array
+            elif np.size(bias) == 1:
+                bias_array = jnp.reshape(bias, ())
+            else:
+                return None
+            array = array + jnp.asarray(attrs.get("beta", 1.0), array.dtype) * bias_array
+    shape = tuple(x.shape[:-1]) + (weight.shape[1],)
+    return [View(array, shape, len(shape) - 1, weight.count)]
+
+
+def _reshape_leading(inputs: list, views: list) -> list | None:
+    """A Reshape that keeps the fused last axis and regroups only the leading axes."""
+    view = views[0]
+    target = inputs[1]
+    if view is None or not is_static(target) or view.axis != len(view.shape) - 1:
+        return None
+    new_shape = tuple(int(d) for d in _resolve_reshape(view.shape, np.asarray(target)))
+    if not new_shape or new_shape[-1] != view.shape[-1]:
+        return None
+    subs = tuple(view.array.shape[view.axis :])
+    return [View(jnp.reshape(view.array, new_shape[:-1] + subs), new_shape, len(new_shape) - 1, view.count)]
+
+
+def _resolve_reshape(shape: tuple[int, ...], target: np.ndarray) -> list[int]:
+    """ONNX Reshape's 0 (copy) and -1 (infer) rules, without allowzero."""
+    dims = [shape[i] if d == 0 else int(d) for i, d in enumerate(target)]
+    if -1 in dims:
+        known = math.prod(d for d in dims if d != -1)
+        dims[dims.index(-1)] = math.prod(shape) // known if known else 0
+    return dims
+
+
+def _split_sizes(inputs: list, attrs: Mapping[str, Any], length: int, count: int) -> list[int] | None:
+    if len(inputs) > 1 and inputs[1] is not None:
+        return [int(s) for s in np.asarray(inputs[1])] if is_static(inputs[1]) else None
+    if attrs.get("split"):
+        return [int(s) for s in attrs["split"]]
+    parts = attrs.get("num_outputs") or count
+    block = -(-length // parts)
+    return [min(block, length - i * block) for i in range(parts)]
