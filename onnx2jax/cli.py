@@ -148,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("--op", default="", help="only cases of this op type")
     conf.add_argument("-v", "--verbose", action="store_true", help="list every failure")
     conf.set_defaults(func=cmd_conformance)
+
+    from onnx2jax.cli_annotate import add_parser as add_annotate_parser
+
+    add_annotate_parser(sub)
     return parser
 
 

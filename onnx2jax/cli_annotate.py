@@ -1,0 +1,143 @@
+"""``onnx2jax annotate``: write sharding specs and pipeline stages into a model.
+
+Examples::
+
+    onnx2jax annotate model.onnx --plan megatron --devices 8 -o out.onnx
+    onnx2jax annotate model.onnx --devices 2 --spec "W=1:2 @ [0,1]" --stage mm=0 -o out.onnx
+
+The plan (if any) is applied first, then each ``--spec`` (written where the
+tensor is defined: on its producer, or on every reader of a model input or
+initializer), then each ``--stage``. The result is validated structurally and
+written only when it has no error; the written annotations are printed as a
+table.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import onnx
+
+from sharding.annotate import (
+    add_configuration,
+    annotate_tensor,
+    describe_plan,
+    megatron_layout,
+    megatron_plan,
+    set_stage,
+)
+from sharding.text import SpecSyntaxError, parse_spec
+from sharding.validate import validate_model
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds the ``annotate`` sub-command to the ``onnx2jax`` parser."""
+    parser = sub.add_parser(
+        "annotate",
+        help="write sharding specs / pipeline stages into a model (e.g. a Megatron TP plan)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("model", help="the .onnx model to annotate")
+    parser.add_argument("--plan", choices=["megatron"], help="a whole-model plan to apply first")
+    parser.add_argument("--devices", type=int, metavar="N", help="devices of the configuration")
+    parser.add_argument(
+        "--configuration", default="tp", metavar="NAME", help="configuration name (default: tp)"
+    )
+    parser.add_argument(
+        "--spec",
+        action="append",
+        default=[],
+        metavar="TENSOR=TEXT",
+        help='a spec in the text notation, e.g. "W=1:2 @ [0,1]" (repeatable)',
+    )
+    parser.add_argument(
+        "--stage", action="append", default=[], metavar="NODE=INT", help="a pipeline stage (repeatable)"
+    )
+    parser.add_argument("-o", "--output", required=True, help="where to write the annotated model")
+    parser.set_defaults(func=cmd_annotate)
+    return parser
+
+
+def _pair(item: str, option: str, what: str) -> tuple[str, str]:
+    name, sep, value = item.partition("=")
+    if not sep or not name.strip() or not value.strip():
+        raise SystemExit(f"{option} expects {what}, got {item!r}")
+    return name.strip(), value.strip()
+
+
+def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], dict[str, str]]:
+    notes: list[str] = []
+    roles: dict[str, str] = {}
+    config = args.configuration
+    if args.devices is not None and args.devices < 1:
+        raise SystemExit(f"--devices must be >= 1, got {args.devices}")
+    if args.plan == "megatron":
+        if args.devices is None:
+            raise SystemExit("--plan megatron needs --devices N")
+        model = megatron_plan(model, args.devices, config)
+        layout = megatron_layout(model, args.devices)
+        notes += layout.notes
+        roles = layout.roles()
+        kinds = [p.kind for p in layout.pairs if p.ways > 1]
+        notes.insert(
+            0,
+            f"{kinds.count('attention')} attention and {kinds.count('mlp')} MLP column/row pairs"
+            + (f", LM head {layout.lm_head}" if layout.lm_head else ""),
+        )
+    if args.spec or args.stage:
+        if config not in {c.name for c in model.configuration}:
+            if args.devices is None:
+                raise SystemExit(f"configuration {config!r} is not in the model; pass --devices N")
+            add_configuration(model, config, args.devices)
+    for item in args.spec:
+        tensor, text = _pair(item, "--spec", "TENSOR=TEXT")
+        try:
+            spec = parse_spec(text, tensor)
+        except SpecSyntaxError as e:
+            raise SystemExit(f"--spec {tensor}: {e}") from None
+        for node in annotate_tensor(model, tensor, spec, config):
+            roles.setdefault(node, "--spec")
+    for item in args.stage:
+        node, value = _pair(item, "--stage", "NODE=INT")
+        try:
+            stage = int(value)
+        except ValueError:
+            raise SystemExit(f"--stage expects NODE=INT, got {item!r}") from None
+        set_stage(model, node, stage, config)
+        roles.setdefault(node, "--stage")
+    return model, notes, roles
+
+
+def cmd_annotate(args: argparse.Namespace) -> int:
+    """Annotates a model and writes it; prints the written annotations."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False)
+    console = Console(highlight=False, width=max(console.width, 150))  # rows stay one line
+    model = onnx.load(args.model)
+    try:
+        model, notes, roles = _annotate(args, model)
+    except ValueError as e:
+        raise SystemExit(f"annotate: {e}") from None
+    rows = describe_plan(model)
+    table = Table(title=f"annotations of {args.model}")
+    for column in ("node", "op", "tensor", "spec", "stage", "role"):
+        table.add_column(column, no_wrap=column != "role")
+    for row in rows:
+        stage = "" if row.stage is None else str(row.stage)
+        table.add_row(row.node, row.op_type, row.tensor, row.spec, stage, roles.get(row.node, ""))
+    console.print(table, markup=False)
+    for note in notes:
+        console.print(f"note: {note}", markup=False)
+    diagnostics = validate_model(model)
+    for diagnostic in diagnostics:
+        console.print(str(diagnostic), markup=False)
+    if any(d.severity == "error" for d in diagnostics):
+        console.print(f"not written: {args.output} (the annotations have errors)", markup=False)
+        return 1
+    onnx.save(model, args.output)
+    nodes = len({r.node for r in rows})
+    console.print(f"wrote {args.output}: {len(rows)} annotations on {nodes} nodes", markup=False)
+    return 0
