@@ -189,3 +189,54 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved,
     if len(shape) == 4:
         return jnp.transpose(y, (0, 2, 1, 3))
     return y.reshape(shape)
+
+
+@register("LinearAttention", 27)
+def linear_attention(
+    query, key, value, past_state=None, decay=None, beta=None, *, chunk_size, scale, update_rule,
+    q_num_heads, kv_num_heads,
+):
+    # A recurrence over time (chunk_size is only a kernel tuning hint): per step
+    #   gated:  S *= exp(g_t);   delta: v_t = beta_t * (v_t - S^T k_t)
+    #   S += k_t v_t^T;          o_t = scale * q_t^T S (kv heads repeated for GQA).
+    gating = update_rule in ("gated", "gated_delta")
+    delta = update_rule in ("delta", "gated_delta")
+    if update_rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise ValueError(f"LinearAttention: unknown update_rule {update_rule!r}")
+    if gating and decay is None or delta and beta is None:
+        raise ValueError(f"LinearAttention: update_rule {update_rule!r} needs decay/beta inputs")
+    b, t, _ = query.shape
+    d_k = query.shape[-1] // q_num_heads
+    d_v = value.shape[-1] // kv_num_heads
+    group = q_num_heads // kv_num_heads
+    f32 = jnp.float32
+
+    def steps(x, heads):  # (B, T, H*D) -> (T, B, H, D)
+        return jnp.transpose(x.reshape(b, t, heads, -1), (1, 0, 2, 3)).astype(f32)
+
+    xs = {"q": steps(query, q_num_heads), "k": steps(key, kv_num_heads), "v": steps(value, kv_num_heads)}
+    if gating:
+        xs["g"] = steps(decay, kv_num_heads)  # (T, B, H, 1) or (T, B, H, d_k)
+    if delta:
+        xs["beta"] = steps(beta, beta.shape[-1])  # (T, B, H or 1, 1)
+    if past_state is not None:
+        state, state_dtype = past_state.astype(f32), past_state.dtype
+    else:
+        state, state_dtype = jnp.zeros((b, kv_num_heads, d_k, d_v), f32), query.dtype
+    scale_value = 1.0 / np.sqrt(d_k) if not scale else float(scale)
+
+    def step(s, x):
+        if gating:
+            s = s * jnp.exp(x["g"])[..., None]
+        v = x["v"]
+        if delta:
+            retrieved = jnp.einsum("bhdm,bhd->bhm", s, x["k"], precision=_HIGHEST)
+            v = x["beta"] * (v - retrieved)
+        s = s + x["k"][..., :, None] * v[..., None, :]
+        read = jnp.repeat(s, group, axis=1) if group > 1 else s
+        out = scale_value * jnp.einsum("bhd,bhdm->bhm", x["q"], read, precision=_HIGHEST)
+        return s, out
+
+    state, outs = jax.lax.scan(step, state, xs)  # outs (T, B, Hq, d_v)
+    output = jnp.transpose(outs, (1, 0, 2, 3)).reshape(b, t, q_num_heads * d_v)
+    return output.astype(query.dtype), state.astype(state_dtype)
