@@ -22,3 +22,4 @@ from onnx2jax.ops import signal as signal
 from onnx2jax.ops import dropout as dropout
 from onnx2jax.ops import losses as losses
 from onnx2jax.ops import strings as strings
+from onnx2jax.ops import training as training
