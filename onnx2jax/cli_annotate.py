@@ -72,6 +72,20 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
     config = args.configuration
     if args.devices is not None and args.devices < 1:
         raise SystemExit(f"--devices must be >= 1, got {args.devices}")
+    specs = []  # parsed before anything is written, so that typos fail fast
+    for item in args.spec:
+        tensor, text = _pair(item, "--spec", "TENSOR=TEXT")
+        try:
+            specs.append((tensor, parse_spec(text, tensor)))
+        except SpecSyntaxError as e:
+            raise SystemExit(f"--spec {tensor}: {e}") from None
+    stages = []
+    for item in args.stage:
+        node, value = _pair(item, "--stage", "NODE=INT")
+        try:
+            stages.append((node, int(value)))
+        except ValueError:
+            raise SystemExit(f"--stage expects NODE=INT, got {item!r}") from None
     if args.plan == "megatron":
         if args.devices is None:
             raise SystemExit("--plan megatron needs --devices N")
@@ -90,20 +104,10 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
             if args.devices is None:
                 raise SystemExit(f"configuration {config!r} is not in the model; pass --devices N")
             add_configuration(model, config, args.devices)
-    for item in args.spec:
-        tensor, text = _pair(item, "--spec", "TENSOR=TEXT")
-        try:
-            spec = parse_spec(text, tensor)
-        except SpecSyntaxError as e:
-            raise SystemExit(f"--spec {tensor}: {e}") from None
+    for tensor, spec in specs:
         for node in annotate_tensor(model, tensor, spec, config):
             roles.setdefault(node, "--spec")
-    for item in args.stage:
-        node, value = _pair(item, "--stage", "NODE=INT")
-        try:
-            stage = int(value)
-        except ValueError:
-            raise SystemExit(f"--stage expects NODE=INT, got {item!r}") from None
+    for node, stage in stages:
         set_stage(model, node, stage, config)
         roles.setdefault(node, "--stage")
     return model, notes, roles

@@ -1,0 +1,91 @@
+"""`onnx2jax annotate`: plan, --spec and --stage, written files read back."""
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import pytest
+
+from onnx2jax.cli import main
+from sharding.spec import read_model_configs
+from sharding.text import format_spec
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def _written(path: Path) -> dict[tuple[str, str], str]:
+    model = onnx.load(path)
+    return {
+        (node, spec.tensor_name): format_spec(spec)
+        for by_node in read_model_configs(model).values()
+        for node, config in by_node.items()
+        for spec in config.specs
+    }
+
+
+@pytest.fixture
+def small(tmp_path: Path) -> Path:
+    graph = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["x", "W"], ["h"], name="mm"),
+            oh.make_node("Relu", ["h"], ["y"], name="relu"),
+        ],
+        "small",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 6])],
+        [onh.from_array(np.ones((4, 6), np.float32), "W")],
+    )
+    path = tmp_path / "small.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]), path)
+    return path
+
+
+def test_megatron_plan_on_gpt2(tmp_path: Path, capsys):
+    out = tmp_path / "gpt2_tp.onnx"
+    code = main(["annotate", str(DATA / "tiny_gpt2.onnx"), "--plan", "megatron", "--devices", "8", "-o", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "1:(3x1,64x8) @ [0,1,2,3,4,5,6,7]" in printed
+    assert "L1 mlp row" in printed
+    assert "2 attention and 2 MLP column/row pairs, LM head node_linear" in printed
+    written = _written(out)
+    assert written[("node_addmm", "model.transformer.h.0.attn.c_attn.weight")] == "1:(3x1,64x8) @ [0,1,2,3,4,5,6,7]"
+    assert [(c.name, c.num_devices) for c in onnx.load(out).configuration] == [("tp", 8)]
+
+
+def test_spec_and_stage(small: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out.onnx"
+    code = main(
+        ["annotate", str(small), "--devices", "2", "--spec", "W=1:2 @ [0,1]", "--spec", "h = 1:2 @ [0,1]",
+         "--stage", "relu=1", "-o", str(out)]
+    )
+    assert code == 0
+    assert _written(out) == {("mm", "W"): "1:2 @ [0,1]", ("mm", "h"): "1:2 @ [0,1]"}
+    assert read_model_configs(onnx.load(out))["tp"]["relu"].pipeline_stage == 1
+    assert "wrote" in capsys.readouterr().out
+
+
+def test_invalid_annotation_is_not_written(small: Path, tmp_path: Path, capsys):
+    out = tmp_path / "out.onnx"
+    code = main(["annotate", str(small), "--devices", "2", "--spec", "W=5:2 @ [0,1]", "-o", str(out)])
+    assert code == 1
+    assert not out.exists()
+    assert "axis-out-of-range" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--spec", "W"], "--spec expects TENSOR=TEXT"),
+        (["--spec", "W=1:2 @ [0,1"], "--spec W: expected"),
+        (["--spec", "W=1:2 @ [0,1]"], "pass --devices N"),
+        (["--devices", "2", "--stage", "relu=x"], "--stage expects NODE=INT"),
+        (["--plan", "megatron"], "--plan megatron needs --devices N"),
+        (["--devices", "2", "--spec", "nope=1:2 @ [0,1]"], "'nope' is not a node output"),
+    ],
+)
+def test_bad_arguments_exit_with_a_message(small: Path, tmp_path: Path, argv, message):
+    with pytest.raises(SystemExit, match=message):
+        main(["annotate", str(small), *argv, "-o", str(tmp_path / "out.onnx")])
