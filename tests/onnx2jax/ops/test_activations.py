@@ -1,0 +1,110 @@
+"""Activation functions against onnxruntime, over the opsets they are registered for."""
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper
+import onnxruntime as ort
+import pytest
+
+from onnx2jax.translate import translate
+
+RNG = np.random.default_rng(0)
+
+
+def _model(op, arrays, static, opset, attrs, n_out=1):
+    names = [f"x{i}" if a is not None else "" for i, a in enumerate(arrays)]
+    feeds = {n: a for i, (n, a) in enumerate(zip(names, arrays)) if a is not None and i not in static}
+    inits = [onnx.numpy_helper.from_array(a, n) for i, (n, a) in enumerate(zip(names, arrays)) if a is not None and i in static]
+    graph = oh.make_graph(
+        [oh.make_node(op, names, [f"y{i}" for i in range(n_out)], **attrs)],
+        "g",
+        [oh.make_tensor_value_info(n, oh.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
+        [oh.make_empty_tensor_value_info(f"y{i}") for i in range(n_out)],
+        inits,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=10), feeds
+
+
+def check(op, opset, arrays, *, static=(), n_out=1, rtol=1e-6, atol=1e-6, **attrs):
+    """``op`` through onnx2jax and onnxruntime: same dtypes, shapes, and values within tolerance."""
+    model, feeds = _model(op, arrays, static, opset, attrs, n_out)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)
+    actual = translate(model)(*feeds.values())
+    for e, a in zip(expected, actual):
+        a = np.asarray(a)
+        assert (a.dtype, a.shape) == (e.dtype, e.shape)
+        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)
+
+
+def run(op, opset, arrays, **attrs):
+    model, feeds = _model(op, arrays, (), opset, attrs)
+    return [np.asarray(o) for o in translate(model)(*feeds.values())]
+
+
+def _f(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _int(*shape, dtype=np.int32, low=-20, high=20):
+    return RNG.integers(low, high, shape).astype(dtype)
+
+
+
+def _x(*shape, dtype=np.float32):
+    return (RNG.standard_normal(shape) * 3).astype(dtype)
+
+
+CASES = [
+    ("Relu", (6, 13, 14), {}),
+    ("LeakyRelu", (6, 16), {"alpha": 0.1}),
+    ("ThresholdedRelu", (10, 22), {"alpha": 0.5}),
+    ("Elu", (6, 22), {"alpha": 0.7}),
+    ("Celu", (12,), {"alpha": 2.0}),
+    ("Selu", (6, 22), {}),
+    ("Selu", (6,), {"alpha": 1.5, "gamma": 2.0}),
+    ("Sigmoid", (6, 13), {}),
+    ("HardSigmoid", (6, 22), {"alpha": 0.3, "beta": 0.4}),
+    ("HardSwish", (14, 22), {}),
+    ("Tanh", (6, 13), {}),
+    ("Softplus", (1, 22), {}),
+    ("Softsign", (1, 22), {}),
+    ("Mish", (18, 22), {}),
+    ("Gelu", (20,), {}),
+    ("Gelu", (20,), {"approximate": "tanh"}),
+    ("Shrink", (9,), {"bias": 0.5, "lambd": 1.0}),
+]
+
+
+@pytest.mark.parametrize("op, opsets, attrs", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_activation(op, opsets, attrs):
+    for opset in opsets:
+        check(op, opset, [_x(2, 3, 4)], rtol=1e-5, atol=1e-6, **attrs)
+
+
+@pytest.mark.parametrize("op", ["Relu", "Sigmoid", "Gelu", "Tanh"])
+def test_activation_float16(op):
+    check(op, 20, [_x(3, 5, dtype=np.float16)], rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("slope_shape", [(1,), (4,), (3, 1), (2, 3, 4)])
+@pytest.mark.parametrize("opset", [7, 9, 16])
+def test_prelu_broadcasts_slope(slope_shape, opset):
+    check("PRelu", opset, [_x(2, 3, 4), _x(*slope_shape)])
+
+
+def test_shrink_int():
+    check("Shrink", 9, [np.arange(-5, 6, dtype=np.int32)], bias=1.0, lambd=2.0)
+
+
+def test_swish():
+    x = _x(3, 4)
+    (y,) = run("Swish", 24, [x], alpha=1.5)
+    np.testing.assert_allclose(y, x / (1 + np.exp(-1.5 * x)), rtol=1e-5, atol=1e-6)
+
+
+def test_swiglu():
+    a, b = _x(3, 4), _x(3, 4)
+    (y,) = run("SwiGLU", 28, [a, b])
+    np.testing.assert_allclose(y, a / (1 + np.exp(-a)) * b, rtol=1e-5, atol=1e-6)
