@@ -236,3 +236,92 @@ def max_roi_pool(x, rois, *, pooled_shape, spatial_scale):
         return jnp.stack(rows, axis=-2)
 
     return jax.vmap(one)(rois).astype(x.dtype)
+
+
+def _roi_align(x, rois, batch_indices, *, mode, output_height, output_width, sampling_ratio, spatial_scale, half_pixel):
+    # Each RoI's bin is sampled on a grid of gh x gw points (sampling_ratio, or
+    # ceil(roi size / output size), which depends on the RoI's data: a loop with
+    # a data-dependent trip count). Each sample is bilinear, following
+    # onnxruntime's RoiAlign (samples beyond one pixel outside the map are 0).
+    height, width = x.shape[2], x.shape[3]
+    ph, pw = int(output_height), int(output_width)
+    dtype = x.dtype
+    offset = 0.5 if half_pixel else 0.0
+
+    def one(roi, batch):
+        image = jnp.take(x, batch, axis=0)  # (C, H, W)
+        start_w, start_h, end_w, end_h = (roi[i] * spatial_scale - offset for i in range(4))
+        roi_w, roi_h = end_w - start_w, end_h - start_h
+        if not half_pixel:
+            roi_w, roi_h = jnp.maximum(roi_w, 1.0), jnp.maximum(roi_h, 1.0)
+        bin_h, bin_w = roi_h / ph, roi_w / pw
+        if sampling_ratio > 0:
+            grid_h = grid_w = jnp.asarray(int(sampling_ratio), jnp.int32)
+        else:
+            grid_h = jnp.ceil(roi_h / ph).astype(jnp.int32)
+            grid_w = jnp.ceil(roi_w / pw).astype(jnp.int32)
+        samples = grid_h * grid_w
+        rows = jnp.arange(ph, dtype=dtype)[:, None]
+        cols = jnp.arange(pw, dtype=dtype)[None, :]
+
+        def sample(k):
+            iy = (k // jnp.maximum(grid_w, 1)).astype(dtype)
+            ix = (k % jnp.maximum(grid_w, 1)).astype(dtype)
+            y = start_h + rows * bin_h + (iy + 0.5) * bin_h / grid_h.astype(dtype)
+            xx = start_w + cols * bin_w + (ix + 0.5) * bin_w / grid_w.astype(dtype)
+            y, xx = jnp.broadcast_arrays(y, xx)
+            outside = (y < -1.0) | (y > height) | (xx < -1.0) | (xx > width)
+            y, xx = jnp.maximum(y, 0), jnp.maximum(xx, 0)
+            y_low, x_low = y.astype(jnp.int32), xx.astype(jnp.int32)
+            y_edge, x_edge = y_low >= height - 1, x_low >= width - 1
+            y_low = jnp.where(y_edge, height - 1, y_low)
+            x_low = jnp.where(x_edge, width - 1, x_low)
+            y_high = jnp.where(y_edge, height - 1, y_low + 1)
+            x_high = jnp.where(x_edge, width - 1, x_low + 1)
+            ly = jnp.where(y_edge, 0, y - y_low)
+            lx = jnp.where(x_edge, 0, xx - x_low)
+            hy, hx = 1 - ly, 1 - lx
+            keep = jnp.where(outside, 0, 1).astype(dtype)
+            terms = [
+                (hy * hx * keep) * image[:, y_low, x_low],
+                (hy * lx * keep) * image[:, y_low, x_high],
+                (ly * hx * keep) * image[:, y_high, x_low],
+                (ly * lx * keep) * image[:, y_high, x_high],
+            ]
+            if mode == "avg":
+                return terms[0] + terms[1] + terms[2] + terms[3]
+            return jnp.maximum(jnp.maximum(terms[0], terms[1]), jnp.maximum(terms[2], terms[3]))
+
+        channels = x.shape[1]
+        if mode == "avg":
+            total = jax.lax.fori_loop(0, samples, lambda k, acc: acc + sample(k), jnp.zeros((channels, ph, pw), dtype))
+            return total / jnp.maximum(samples, 1).astype(dtype)
+        if mode != "max":
+            raise ValueError(f"RoiAlign: unknown mode {mode!r}")
+        best = jax.lax.fori_loop(
+            0, samples, lambda k, acc: jnp.maximum(acc, sample(k)), jnp.full((channels, ph, pw), -jnp.inf, dtype)
+        )
+        return jnp.where(samples > 0, best, jnp.zeros_like(best))
+
+    return jax.vmap(one)(rois.astype(dtype), batch_indices.astype(jnp.int32)).astype(x.dtype)
+
+
+@register("RoiAlign", 10)
+def roi_align_10(x, rois, batch_indices, *, mode, output_height, output_width, sampling_ratio, spatial_scale):
+    # Opset 10 predates coordinate_transformation_mode: it behaves as output_half_pixel.
+    return _roi_align(
+        x, rois, batch_indices, mode=mode, output_height=output_height, output_width=output_width,
+        sampling_ratio=sampling_ratio, spatial_scale=spatial_scale, half_pixel=False,
+    )
+
+
+@register("RoiAlign", 16, 22)
+def roi_align(
+    x, rois, batch_indices, *, coordinate_transformation_mode, mode, output_height, output_width,
+    sampling_ratio, spatial_scale,
+):
+    return _roi_align(
+        x, rois, batch_indices, mode=mode, output_height=output_height, output_width=output_width,
+        sampling_ratio=sampling_ratio, spatial_scale=spatial_scale,
+        half_pixel=coordinate_transformation_mode == "half_pixel",
+    )
