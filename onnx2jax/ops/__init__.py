@@ -23,3 +23,4 @@ from onnx2jax.ops import dropout as dropout
 from onnx2jax.ops import losses as losses
 from onnx2jax.ops import strings as strings
 from onnx2jax.ops import training as training
+from onnx2jax.ops import detection as detection
