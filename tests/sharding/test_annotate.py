@@ -419,3 +419,57 @@ def test_gqa_on_four_devices_splits_kv_plainly():
     layout = megatron_layout(_load("tiny_llama"), 4)
     assert [p.column_ways for p in layout.pairs if p.kind == "attention"] == [(4, 4, 4)] * 2
     assert not any("GQA" in n for n in layout.notes)
+
+
+def test_gemm_with_transposed_weights_cuts_the_right_axes():
+    # Gemm(transB=1) weights are stored [N, K]: the column cuts axis 0, the row axis 1.
+    M, H, F = 4, 8, 16
+    rng = np.random.default_rng(2)
+    graph = oh.make_graph(
+        [
+            oh.make_node("LayerNormalization", ["x", "g", "b"], ["n"], name="ln", axis=-1),
+            oh.make_node("Gemm", ["n", "W1", "b1"], ["h"], name="fc", transB=1),
+            oh.make_node("Relu", ["h"], ["r"], name="relu"),
+            oh.make_node("Gemm", ["r", "W2", "b2"], ["y"], name="proj", transB=1),
+        ],
+        "gemm",
+        [oh.make_tensor_value_info("x", FLOAT, [M, H])],
+        [oh.make_tensor_value_info("y", FLOAT, [M, H])],
+        [
+            onh.from_array(np.ones(H, np.float32), "g"),
+            onh.from_array(np.zeros(H, np.float32), "b"),
+            onh.from_array(rng.standard_normal((F, H)).astype(np.float32), "W1"),
+            onh.from_array(rng.standard_normal(F).astype(np.float32), "b1"),
+            onh.from_array(rng.standard_normal((H, F)).astype(np.float32), "W2"),
+            onh.from_array(rng.standard_normal(H).astype(np.float32), "b2"),
+        ],
+    )
+    model = megatron_plan(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]), 8)
+    assert _written(model) == {
+        ("fc", "n"): REPL8,
+        ("fc", "W1"): f"0:8 @ {ALL8}",
+        ("fc", "b1"): f"-1:8 @ {ALL8}",
+        ("fc", "h"): f"-1:8 @ {ALL8}",
+        ("proj", "r"): f"1:8 @ {ALL8}",
+        ("proj", "W2"): f"1:8 @ {ALL8}",
+        ("proj", "b2"): REPL8,
+        ("proj", "y"): REPL8,
+    }
+    assert validate_model(model) == []
+
+
+def test_unnamed_nodes_are_named_in_the_copy():
+    model = _gated_mlp(fused=False)
+    for node in model.graph.node:
+        node.name = ""
+    annotated = megatron_plan(model, 8)
+    assert all(n.name for n in annotated.graph.node)
+    assert not any(n.name for n in model.graph.node)
+    assert validate_model(annotated) == []
+    assert len(describe_plan(annotated)) == len(describe_plan(megatron_plan(_gated_mlp(False), 8)))
+
+
+def test_lone_linears_are_reported():
+    layout = megatron_layout(_mlp(), 2)
+    assert [(p.columns, p.row) for p in layout.pairs] == [(("mm1",), "mm2")]
+    assert any(n.startswith("mm3: linear outside any column/row pair") for n in layout.notes)
