@@ -182,3 +182,46 @@ def causal_conv_with_state(x, w, b=None, past_state=None, *, activation):
         raise ValueError(f"CausalConvWithState: unknown activation {activation!r}")
     present = padded[:, :, padded.shape[2] - (k - 1) :]
     return y, present
+
+
+@register("DeformConv", 19, 22)
+def deform_conv(
+    x, w, offset, b=None, mask=None, *, group, offset_group, dilations=None, kernel_shape=None, pads=None,
+    strides=None,
+):
+    # 2-D only (as ONNX's reference and onnxruntime). Each output pixel (i, j)
+    # reads kernel tap (u, v) at (i*s - pad + u*d + offset_y, j*s - pad + v*d + offset_x),
+    # bilinearly with zeros outside the image; the result is a grouped conv over those columns.
+    if x.ndim != 4:
+        raise NotImplementedError(f"DeformConv: only 2-D inputs are supported, got rank {x.ndim}")
+    n, c, height, width = x.shape
+    oc = w.shape[0]
+    kh, kw = (int(k) for k in (kernel_shape or w.shape[2:]))
+    sh, sw = (int(s) for s in strides) if strides else (1, 1)
+    dh, dw = (int(d) for d in dilations) if dilations else (1, 1)
+    pads = [int(p) for p in pads] if pads else [0, 0, 0, 0]
+    oh, ow = offset.shape[2:]
+    offset = offset.reshape(n, offset_group, kh, kw, 2, oh, ow)
+    if mask is None:
+        mask = jnp.ones((n, offset_group, kh, kw, oh, ow), x.dtype)
+    mask = mask.reshape(n, offset_group, kh, kw, oh, ow)
+    base_h = (np.arange(oh) * sh - pads[0])[None, :, None] + (np.arange(kh) * dh)[:, None, None]  # (kh, oh, 1)
+    base_w = (np.arange(ow) * sw - pads[1])[None, None, :] + (np.arange(kw) * dw)[:, None, None]  # (kw, 1, ow)
+    pos_h = base_h[None, None, :, None] + offset[:, :, :, :, 0]  # (n, G, kh, kw, oh, ow)
+    pos_w = base_w[None, None, None, :] + offset[:, :, :, :, 1]
+    flat = x.reshape(n, offset_group, c // offset_group, height * width)
+    y0, x0 = jnp.floor(pos_h), jnp.floor(pos_w)
+    cols = jnp.zeros((n, offset_group, c // offset_group) + pos_h.shape[2:], x.dtype)
+    for dy, dx in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        yi, xi = y0 + dy, x0 + dx
+        weight = (1 - jnp.abs(pos_h - yi)) * (1 - jnp.abs(pos_w - xi))
+        valid = (yi >= 0) & (yi < height) & (xi >= 0) & (xi < width)
+        index = (jnp.clip(yi, 0, height - 1) * width + jnp.clip(xi, 0, width - 1)).astype(jnp.int32)
+        gathered = jnp.take_along_axis(flat, index.reshape(n, offset_group, 1, -1), axis=3)
+        gathered = gathered.reshape(cols.shape)
+        cols = cols + gathered * jnp.where(valid, weight, 0).astype(x.dtype)[:, :, None]
+    cols = cols * mask[:, :, None].astype(x.dtype)
+    cols = cols.reshape(n, group, c // group, kh, kw, oh, ow)
+    weights = w.reshape(group, oc // group, c // group, kh, kw)
+    y = jnp.einsum("ngcuvij,gocuv->ngoij", cols, weights, precision=_HIGHEST).reshape(n, oc, oh, ow)
+    return _add_bias(y, b).astype(x.dtype)
