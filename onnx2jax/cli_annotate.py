@@ -127,11 +127,15 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         raise SystemExit(f"annotate: {e}") from None
     rows = describe_plan(model)
     table = Table(title=f"annotations of {args.model}")
-    for column in ("node", "op", "tensor", "spec", "stage", "role"):
+    staged = any(row.stage is not None for row in rows)
+    columns = ("node", "op", "tensor", "spec") + (("stage",) if staged else ()) + ("role",)
+    for column in columns:
         table.add_column(column, no_wrap=column != "role")
     for row in rows:
-        stage = "" if row.stage is None else str(row.stage)
-        table.add_row(row.node, row.op_type, row.tensor, row.spec, stage, roles.get(row.node, ""))
+        cells = [row.node, row.op_type, row.tensor, row.spec]
+        if staged:
+            cells.append("" if row.stage is None else str(row.stage))
+        table.add_row(*cells, roles.get(row.node, ""))
     console.print(table, markup=False)
     for note in notes:
         console.print(f"note: {note}", markup=False)

@@ -952,7 +952,7 @@ def megatron_layout(model: onnx.ModelProto, num_devices: int) -> MegatronLayout:
         ways = token_tables.get(lin.parameter) or vocabs.get(lin.out_features)
         if lm_head is None and ways is not None:
             lm_head = lin.node
-            tied = " (tied to the embedding)" if lin.parameter in token_tables else ""
+            tied = " (tied)" if lin.parameter in token_tables else ""
             if ways > 1:
                 assignments += _column_specs(lin, ways, n, "LM head column" + tied)
             elif n > 1:
