@@ -503,6 +503,8 @@ class Linear:
             axis (fused q/k/v or gate/up), else 1.
         heads: Attention heads per part, read from the Reshape that splits
             the feature axis; None when no such Reshape follows.
+        uneven: The output is split on the feature axis into unequal (or
+            unknown) parts; such a linear is left replicated.
     """
 
     node: str
@@ -520,6 +522,7 @@ class Linear:
     output: str
     parts: int = 1
     heads: int | None = None
+    uneven: bool = False
 
     @property
     def units(self) -> int:
@@ -686,7 +689,9 @@ def _feature_split(graph: _Graph, linear: Linear) -> tuple[int, list[str]]:
     """k and the part tensors when the output is split in k equal parts on its last axis.
 
     Follows at most a few Reshapes that keep the last axis (GPT-2's
-    ``[B*S, 3H] -> [B, S, 3H]``) to a Split of the last axis.
+    ``[B*S, 3H] -> [B, S, 3H]``) to a Split of the last axis. Returns k = 0
+    when that Split's parts are unequal or unknown (a fused projection no
+    fused axis can describe), and k = 1 when there is no such Split.
     """
     tensor = linear.output
     for _ in range(4):
@@ -710,8 +715,11 @@ def _feature_split(graph: _Graph, linear: Linear) -> tuple[int, list[str]]:
         else:
             sizes = graph.attr(node, "split")
         k = len(node.output)
-        if (sizes is not None and len(set(sizes)) != 1) or k < 2 or linear.out_features % k:
+        if k < 2:
             break
+        has_sizes = (len(node.input) > 1 and node.input[1]) or graph.attr(node, "split") is not None
+        if (has_sizes and (sizes is None or len(set(sizes)) != 1)) or linear.out_features % k:
+            return 0, list(node.output)
         return k, list(node.output)
     return 1, [linear.output]
 
@@ -845,6 +853,9 @@ def megatron_layout(model: onnx.ModelProto, num_devices: int) -> MegatronLayout:
         if lin is None:
             continue
         parts, tensors = _feature_split(graph, lin)
+        if parts == 0:
+            linears[index] = dataclasses.replace(lin, uneven=True)
+            continue
         heads = {_heads(graph, t, lin.out_features // parts) for t in tensors}
         linears[index] = dataclasses.replace(
             lin, parts=parts, heads=heads.pop() if len(heads) == 1 else None
@@ -884,7 +895,14 @@ def megatron_layout(model: onnx.ModelProto, num_devices: int) -> MegatronLayout:
         ways = math.gcd(max(units), n)
         col_ways = [math.gcd(u, ways) for u in units]
         what = "heads" if use_heads else "features"
-        if ways == 1 or row.in_features % ways:
+        uneven = [c.node for c in cols if c.uneven]
+        if uneven:
+            ways, col_ways = 1, [1] * len(cols)
+            notes.append(
+                f"layer {layer} {kind} ({row.node}): {uneven} split their output into unequal "
+                "parts (no fused axis describes that); left replicated"
+            )
+        elif ways == 1 or row.in_features % ways:
             ways, col_ways = 1, [1] * len(cols)
             if n > 1:
                 notes.append(

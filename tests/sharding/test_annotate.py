@@ -473,3 +473,32 @@ def test_lone_linears_are_reported():
     layout = megatron_layout(_mlp(), 2)
     assert [(p.columns, p.row) for p in layout.pairs] == [(("mm1",), "mm2")]
     assert any(n.startswith("mm3: linear outside any column/row pair") for n in layout.notes)
+
+
+def test_unequal_fused_split_is_left_replicated():
+    # q|k|v of widths 16|8|8 (a GQA-style fused projection): no fused axis fits.
+    rng = np.random.default_rng(3)
+    graph = oh.make_graph(
+        [
+            oh.make_node("LayerNormalization", ["x", "g"], ["n"], name="ln", axis=-1),
+            oh.make_node("MatMul", ["n", "W"], ["qkv"], name="qkv_proj"),
+            oh.make_node("Split", ["qkv", "sizes"], ["q", "k", "v"], name="split", axis=-1),
+            oh.make_node("Concat", ["k", "v"], ["kv"], name="cat", axis=-1),
+            oh.make_node("Mul", ["q", "kv"], ["t"], name="mix"),
+            oh.make_node("MatMul", ["t", "Wo"], ["y"], name="o_proj"),
+        ],
+        "uneven",
+        [oh.make_tensor_value_info("x", FLOAT, [2, 3, 8])],
+        [oh.make_tensor_value_info("y", FLOAT, [2, 3, 8])],
+        [
+            onh.from_array(np.ones(8, np.float32), "g"),
+            onh.from_array(rng.standard_normal((8, 32)).astype(np.float32), "W"),
+            onh.from_array(np.array([16, 8, 8], np.int64), "sizes"),
+            onh.from_array(rng.standard_normal((16, 8)).astype(np.float32), "Wo"),
+        ],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    layout = megatron_layout(model, 8)
+    assert [(p.columns, p.row, p.ways) for p in layout.pairs] == [(("qkv_proj",), "o_proj", 1)]
+    assert layout.assignments == ()
+    assert any("unequal" in n for n in layout.notes)
