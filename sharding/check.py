@@ -1,0 +1,64 @@
+"""Checking a whole model's sharding annotations: structure, then the op rules.
+
+`check` runs `sharding.validate.validate_model` (is every annotation well
+formed and does it fit its tensor and configuration?) and then `infer` (does
+every op accept its input specs?), and returns every diagnostic of both in one
+list: model-level first, then node by node. Errors mean the annotations
+cannot run as written; warnings mean something was not checked; notes are
+reshards and collectives, for information.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import onnx
+
+from .diagnostics import Diagnostic
+from .infer import infer
+from .validate import validate_model
+
+
+def check(
+    model: onnx.ModelProto,
+    configuration: str | None = None,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    unsupported: str = "warning",
+) -> list[Diagnostic]:
+    """Every problem of the model's multi-device annotations, in one pass.
+
+    Args:
+        model: The model; not modified.
+        configuration: The device configuration to check; by default the
+            model's first.
+        input_shapes: Concrete dims of model inputs, for rules that need sizes.
+        unsupported: Severity of annotated ops without a rule (``"warning"``
+            or ``"error"``).
+
+    Returns:
+        The diagnostics; no diagnostic of severity ``error`` means the
+        annotations are valid.
+
+    Example:
+        >>> errors = [d for d in check(model) if d.severity == "error"]  # doctest: +SKIP
+        >>> print(errors[0])  # doctest: +SKIP
+        error[k-sharding-mismatch] node 'mm' (MatMul), tensor 'W', axis 0: ...
+    """
+    return merge(validate_model(model), infer(
+        model, configuration, input_shapes=input_shapes, unsupported=unsupported
+    ).diagnostics)
+
+
+def merge(structural: Sequence[Diagnostic], semantic: Sequence[Diagnostic]) -> list[Diagnostic]:
+    """Structural diagnostics, then the rules' ones that do not repeat them."""
+    broken = {d.node for d in structural if d.severity == "error"}
+    codes = {(d.code, d.node) for d in structural}
+    result = list(structural)
+    for d in semantic:
+        if (d.code, d.node) in codes or (d.code == "shape-inference-failed" and ("shape-inference-failed", None) in codes):
+            continue
+        if d.code == "annotation-invalid" and d.node in broken:
+            continue
+        result.append(d)
+    return result

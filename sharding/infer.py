@@ -1,0 +1,533 @@
+"""Completing a model's partial sharding annotations (proposal 0007, extended).
+
+One topological walk over the main graph. At each node:
+
+1. Input specs: the one written on the node; else the spec the producer left
+   (`Inference.tensors`); else, for a model input, an initializer or anything
+   not yet placed, unsharded: replicated on the node's devices. The node's
+   devices are those of its written specs, or else of its inputs' specs; a
+   node with neither stays unplaced (its specs are None).
+2. The op's rule (`sharding.rules`) checks the inputs and infers the outputs.
+   A written input spec that differs from the producer's is a reshard (a
+   note naming its collective); so is a written output spec that differs from
+   the inferred one. A written spec the op cannot use is an error.
+3. Output specs: the written one, else the inferred one. An op no rule covers
+   runs unannotated (its outputs unplaced); annotated, it gets an
+   ``unsupported-op`` diagnostic. Nodes with subgraphs (If, Loop, Scan) are
+   opaque in the same way.
+
+Diagnostic codes (besides those of `sharding.validate`):
+
+======================  ========  ===========================================
+code                    severity  meaning
+======================  ========  ===========================================
+sharding-mismatch       error     two inputs shard one axis differently
+k-sharding-mismatch     error     MatMul-like: the K axes differ
+broadcast-axis-sharded  error     a broadcast size-1 axis is sharded
+empty-intersection      error     no device holds all shards an output needs
+annotation-invalid      error     an annotation cannot be read
+unknown-configuration   error     the configuration asked for is not defined
+unsupported-op          warning   an annotated op with no rule (error on request)
+reshape-unsupported     warning   a sharded axis cannot follow a reshape
+einsum-unsupported      warning   an Einsum outside the MatMul-like cases
+shape-unknown           warning   a rule lacks a shape or constant it needs
+shape-inference-failed  warning   ONNX shape inference failed
+reshard                 note      a written spec differs: data moves (kind)
+collective              note      the op itself combines shards (kind)
+no-rule                 note      sharded data enters an op with no rule
+configuration-chosen    note      several configurations; which was used
+======================  ========  ===========================================
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import onnx
+import onnx.shape_inference
+from onnx import numpy_helper
+
+from .diagnostics import Diagnostic, Severity
+from .reshard import reshard_kind, same_spec
+from .rules import rule_for
+from .rules._core import NodeContext, Shape, node_devices, renamed, replicated, sharded_dims, text
+from .spec import NodeConfig, ShardingSpec
+
+
+@dataclass(frozen=True)
+class NodeShardings:
+    """Complete specs of one node after inference.
+
+    Attributes:
+        node: The node's name.
+        op_type: Its op type.
+        inputs: Per ``node.input`` position: the spec the node runs it with;
+            None for an empty input name or when nothing is known.
+        outputs: Per ``node.output`` position: written or inferred; None
+            when no rule covers the op and none was written.
+        given_inputs: Which input specs were written in the model.
+        given_outputs: Which output specs were written in the model.
+    """
+
+    node: str
+    op_type: str
+    inputs: tuple[ShardingSpec | None, ...]
+    outputs: tuple[ShardingSpec | None, ...]
+    given_inputs: tuple[bool, ...]
+    given_outputs: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
+class Inference:
+    """The result of `infer`.
+
+    Attributes:
+        configuration: The device configuration used, or None when the model
+            has none.
+        nodes: By node name (``"<op_type>#<index>"`` for unnamed nodes), in
+            topological order.
+        tensors: Each tensor's spec as its producer leaves it; model inputs
+            and initializers as first consumed.
+        diagnostics: Errors, warnings and notes (reshards, collectives).
+        shapes: Tensor shapes known after shape inference (ints, symbols or
+            None per axis).
+    """
+
+    configuration: str | None
+    nodes: dict[str, NodeShardings]
+    tensors: dict[str, ShardingSpec]
+    diagnostics: tuple[Diagnostic, ...]
+    shapes: Mapping[str, Shape] = field(default_factory=dict, repr=False, compare=False)
+
+    def errors(self) -> list[Diagnostic]:
+        """The diagnostics of severity ``error``."""
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+
+def _model_diag(code: str, severity: Severity, message: str, hint: str | None = None) -> Diagnostic:
+    return Diagnostic(code=code, severity=severity, message=message, hint=hint)
+
+
+# ------------------------------------------------------------------ shapes
+
+
+def _dims(type_proto: onnx.TypeProto) -> Shape | None:
+    if type_proto.WhichOneof("value") != "tensor_type":
+        return None
+    tensor = type_proto.tensor_type
+    if not tensor.HasField("shape"):
+        return None
+    return tuple(
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
+    )
+
+
+def _light_copy(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None) -> onnx.ModelProto:
+    """A copy for shape inference: large initializers become typed graph inputs."""
+    light = onnx.ModelProto()
+    light.ir_version = model.ir_version
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    graph = light.graph
+    source = model.graph
+    graph.node.extend(source.node)
+    graph.input.extend(source.input)
+    graph.output.extend(source.output)
+    graph.value_info.extend(source.value_info)
+    declared = {i.name for i in source.input}
+    for init in source.initializer:
+        if int(np.prod(init.dims)) <= 4096 and init.data_location != onnx.TensorProto.EXTERNAL:
+            graph.initializer.append(init)
+        elif init.name not in declared:
+            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
+    for name, dims in (input_shapes or {}).items():
+        for info in graph.input:
+            if info.name == name:
+                shape = info.type.tensor_type.shape
+                shape.ClearField("dim")
+                for d in dims:
+                    shape.dim.add().dim_value = int(d)
+    return light
+
+
+def tensor_shapes(
+    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+) -> tuple[dict[str, Shape], list[Diagnostic]]:
+    """Shapes of the main graph's tensors after ONNX shape inference (``data_prop=True``).
+
+    Args:
+        model: The model; not modified.
+        input_shapes: Concrete dims for model inputs, replacing symbolic ones.
+
+    Returns:
+        ``{tensor: shape}`` and any diagnostics (a failed inference is a
+        warning; the model's own value_info is used then).
+    """
+    diags = []
+    light = _light_copy(model, input_shapes)
+    try:
+        graph = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
+    except Exception as e:  # onnx raises several types (InferenceError, ValidationError, RuntimeError)
+        graph = light.graph
+        diags.append(
+            _model_diag(
+                "shape-inference-failed",
+                "warning",
+                f"ONNX shape inference failed ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                "only the shapes declared in the model are used",
+                "fix the model's types, or give input_shapes",
+            )
+        )
+    shapes: dict[str, Shape] = {}
+    for info in (*graph.value_info, *graph.input, *graph.output):
+        dims = _dims(info.type)
+        if dims is not None:
+            shapes[info.name] = dims
+    for init in model.graph.initializer:
+        shapes[init.name] = tuple(init.dims)
+    return shapes, diags
+
+
+class _Constants(Mapping):
+    """Initializer and Constant values by name, converted on first use."""
+
+    def __init__(self, graph: onnx.GraphProto) -> None:
+        self._protos: dict[str, onnx.TensorProto] = {}
+        for init in graph.initializer:
+            self._protos[init.name] = init
+        for node in graph.node:
+            if node.op_type == "Constant" and node.output:
+                for attr in node.attribute:
+                    if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                        self._protos[node.output[0]] = attr.t
+                    elif attr.name in ("value_int", "value_ints"):
+                        self._protos[node.output[0]] = numpy_helper.from_array(
+                            np.asarray(onnx.helper.get_attribute_value(attr), dtype=np.int64)
+                        )
+        self._values: dict[str, np.ndarray | None] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._values:
+            proto = self._protos[name]
+            small = int(np.prod(proto.dims)) <= 4096 and proto.data_location != onnx.TensorProto.EXTERNAL
+            self._values[name] = numpy_helper.to_array(proto) if small else None
+        value = self._values[name]
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._protos
+
+    def get(self, name, default=None):
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._protos)
+
+    def __len__(self) -> int:
+        return len(self._protos)
+
+
+# ------------------------------------------------------------------ walk
+
+
+def topological_order(graph: onnx.GraphProto) -> list[int]:
+    """Node indices in an order where producers come first (stored order when it is one)."""
+    produced = {}
+    for index, node in enumerate(graph.node):
+        for name in node.output:
+            if name:
+                produced[name] = index
+    ok = all(
+        produced.get(name, -1) < index
+        for index, node in enumerate(graph.node)
+        for name in node.input
+        if name
+    )
+    if ok:
+        return list(range(len(graph.node)))
+    waiting = [0] * len(graph.node)
+    users = collections.defaultdict(list)
+    for index, node in enumerate(graph.node):
+        deps = {produced[n] for n in node.input if n in produced and produced[n] != index}
+        waiting[index] = len(deps)
+        for dep in deps:
+            users[dep].append(index)
+    ready = collections.deque(i for i, w in enumerate(waiting) if w == 0)
+    order = []
+    while ready:
+        index = ready.popleft()
+        order.append(index)
+        for user in users[index]:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                ready.append(user)
+    order += [i for i in range(len(graph.node)) if i not in set(order)]  # cycles: stored order
+    return order
+
+
+def _has_subgraph(node: onnx.NodeProto) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
+def _choose_configuration(
+    model: onnx.ModelProto, configuration: str | None, diags: list[Diagnostic]
+) -> str | None:
+    names = [c.name for c in model.configuration]
+    used = [c.configuration_id for n in model.graph.node for c in n.device_configurations]
+    if configuration is not None:
+        if configuration not in names:
+            diags.append(
+                _model_diag(
+                    "unknown-configuration",
+                    "error",
+                    f"configuration {configuration!r} is not defined in the model",
+                    f"choose one of {names}",
+                )
+            )
+        return configuration
+    if not names:
+        return used[0] if used else None
+    if len(names) > 1:
+        diags.append(
+            _model_diag(
+                "configuration-chosen",
+                "note",
+                f"the model defines configurations {names}; {names[0]!r} was used",
+                "pass configuration= (or --configuration) to choose",
+            )
+        )
+    return names[0]
+
+
+def _annotations(
+    model: onnx.ModelProto, configuration: str | None, diags: list[Diagnostic]
+) -> dict[int, NodeConfig]:
+    found: dict[int, NodeConfig] = {}
+    if configuration is None:
+        return found
+    for index, node in enumerate(model.graph.node):
+        for proto in node.device_configurations:
+            if proto.configuration_id != configuration:
+                continue
+            try:
+                found[index] = NodeConfig.from_proto(proto)
+            except (TypeError, ValueError) as e:
+                diags.append(
+                    Diagnostic(
+                        code="annotation-invalid",
+                        severity="error",
+                        node=node.name,
+                        op_type=node.op_type,
+                        message=f"the annotation cannot be read ({e}); it is ignored",
+                        hint="fix it (see the structural diagnostics)",
+                    )
+                )
+            break
+    return found
+
+
+def _reshard_note(
+    node: onnx.NodeProto, tensor: str, src: ShardingSpec, dst: ShardingSpec, kind: str, where: str
+) -> Diagnostic:
+    return Diagnostic(
+        code="reshard",
+        severity="note",
+        node=node.name,
+        op_type=node.op_type,
+        tensor=tensor,
+        message=f"{where}: {text(src)} -> {text(dst)} ({kind})",
+        given=text(dst),
+        expected=text(src),
+        hint=None,
+    )
+
+
+def infer(
+    model: onnx.ModelProto,
+    configuration: str | None = None,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    unsupported: str = "warning",
+) -> Inference:
+    """Completes the sharding annotations of the main graph.
+
+    Args:
+        model: The model; not modified.
+        configuration: The device configuration to use; by default the
+            model's first (a note says so when there are several).
+        input_shapes: Concrete dims of model inputs, for rules that need
+            sizes where the model has symbols.
+        unsupported: Severity of ``unsupported-op``: ``"warning"`` or ``"error"``.
+
+    Returns:
+        The `Inference`: every node's specs, every placed tensor's spec, and
+        every problem found.
+
+    Example:
+        >>> result = infer(model)  # doctest: +SKIP
+        >>> result.tensors["logits"]
+        ShardingSpec('logits', '2:4 @ [0,1,2,3]')
+    """
+    if unsupported not in ("warning", "error"):
+        raise ValueError(f"unsupported must be 'warning' or 'error', got {unsupported!r}")
+    diags: list[Diagnostic] = []
+    config = _choose_configuration(model, configuration, diags)
+    shapes, shape_diags = tensor_shapes(model, input_shapes)
+    diags += shape_diags
+    annotations = _annotations(model, config, diags)
+    constants = _Constants(model.graph)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
+    graph = model.graph
+    tensors: dict[str, ShardingSpec] = {}
+    nodes: dict[str, NodeShardings] = {}
+    for index in topological_order(graph):
+        node = graph.node[index]
+        key = node.name or f"{node.op_type}#{index}"
+        annotation = annotations.get(index)
+        given = {s.tensor_name: s for s in annotation.specs} if annotation else {}
+        known = [given.get(n) or tensors.get(n) for n in node.input if n]
+        devices = node_devices(given.values()) or node_devices(known)
+        in_specs: list[ShardingSpec | None] = []
+        for name in node.input:
+            if not name:
+                in_specs.append(None)
+                continue
+            spec = given.get(name)
+            produced = tensors.get(name)
+            if spec is not None and produced is not None:
+                kind = reshard_kind(produced, spec, shapes.get(name))
+                if kind is not None:
+                    diags.append(_reshard_note(node, name, produced, spec, kind, "input resharded"))
+            if spec is None:
+                spec = produced
+            if spec is None and devices:
+                spec = replicated(name, devices)
+            if spec is not None and name not in tensors:
+                tensors[name] = renamed(spec, name)
+            in_specs.append(spec)
+        rule = None if _has_subgraph(node) else rule_for(node.op_type, node.domain)
+        inferred: list[ShardingSpec | None] = [None] * len(node.output)
+        notes: list[Diagnostic] = []
+        if rule is not None and devices:
+            ctx = NodeContext(
+                node,
+                tuple(shapes.get(n) if n else None for n in node.input),
+                tuple(shapes.get(n) if n else None for n in node.output),
+                constants,
+                opset,
+            )
+            inferred, notes = rule.propagate(ctx, in_specs)
+            if not annotation:
+                # Shape warnings matter where the user wrote specs; elsewhere they are notes.
+                notes = [
+                    d if d.severity != "warning" else _as_note(d) for d in notes
+                ]
+        elif rule is None and annotation:
+            why = "it has subgraphs (control flow is outside proposal 0007)" if _has_subgraph(node) else (
+                f"no sharding rule for {node.op_type}"
+            )
+            diags.append(
+                Diagnostic(
+                    code="unsupported-op",
+                    severity="error" if unsupported == "error" else "warning",
+                    node=node.name,
+                    op_type=node.op_type,
+                    message=f"the node is annotated but {why}; written output specs are taken "
+                    "as they are, nothing is inferred or checked",
+                    hint="remove the annotation, or annotate only the ops around it",
+                )
+            )
+        elif rule is None and any(s is not None and sharded_dims(s, None) for s in in_specs):
+            diags.append(
+                Diagnostic(
+                    code="no-rule",
+                    severity="note",
+                    node=node.name,
+                    op_type=node.op_type,
+                    message=f"sharded data enters {node.op_type}, which has no sharding rule: "
+                    "its outputs are left to the compiler",
+                )
+            )
+        diags += notes
+        outputs: list[ShardingSpec | None] = []
+        reduced = {d.tensor for d in notes if d.code == "collective" and d.expected == "all-reduce"}
+        for name, spec in zip(node.output, inferred, strict=False):
+            if not name:
+                outputs.append(None)
+                continue
+            written = given.get(name)
+            if written is not None:
+                if spec is not None:
+                    kind = reshard_kind(spec, written, shapes.get(name))
+                    if kind is not None:
+                        if kind == "dynamic-slice" and name in reduced:
+                            kind = "reduce-scatter"
+                        diags.append(_reshard_note(node, name, spec, written, kind, "output resharded"))
+                spec = written
+            elif spec is not None:
+                spec = renamed(spec, name)
+            outputs.append(spec)
+            if spec is not None:
+                tensors[name] = spec
+        nodes[key] = NodeShardings(
+            node=key,
+            op_type=node.op_type,
+            inputs=tuple(in_specs),
+            outputs=tuple(outputs),
+            given_inputs=tuple(bool(n) and n in given for n in node.input),
+            given_outputs=tuple(bool(n) and n in given for n in node.output),
+        )
+    return Inference(config, nodes, tensors, tuple(diags), shapes)
+
+
+def _as_note(d: Diagnostic) -> Diagnostic:
+    import dataclasses
+
+    return dataclasses.replace(d, severity="note")
+
+
+def completed_model(model: onnx.ModelProto, inference: Inference) -> onnx.ModelProto:
+    """A copy of ``model`` whose nodes carry every spec `infer` knows (written and inferred).
+
+    Nodes without any known spec are left unannotated; pipeline stages are kept.
+    """
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    config = inference.configuration
+    if config is None:
+        return out
+    for index, node in enumerate(out.graph.node):
+        key = node.name or f"{node.op_type}#{index}"
+        found = inference.nodes.get(key)
+        if found is None:
+            continue
+        specs = {}
+        for name, spec in zip(node.input, found.inputs, strict=False):
+            if name and spec is not None:
+                specs.setdefault(name, renamed(spec, name))
+        for name, spec in zip(node.output, found.outputs, strict=False):
+            if name and spec is not None:
+                specs.setdefault(name, renamed(spec, name))
+        if not specs:
+            continue
+        stage = None
+        keep = []
+        for proto in node.device_configurations:
+            if proto.configuration_id == config:
+                stage = proto.pipeline_stage if proto.HasField("pipeline_stage") else None
+            else:
+                keep.append(proto)
+        del node.device_configurations[:]
+        node.device_configurations.extend(keep)
+        node.device_configurations.append(NodeConfig(config, tuple(specs.values()), stage).to_proto())
+        if not node.name:
+            node.name = key
+    return out

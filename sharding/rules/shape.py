@@ -1,0 +1,309 @@
+"""Shape ops: shardings move to the axes their data moves to.
+
+- Reshape, Squeeze, Unsqueeze, Flatten, Transpose: a reshape of axis groups
+  (`_core.regroup`); splitting or fusing a sharded axis gives a fused-axis
+  spec, simplified where it is a plain split.
+- Concat: the inputs must agree on the other axes (like elementwise inputs);
+  the concatenated axis comes out whole (an all-gather if it was sharded).
+- Split: an unsharded split axis leaves every output sharded like the input;
+  a fused axis whose outer sub-axis is the split (GPT-2's q/k/v) gives each
+  output the inner sub-axes; a plain split whose pieces hold whole shards
+  gives each piece its shards; otherwise the axis is gathered.
+- Slice: a sharded axis is kept when the slice takes all of it, else gathered.
+- Expand: like a broadcast from the input; Tile: repeated axes come out whole.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import Rule
+from ._core import (
+    Operand,
+    build_spec,
+    contract,
+    device_sets,
+    elementwise_labels,
+    make_dim,
+    regroup,
+    reshape_groups,
+    resolved_parts,
+    sharded_dims,
+    text,
+    unshard,
+)
+
+
+def _rank(ctx, index=0):
+    return ctx.rank(index)
+
+
+def _shape(ctx, rank, index=0):
+    shape = ctx.in_shapes[index] if index < len(ctx.in_shapes) else None
+    return shape if shape is not None else (None,) * rank
+
+
+def _gather_note(ctx, name, axes, spec):
+    ctx.diag(
+        "collective",
+        f"axes {axes} of {spec.tensor_name!r} are sharded ({text(spec)}) but {ctx.op_type} needs "
+        f"them whole: {name!r} comes out unsharded there (an all-gather)",
+        severity="note",
+        tensor=name,
+        expected="all-gather",
+    )
+
+
+class Reshape(Rule):
+    ops = frozenset({"Reshape"})
+
+    def outputs(self, ctx, in_specs):
+        spec, name = in_specs[0], ctx.node.output[0]
+        if spec is None:
+            return []
+        in_shape, out_shape = ctx.in_shapes[0], ctx.out_shapes[0]
+        if not sharded_dims(spec, None if in_shape is None else len(in_shape)):
+            return [unshard(spec, [], None, name)]
+        if in_shape is None or out_shape is None:
+            ctx.unknown("the input or output shape is unknown", tensor=spec.tensor_name)
+            return []
+        return [regroup(ctx, spec, in_shape, out_shape, reshape_groups(in_shape, out_shape), name)]
+
+
+class AxisMap(Rule):
+    """Transpose, Squeeze, Unsqueeze, Flatten: groups known from attributes."""
+
+    ops = frozenset({"Transpose", "Squeeze", "Unsqueeze", "Flatten"})
+
+    def groups(self, ctx, rank):
+        op = ctx.op_type
+        if op == "Transpose":
+            perm = ctx.attr("perm") or list(range(rank))[::-1]
+            return [([a], [list(perm).index(a)]) for a in range(rank)]
+        if op == "Flatten":
+            axis = int(ctx.attr("axis", 1)) % (rank + 1)
+            return [(list(range(axis)), [0]), (list(range(axis, rank)), [1])]
+        axes = ctx.int_list("axes", 1)
+        if op == "Squeeze":
+            if axes is None:
+                shape = ctx.in_shapes[0]
+                if shape is None or any(d is None or isinstance(d, str) for d in shape):
+                    return None
+                axes = [a for a, d in enumerate(shape) if d == 1]
+            axes = {a % rank for a in axes}
+            kept = [a for a in range(rank) if a not in axes]
+            return [([a], [j]) for j, a in enumerate(kept)] + [([a], []) for a in sorted(axes)]
+        if axes is None:
+            return None
+        out_rank = rank + len(axes)
+        new = {a % out_rank for a in axes}
+        old = [j for j in range(out_rank) if j not in new]
+        return [([a], [j]) for a, j in enumerate(old)] + [([], [j]) for j in sorted(new)]
+
+    def outputs(self, ctx, in_specs):
+        spec, name = in_specs[0], ctx.node.output[0]
+        if spec is None:
+            return []
+        rank = _rank(ctx)
+        if rank is None and ctx.op_type == "Transpose" and ctx.attr("perm"):
+            rank = len(ctx.attr("perm"))
+        if rank is None:
+            if not sharded_dims(spec, None):
+                return [unshard(spec, [], None, name)]
+            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
+            return []
+        groups = self.groups(ctx, rank)
+        if groups is None:
+            if not sharded_dims(spec, rank):
+                return [unshard(spec, [], rank, name)]
+            ctx.unknown("the axes are not constants", tensor=ctx.node.input[0])
+            return []
+        out_shape = ctx.out_shapes[0] if ctx.out_shapes[0] is not None else None
+        return [regroup(ctx, spec, _shape(ctx, rank), out_shape, groups, name)]
+
+
+class Concat(Rule):
+    ops = frozenset({"Concat"})
+
+    def outputs(self, ctx, in_specs):
+        rank = ctx.out_rank(0)
+        if rank is None:
+            rank = next((len(s) for s in ctx.in_shapes if s is not None), None)
+        if rank is None:
+            ctx.unknown("the ranks of the inputs are unknown")
+            return []
+        axis = int(ctx.attr("axis", 0)) % max(rank, 1)
+        operands = []
+        for i, spec in enumerate(in_specs):
+            if ctx.input_name(i):
+                labels = [("cat", i) if a == axis else a for a in range(rank)]
+                operands.append(Operand(spec, labels, ctx.in_shapes[i]))
+        out = [None if a == axis else a for a in range(rank)]
+        return contract(ctx, operands, [(ctx.node.output[0], out)], reduce_kind="all-gather")
+
+
+class Split(Rule):
+    ops = frozenset({"Split"})
+
+    def outputs(self, ctx, in_specs):
+        spec = in_specs[0]
+        names = list(ctx.node.output)
+        if spec is None:
+            return []
+        rank = _rank(ctx)
+        cut = dict(sharded_dims(spec, rank)) if rank is not None else {}
+        if rank is None and sharded_dims(spec, None):
+            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
+            return []
+        axis = int(ctx.attr("axis", 0)) % rank if rank else 0
+        if axis not in cut:
+            return [unshard(spec, [], rank, n) for n in names]
+        size = ctx.in_shapes[0][axis]
+        sizes = ctx.int_list("split", 1)
+        if sizes is None and isinstance(size, int):
+            block = -(-size // len(names))
+            sizes = [min(block, size - i * block) for i in range(len(names))]
+        result = _split_sharded(spec, cut, axis, rank, size, sizes, names) if sizes else None
+        if result is None:
+            _gather_note(ctx, names[0], [axis], spec)
+            return [unshard(spec, [axis], rank, n) for n in names]
+        return result
+
+
+def _radix(spec):
+    """Shard numbers as an array with one axis per part of every dim (listing order)."""
+    counts = [p.num_shards for d in spec.sharded_dims for p in d.parts]
+    return np.arange(spec.num_shards).reshape(counts or [1])
+
+
+def _part_position(spec, axis, rank, j):
+    pos = 0
+    for d in spec.sharded_dims:
+        if d.axis % rank == axis:
+            return pos + j
+        pos += len(d.parts)
+    raise KeyError(axis)
+
+
+def _split_sharded(spec, cut, axis, rank, size, sizes, names):
+    """Per output spec when the split axis is sharded; None when the pieces straddle shards."""
+    dim = cut[axis]
+    parts = resolved_parts(dim, size)
+    sets = device_sets(spec)
+    grid = _radix(spec)
+    position = _part_position(spec, axis, rank, 0)
+    others = [d for d in spec.sharded_dims if d is not dim]
+    index = [i for i, d in enumerate(spec.sharded_dims) if d is dim][0]
+    results = []
+    s0, n0 = parts[0]
+    if len(parts) > 1 and s0 == len(names) and len(set(sizes)) == 1 and s0 and s0 % n0 == 0:
+        # Fused axis whose outer sub-axis is the split: each output takes the inner sub-axes.
+        inner = make_dim(axis, parts[1:])
+        for i, name in enumerate(names):
+            picked = np.take(grid, i // (s0 // n0), axis=position)
+            dims = list(others)
+            if inner is not None:
+                dims.insert(index, inner)
+            results.append(build_spec(name, dims, [sets[k] for k in picked.ravel()]))
+        return results
+    if len(parts) == 1 and isinstance(size, int) and size % n0 == 0:
+        block = size // n0
+        start = 0
+        for piece, name in zip(sizes, names, strict=False):
+            if piece % block or start % block:
+                return None
+            picked = np.take(grid, range(start // block, (start + piece) // block), axis=position)
+            dims = list(others)
+            if piece // block > 1:
+                dims.insert(index, make_dim(axis, [(None, piece // block)]))
+            results.append(build_spec(name, dims, [sets[k] for k in picked.ravel()]))
+            start += piece
+        return results
+    return None
+
+
+class Slice(Rule):
+    ops = frozenset({"Slice"})
+
+    def outputs(self, ctx, in_specs):
+        spec, name = in_specs[0], ctx.node.output[0]
+        if spec is None:
+            return []
+        rank = _rank(ctx)
+        if not sharded_dims(spec, rank):
+            return [unshard(spec, [], rank, name)]
+        if rank is None:
+            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
+            return []
+        if "starts" in ctx.attrs:
+            starts, ends, axes, steps = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes"), None
+        else:
+            starts, ends = ctx.int_list("", 1), ctx.int_list("", 2)
+            axes, steps = ctx.int_list("", 3), ctx.int_list("", 4)
+            if ctx.input_name(3) and axes is None:
+                starts = None
+        cut = dict(sharded_dims(spec, rank))
+        if starts is None or ends is None:
+            ctx.unknown("the slice bounds are not constants", tensor=spec.tensor_name)
+            return []
+        axes = [a % rank for a in axes] if axes else list(range(len(starts)))
+        steps = steps or [1] * len(starts)
+        shape = ctx.in_shapes[0]
+        sliced = []
+        for a, start, end, step in zip(axes, starts, ends, steps, strict=False):
+            if a not in cut:
+                continue
+            size = shape[a] if shape is not None else None
+            known = isinstance(size, int)
+            from_start = start == 0 or start <= -(2**62) or (known and start <= -size)
+            to_end = end >= 2**31 - 1 or (known and end >= size)
+            if not (step == 1 and from_start and to_end):
+                sliced.append(a)
+        if sliced:
+            _gather_note(ctx, name, sliced, spec)
+        return [unshard(spec, sliced, rank, name)]
+
+
+class Expand(Rule):
+    ops = frozenset({"Expand"})
+
+    def outputs(self, ctx, in_specs):
+        spec, name = in_specs[0], ctx.node.output[0]
+        if spec is None:
+            return []
+        out_shape = ctx.out_shapes[0]
+        target = ctx.constant(1)
+        out_rank = len(out_shape) if out_shape is not None else None
+        if out_rank is None and target is not None and ctx.in_shapes[0] is not None:
+            out_rank = max(len(ctx.in_shapes[0]), int(np.asarray(target).size))
+        labels = elementwise_labels(ctx.in_shapes[0], out_rank, out_shape) if out_rank is not None else None
+        if labels is None:
+            if not sharded_dims(spec, None):
+                return [unshard(spec, [], None, name)]
+            ctx.unknown("the input or output shape is unknown", tensor=spec.tensor_name)
+            return []
+        return contract(ctx, [Operand(spec, labels, ctx.in_shapes[0])], [(name, list(range(out_rank)))])
+
+
+class Tile(Rule):
+    ops = frozenset({"Tile"})
+
+    def outputs(self, ctx, in_specs):
+        spec, name = in_specs[0], ctx.node.output[0]
+        if spec is None:
+            return []
+        repeats = ctx.int_list("", 1)
+        rank = _rank(ctx) or (len(repeats) if repeats is not None else None)
+        if repeats is None or rank is None:
+            if not sharded_dims(spec, rank):
+                return [unshard(spec, [], rank, name)]
+            ctx.unknown("the repeats are not a constant", tensor=spec.tensor_name)
+            return []
+        labels = [a if r == 1 else ("tile", a) for a, r in enumerate(repeats)]
+        out = [a if r == 1 else None for a, r in enumerate(repeats)]
+        return contract(ctx, [Operand(spec, labels, ctx.in_shapes[0])], [(name, out)], reduce_kind="all-gather")
+
+
+RULES = [Reshape(), AxisMap(), Concat(), Split(), Slice(), Expand(), Tile()]
