@@ -49,7 +49,6 @@ import dataclasses
 import logging
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 

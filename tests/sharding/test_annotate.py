@@ -502,3 +502,39 @@ def test_unequal_fused_split_is_left_replicated():
     assert [(p.columns, p.row, p.ways) for p in layout.pairs] == [(("qkv_proj",), "o_proj", 1)]
     assert layout.assignments == ()
     assert any("unequal" in n for n in layout.notes)
+
+
+def test_op_rules_agree_with_every_written_output(fixture):
+    """Each annotated node, run through its op rule on the written input specs,
+    yields the written output specs, and the only collectives are the planned
+    all-reduces: one for the embedding, one per attention and per MLP pair."""
+    rules = pytest.importorskip("sharding.rules")
+    from sharding.spec import same_placement
+
+    _, _, annotated = fixture
+    graph = onnx.shape_inference.infer_shapes(annotated, data_prop=True).graph
+    shapes = {
+        info.name: tuple(d.dim_value if d.HasField("dim_value") else d.dim_param for d in info.type.tensor_type.shape.dim)
+        for info in (*graph.input, *graph.output, *graph.value_info)
+    }
+    shapes.update({i.name: tuple(i.dims) for i in annotated.graph.initializer})
+    constants = {i.name: onh.to_array(i) for i in annotated.graph.initializer}
+    nodes = {n.name: n for n in annotated.graph.node}
+    collectives = []
+    for name, config in read_model_configs(annotated)["tp"].items():
+        node = nodes[name]
+        ctx = rules.NodeContext(
+            node,
+            tuple(shapes.get(i) for i in node.input),
+            tuple(shapes.get(o) for o in node.output),
+            constants,
+            18,
+        )
+        outs, diagnostics = rules.rule_for(node.op_type).propagate(ctx, [config.spec_for(i) for i in node.input])
+        assert all(d.severity == "note" for d in diagnostics), [str(d) for d in diagnostics]
+        collectives += [d for d in diagnostics if d.code == "collective"]
+        for tensor, inferred in zip(node.output, outs):
+            shape = tuple(d if isinstance(d, int) else 6 for d in shapes[tensor])
+            assert same_placement(config.spec_for(tensor), inferred, shape), (name, tensor)
+    assert len(collectives) == 5
+    assert all("all-reduce" in d.message for d in collectives)
