@@ -1,0 +1,162 @@
+"""Cast, CastLike and BitCast against onnxruntime and ONNX's reference."""
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper
+import onnxruntime as ort
+import pytest
+
+from onnx2jax.translate import translate
+
+RNG = np.random.default_rng(0)
+
+
+def _model(op, arrays, static, opset, attrs, n_out=1):
+    names = [f"x{i}" if a is not None else "" for i, a in enumerate(arrays)]
+    feeds = {n: a for i, (n, a) in enumerate(zip(names, arrays)) if a is not None and i not in static}
+    inits = [onnx.numpy_helper.from_array(a, n) for i, (n, a) in enumerate(zip(names, arrays)) if a is not None and i in static]
+    graph = oh.make_graph(
+        [oh.make_node(op, names, [f"y{i}" for i in range(n_out)], **attrs)],
+        "g",
+        [oh.make_tensor_value_info(n, oh.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
+        # Typed outputs: a Cast to a 64-bit type must switch on JAX's x64 mode.
+        [oh.make_tensor_value_info(f"y{i}", attrs["to"], None) if isinstance(attrs.get("to"), int)
+         else oh.make_empty_tensor_value_info(f"y{i}") for i in range(n_out)],
+        inits,
+    )
+    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=10), feeds
+
+
+def check(op, opset, arrays, *, static=(), n_out=1, rtol=1e-6, atol=1e-6, **attrs):
+    """``op`` through onnx2jax and onnxruntime: same dtypes, shapes, and values within tolerance."""
+    model, feeds = _model(op, arrays, static, opset, attrs, n_out)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)
+    actual = translate(model)(*feeds.values())
+    for e, a in zip(expected, actual):
+        a = np.asarray(a)
+        assert (a.dtype, a.shape) == (e.dtype, e.shape)
+        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)
+
+
+def run(op, opset, arrays, **attrs):
+    model, feeds = _model(op, arrays, (), opset, attrs)
+    return [np.asarray(o) for o in translate(model)(*feeds.values())]
+
+
+def _f(*shape, dtype=np.float32):
+    return RNG.standard_normal(shape).astype(dtype)
+
+
+def _int(*shape, dtype=np.int32, low=-20, high=20):
+    return RNG.integers(low, high, shape).astype(dtype)
+
+
+
+import ml_dtypes  # noqa: E402
+from onnx.reference import ReferenceEvaluator  # noqa: E402
+
+T = onnx.TensorProto
+VALUES = np.array([0.0, -0.0, 1.5, -2.5, 3.7, -7.9, 100.25, -1000.0, 65504.0, 1e-3, 0.333], np.float32)
+
+
+@pytest.mark.parametrize("src", [np.float32, np.float64, np.float16, np.int64, np.uint8, np.bool_])
+@pytest.mark.parametrize("to", [T.FLOAT, T.DOUBLE, T.FLOAT16, T.INT32, T.INT64, T.INT8, T.BOOL])
+def test_cast_numeric(src, to):
+    x = VALUES if src != np.bool_ else VALUES > 0
+    if np.dtype(src).kind in "iu":
+        x = np.abs(x)[:8] if src == np.uint8 else x[:8]
+    x = x.astype(src)
+    if to == T.INT8 and np.dtype(src).kind == "f":
+        x = x[np.abs(x.astype(np.float64)) < 100]
+    check("Cast", 21, [x], to=to)
+
+
+@pytest.mark.parametrize("opset", [6, 9, 13, 19])
+def test_cast_opsets(opset):
+    check("Cast", opset, [VALUES], to=T.INT64)
+    check("Cast", opset, [VALUES.astype(np.float16)], to=T.DOUBLE)
+
+
+def test_cast_bfloat16():
+    # onnxruntime cannot hand bfloat16 to numpy; ml_dtypes rounds to nearest even like ONNX.
+    (y,) = run("Cast", 13, [VALUES], to=T.BFLOAT16)
+    assert y.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(y.view(np.uint16), VALUES.astype(ml_dtypes.bfloat16).view(np.uint16))
+    (y,) = run("Cast", 13, [VALUES.astype(ml_dtypes.bfloat16)], to=T.FLOAT)
+    np.testing.assert_array_equal(y, VALUES.astype(ml_dtypes.bfloat16).astype(np.float32))
+
+
+def test_cast_1_takes_a_type_name():
+    (y,) = run("Cast", 1, [VALUES], to="INT32")
+    np.testing.assert_array_equal(y, VALUES.astype(np.int32))
+
+
+FLOAT8 = [T.FLOAT8E4M3FN, T.FLOAT8E4M3FNUZ, T.FLOAT8E5M2, T.FLOAT8E5M2FNUZ]
+SPECIAL = np.array([0.4789, 0.5, 0.8191, 1000000.0, -1e6, 1e-7, np.inf, -np.inf, np.nan, 448.0, 57344.0, 240.0], np.float32)
+
+
+def _reference(node_op, x, **attrs):
+    model, feeds = _model(node_op, [x], (), 24, attrs)
+    return ReferenceEvaluator(model).run(None, feeds)[0]
+
+
+@pytest.mark.parametrize("saturate", [0, 1])
+@pytest.mark.parametrize("to", FLOAT8)
+@pytest.mark.parametrize("src", [np.float32, np.float16])
+def test_cast_float8_saturate(to, saturate, src):
+    x = SPECIAL.astype(src)
+    (y,) = run("Cast", 21, [x], to=to, saturate=saturate)
+    expected = _reference("Cast", x, to=to, saturate=saturate)
+    assert y.dtype == expected.dtype
+    np.testing.assert_array_equal(y.astype(np.float32), expected.astype(np.float32))
+
+
+@pytest.mark.parametrize("to", [T.INT4, T.UINT4, T.FLOAT4E2M1, T.INT8])
+def test_cast_small_types_wrap_like_onnx(to):
+    x = np.arange(-20, 20, dtype=np.float32) * 0.75
+    (y,) = run("Cast", 23, [x], to=to)
+    expected = _reference("Cast", x, to=to)
+    assert y.dtype == expected.dtype
+    np.testing.assert_array_equal(y.astype(np.float32), expected.astype(np.float32))
+
+
+@pytest.mark.parametrize("round_mode", ["up", "down", "nearest"])
+def test_cast_e8m0_round_modes(round_mode):
+    x = np.array([0.0, 0.124, 0.25, 1.1, 1.5, 3.0, 5.0, 1e38, 3e38, np.inf, np.nan], np.float32)
+    (y,) = run("Cast", 24, [x], to=T.FLOAT8E8M0, round_mode=round_mode)
+    expected = _reference("Cast", x, to=T.FLOAT8E8M0, round_mode=round_mode)
+    np.testing.assert_array_equal(y.view(np.uint8), expected.view(np.uint8))
+
+
+@pytest.mark.parametrize("target", [np.float16, np.int64, np.float64])
+def test_cast_like(target):
+    check("CastLike", 15, [VALUES, np.zeros(2, target)])
+    check("CastLike", 19, [VALUES, np.zeros(2, target)])
+
+
+@pytest.mark.parametrize(
+    "src, to",
+    [(np.float32, T.INT32), (np.int64, T.DOUBLE), (np.uint16, T.INT16), (np.int8, T.UINT8), (np.bool_, T.UINT8), (np.float16, T.BFLOAT16)],
+)
+def test_bit_cast(src, to):
+    x = (VALUES * 3).astype(src)
+    (y,) = run("BitCast", 26, [x], to=to)
+    np.testing.assert_array_equal(y, x.view(onnx.helper.tensor_dtype_to_np_dtype(to)))
+
+
+def test_bit_cast_rejects_different_widths():
+    with pytest.raises(Exception, match="equal bit width"):
+        run("BitCast", 26, [VALUES], to=T.INT64)
+
+
+def test_cast_string_constant_folds():
+    # A string constant cast to float: JAX has no strings, but the value is static.
+    node = oh.make_node("Cast", ["s"], ["y"], to=T.FLOAT)
+    graph = oh.make_graph(
+        [node], "g", [], [oh.make_tensor_value_info("y", T.FLOAT, [3])],
+        [onnx.numpy_helper.from_array(np.array(["1.5", "-2", "1e3"], dtype=object), "s")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)], ir_version=10)
+    np.testing.assert_array_equal(np.asarray(translate(model)()[0]), [1.5, -2.0, 1000.0])
