@@ -240,3 +240,33 @@ def linear_attention(
     state, outs = jax.lax.scan(step, state, xs)  # outs (T, B, Hq, d_v)
     output = jnp.transpose(outs, (1, 0, 2, 3)).reshape(b, t, q_num_heads * d_v)
     return output.astype(query.dtype), state.astype(state_dtype)
+
+
+def _softmax_dtype(dtype, softmax_precision):
+    if softmax_precision is not None:
+        return onnx.helper.tensor_dtype_to_np_dtype(softmax_precision)
+    return jnp.float64 if dtype == jnp.float64 else jnp.float32
+
+
+@register("FlexAttention", 1, domain="ai.onnx.preview", context=True)
+def flex_attention(ctx, q, k, v, *, scale=None, score_mod=None, prob_mod=None, softmax_precision=None):
+    # Scores = (Q K^T) * scale -> score_mod -> softmax -> prob_mod -> @ V, with the
+    # modifier subgraphs run on tensors of the softmax precision.
+    heads_q, heads_kv = q.shape[1], k.shape[1]
+    if heads_q != heads_kv:
+        k = jnp.repeat(k, heads_q // heads_kv, axis=1)
+        v = jnp.repeat(v, heads_q // heads_kv, axis=1)
+    if scale is None:
+        scale = 1.0 / np.sqrt(q.shape[3])
+    root = jnp.asarray(np.sqrt(np.float32(scale)), q.dtype)
+    scores = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2), precision=_HIGHEST)
+    compute = _softmax_dtype(q.dtype, softmax_precision)
+    scores = scores.astype(compute)
+    if score_mod is not None:
+        (scores,) = ctx.run_graph(score_mod, [scores])
+        scores = jnp.asarray(scores).astype(compute)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if prob_mod is not None:
+        (probs,) = ctx.run_graph(prob_mod, [probs])
+        probs = jnp.asarray(probs).astype(compute)
+    return jnp.matmul(probs, v.astype(compute), precision=_HIGHEST).astype(v.dtype)
