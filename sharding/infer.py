@@ -133,7 +133,7 @@ def _light_copy(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]
     light.functions.extend(model.functions)
     graph = light.graph
     source = model.graph
-    graph.node.extend(source.node)
+    graph.node.extend(source.node[i] for i in topological_order(source))
     graph.input.extend(source.input)
     graph.output.extend(source.output)
     graph.value_info.extend(source.value_info)
