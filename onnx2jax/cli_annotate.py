@@ -3,6 +3,7 @@
 Examples::
 
     onnx2jax annotate model.onnx --plan megatron --devices 8 -o out.onnx
+    onnx2jax annotate llama.onnx --plan megatron --devices 8 --gqa groups -o out.onnx
     onnx2jax annotate model.onnx --devices 2 --spec "W=1:2 @ [0,1]" --stage mm=0 -o out.onnx
 
 The plan (if any) is applied first, then each ``--spec`` (written where the
@@ -41,6 +42,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("model", help="the .onnx model to annotate")
     parser.add_argument("--plan", choices=["megatron"], help="a whole-model plan to apply first")
     parser.add_argument("--devices", type=int, metavar="N", help="devices of the configuration")
+    parser.add_argument(
+        "--gqa",
+        choices=["replicate", "groups"],
+        default="replicate",
+        help="megatron: k/v projections with fewer heads than shards are replicated "
+        "(default) or split by kv heads over device groups",
+    )
     parser.add_argument(
         "--configuration", default="tp", metavar="NAME", help="configuration name (default: tp)"
     )
@@ -89,8 +97,8 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
     if args.plan == "megatron":
         if args.devices is None:
             raise SystemExit("--plan megatron needs --devices N")
-        model = megatron_plan(model, args.devices, config)
-        layout = megatron_layout(model, args.devices)
+        model = megatron_plan(model, args.devices, config, gqa=args.gqa)
+        layout = megatron_layout(model, args.devices, gqa=args.gqa)
         notes += layout.notes
         roles = layout.roles()
         kinds = [p.kind for p in layout.pairs if p.ways > 1]

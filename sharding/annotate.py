@@ -32,7 +32,8 @@ The Megatron plan (docs/annotate.md has the worked example):
   divides the heads (attention; heads read from the Reshape that splits the
   projection) or the width (MLP). When ``w < num_devices`` each shard lives on
   a group of ``num_devices / w`` consecutive devices. GQA: key/value
-  projections with fewer heads are split ``gcd(kv_heads, w)`` ways on groups,
+  projections with fewer heads than ``w`` are left replicated by default;
+  with ``gqa="groups"`` they are split ``gcd(kv_heads, w)`` ways on groups,
   so that device d holds exactly the kv head its query heads read.
 * Token embeddings (a Gather on a 2-D initializer whose ids depend on a model
   input's values) are split by vocabulary, output replicated (one
@@ -540,7 +541,8 @@ class LinearPair:
         row: Name of the row-parallel linear.
         ways: Shards of the pair's sharded axis (heads or width); 1 when
             the pair is left replicated.
-        column_ways: Per column, its shard count (fewer for GQA's k/v).
+        column_ways: Per column, its shard count (fewer for GQA's k/v; 1
+            when left replicated).
     """
 
     kind: str
@@ -825,7 +827,12 @@ def _check_devices(num_devices: int) -> None:
         raise ValueError(f"num_devices must be an int >= 1, got {num_devices!r}")
 
 
-def megatron_layout(model: onnx.ModelProto, num_devices: int) -> MegatronLayout:
+_GQA_CHOICES = ("replicate", "groups")
+
+
+def megatron_layout(
+    model: onnx.ModelProto, num_devices: int, *, gqa: str = "replicate"
+) -> MegatronLayout:
     """Finds the Megatron tensor-parallel roles of a transformer graph, by pattern.
 
     Pure analysis: the model is not modified. See the module docstring for
@@ -834,6 +841,11 @@ def megatron_layout(model: onnx.ModelProto, num_devices: int) -> MegatronLayout:
     Args:
         model: A transformer graph (torch exports of Llama, GPT-2, BERT...).
         num_devices: Devices of the tensor-parallel group.
+        gqa: Key/value projections with fewer heads than the pair's shard
+            count: ``"replicate"`` leaves them unannotated (replicated, as
+            inference completes them); ``"groups"`` splits them by kv heads,
+            each shard on the group of devices whose query heads read it
+            (vLLM's kv-head replicas: less memory, no extra communication).
 
     Returns:
         The `MegatronLayout`: pairs, embeddings, LM head, specs and notes.
@@ -842,6 +854,8 @@ def megatron_layout(model: onnx.ModelProto, num_devices: int) -> MegatronLayout:
         ValueError: ``num_devices`` < 1, or a node to annotate has no name.
     """
     _check_devices(num_devices)
+    if gqa not in _GQA_CHOICES:
+        raise ValueError(f"gqa must be one of {_GQA_CHOICES}, got {gqa!r}")
     n = num_devices
     graph = _Graph(model)
     notes: list[str] = []
@@ -914,7 +928,14 @@ def megatron_layout(model: onnx.ModelProto, num_devices: int) -> MegatronLayout:
                     f"layer {layer} {kind}: {what} {max(units)} split {ways} ways, each shard "
                     f"on {n // ways} devices"
                 )
-            for col, cw, u in zip(cols, col_ways, units):
+            for position, (col, cw, u) in enumerate(zip(cols, col_ways, units)):
+                if cw < ways and gqa == "replicate":
+                    col_ways[position] = 1
+                    notes.append(
+                        f"layer {layer} {kind}: {col.node} has {u} {what} (GQA), fewer than "
+                        f"{ways} shards; left replicated (gqa='groups' splits it {cw} ways)"
+                    )
+                    continue
                 if cw < ways:
                     notes.append(
                         f"layer {layer} {kind}: {col.node} has {u} {what} (GQA); split {cw} "
@@ -1010,7 +1031,7 @@ def _name_nodes(model: onnx.ModelProto) -> None:
 
 
 def megatron_plan(
-    model: onnx.ModelProto, num_devices: int, configuration: str = "tp"
+    model: onnx.ModelProto, num_devices: int, configuration: str = "tp", *, gqa: str = "replicate"
 ) -> onnx.ModelProto:
     """A copy of ``model`` annotated for Megatron tensor parallelism.
 
@@ -1023,6 +1044,8 @@ def megatron_plan(
         model: The model; not modified.
         num_devices: Devices of the tensor-parallel group.
         configuration: Name of the `DeviceConfigurationProto` to use.
+        gqa: What to do with key/value projections that have fewer heads than
+            the shard count; see `megatron_layout`.
 
     Returns:
         The annotated copy. `describe_plan` lists what was written.
@@ -1039,7 +1062,7 @@ def megatron_plan(
     _check_devices(num_devices)
     result = copy.deepcopy(model)
     _name_nodes(result)
-    layout = megatron_layout(result, num_devices)
+    layout = megatron_layout(result, num_devices, gqa=gqa)
     add_configuration(result, configuration, num_devices)
     for assignment in layout.assignments:
         set_spec(result, assignment.node, assignment.spec, configuration)

@@ -273,6 +273,11 @@ def fixture(request):
     return request.param, model, megatron_plan(model, 8)
 
 
+def test_gqa_choice_is_checked():
+    with pytest.raises(ValueError, match="gqa must be one of"):
+        megatron_layout(_load("tiny_llama"), 8, gqa="split")
+
+
 def test_two_pairs_per_layer_on_every_fixture(fixture):
     _, model, _ = fixture
     layout = megatron_layout(model, 8)
@@ -312,21 +317,22 @@ def _weights(written: dict[tuple[str, str], str], names: list[str]) -> list[str]
     return [by_tensor.get(n) for n in names]
 
 
-def test_tiny_llama_weights():
+@pytest.mark.parametrize("gqa", ["replicate", "groups"])
+def test_tiny_llama_weights(gqa):
     # Facts from the graph (tests/data/README.md): per layer q [64,64], k and v
     # [64,32] (4 kv heads of 8 dims), o [64,64], gate/up [64,128], down [128,64];
     # embed_tokens [256,64]; lm_head [64,256].
-    model = megatron_plan(_load("tiny_llama"), 8)
+    model = megatron_plan(_load("tiny_llama"), 8, gqa=gqa)
     written = _written(model)
-    groups4 = "[{0,1},{2,3},{4,5},{6,7}]"
+    kv = "1:4 @ [{0,1},{2,3},{4,5},{6,7}]" if gqa == "groups" else None
     for q, k, v, o, gate, up, down in [
         ("val_112", "val_119", "val_126", "val_209", "val_214", "val_216", "val_217"),
         ("val_222", "val_229", "val_236", "val_315", "val_320", "val_322", "val_323"),
     ]:
         assert _weights(written, [q, k, v, o, gate, up, down]) == [
             f"1:8 @ {ALL8}",
-            f"1:4 @ {groups4}",
-            f"1:4 @ {groups4}",
+            kv,
+            kv,
             f"0:8 @ {ALL8}",
             f"1:8 @ {ALL8}",
             f"1:8 @ {ALL8}",
@@ -338,12 +344,13 @@ def test_tiny_llama_weights():
     assert written[("node_linear_14", "logits")] == f"-1:8 @ {ALL8}"
     # Row-parallel outputs are replicated: the one all-reduce of each pair.
     assert written[("node_linear_3", "linear_3")] == written[("node_linear_6", "linear_6")] == REPL8
-    # 16 annotated nodes: embedding, 14 linears, LM head.
-    assert len({node for node, _ in written}) == 16
+    # Embedding, 14 linears (less k/v ×2 layers when replicated), LM head.
+    assert len({node for node, _ in written}) == (16 if gqa == "groups" else 12)
+    assert validate_model(model) == []
 
 
 def test_tiny_llama_gqa_devices_hold_the_kv_head_their_query_heads_read():
-    model = megatron_plan(_load("tiny_llama"), 8)
+    model = megatron_plan(_load("tiny_llama"), 8, gqa="groups")
     written = _written(model)
     inits = {i.name: onh.to_array(i) for i in model.graph.initializer}
     q = split(inits["val_112"], parse_spec(written[("node_linear", "val_112")], "val_112"))
