@@ -120,9 +120,9 @@ class Compiled:
             if placement is None:
                 placed[name] = jax.device_put(array, replicated)
                 continue
-            unfused = array if placement.expanded_shape is None else array.reshape(placement.expanded_shape)
+            unfused = array.reshape(placement.expand(array.shape))
             padded = _padded_shape(unfused.shape, placement.sharding)
-            if placement.expanded_shape is not None or padded != unfused.shape:
+            if placement.fused or padded != unfused.shape:
                 self._param_layouts[name] = _ParamLayout(array.shape, unfused.shape, padded)
             host = np.pad(unfused, [(0, p - s) for p, s in zip(padded, unfused.shape)]) if padded != unfused.shape else unfused
             placed[name] = jax.device_put(host, placement.sharding)
@@ -148,7 +148,7 @@ class Compiled:
         shardings = []
         for name in self.model.output_names:
             placement = tensor_placements.get(name)
-            if placement is None or placement.expanded_shape is not None:
+            if placement is None or placement.fused:
                 shardings.append(None)
             else:
                 shardings.append(placement.sharding)
@@ -160,10 +160,10 @@ class Compiled:
         views = {}
         for name, layout in self._param_layouts.items():
             placement = self._tensor_placements[name]
-            if placement.expanded_shape is not None and placement.fused_axis is not None:
+            if len(placement.fused) == 1:
+                ((axis, sizes),) = placement.fused
                 stored = params[name][tuple(slice(0, s) for s in layout.unfused_shape)]
-                count = len(layout.unfused_shape) - len(layout.logical_shape) + 1
-                views[name] = View(stored, layout.logical_shape, placement.fused_axis, count)
+                views[name] = View(stored, layout.logical_shape, axis, len(sizes))
         hooks = ShardingHooks(self._placements, views)
         return self.model.evaluate(self._logical_params(params), inputs, hooks)
 
@@ -304,16 +304,23 @@ class Report:
     node_specs: list[tuple[str, str, str, str]]
     notes: list[str]
 
-    def render(self, console=None) -> None:
-        """Prints the report as tables (rich)."""
+    def render(self, console=None, *, every_spec: bool = False) -> None:
+        """Prints the report as tables (rich).
+
+        Args:
+          every_spec: list inferred specs too, not only the ones written in the model.
+        """
         from rich.console import Console
         from rich.table import Table
 
         console = console or Console()
-        table = Table(title="shardings (per node input/output)")
+        rows = [r for r in self.node_specs if every_spec or r[2].endswith("(given)")]
+        inferred = sum(1 for r in self.node_specs if r[2].endswith("(inferred)"))
+        title = "sharding specs" + ("" if every_spec else f" written in the model (+{inferred} inferred)")
+        table = Table(title=title)
         for column in ("node", "tensor", "spec", "PartitionSpec"):
             table.add_column(column)
-        for row in self.node_specs:
+        for row in rows:
             table.add_row(*row)
         console.print(table)
         console.print(f"mesh {self.mesh}  configuration {self.configuration!r}")
@@ -426,7 +433,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     else:
         mapping = map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices))
     placements = {
-        key: Placement(NamedSharding(mesh, PartitionSpec(*pspec)), layouts[key].expanded_shape, layouts[key].fused_axis)
+        key: Placement(NamedSharding(mesh, PartitionSpec(*pspec)), layouts[key].fused)
         for key, pspec in mapping.pspecs.items()
     }
     tensor_placements = _tensor_placements(proto, placements, jax_model)

@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from jax.sharding import NamedSharding
 
+from onnx2jax.mesh import expand_shape
 from onnx2jax.translate import is_static
 
 ELEMENTWISE = frozenset(
@@ -54,13 +55,16 @@ class SpecKey(NamedTuple):
 class Placement:
     """How one tensor is laid out on the mesh.
 
-    ``expanded_shape`` is set for fused-axis specs: the sharding applies to
-    the tensor reshaped to its sub-axes (``fused_axis`` is the ONNX axis).
+    ``fused`` lists the fused axes and their sub-axis sizes: the sharding
+    applies to the tensor reshaped to its sub-axes.
     """
 
     sharding: NamedSharding
-    expanded_shape: tuple[int, ...] | None = None
-    fused_axis: int | None = None
+    fused: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def expand(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The unfused shape of a tensor of ONNX ``shape``."""
+        return expand_shape(shape, self.fused)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +87,8 @@ class View:
 
 def view_of(array: Any, shape: tuple[int, ...], placement: Placement) -> View:
     """``array`` (ONNX ``shape``) seen through a fused placement's expanded shape."""
-    assert placement.expanded_shape is not None and placement.fused_axis is not None
-    count = len(placement.expanded_shape) - len(shape) + 1
-    return View(jnp.reshape(array, placement.expanded_shape), tuple(shape), placement.fused_axis, count)
+    ((axis, sizes),) = placement.fused
+    return View(jnp.reshape(array, placement.expand(shape)), tuple(shape), axis, len(sizes))
 
 
 class ShardingHooks:
@@ -126,10 +129,13 @@ class ShardingHooks:
         placement = self.placements.get(key)
         if placement is None or value is None or is_static(value) or isinstance(value, (list, tuple)):
             return value
-        if placement.expanded_shape is None:
+        if not placement.fused:
             return jax.lax.with_sharding_constraint(value, placement.sharding)
+        if len(placement.fused) > 1:  # no unfused view to keep: constrain through a reshape
+            expanded = jax.lax.with_sharding_constraint(jnp.reshape(value, placement.expand(value.shape)), placement.sharding)
+            return jnp.reshape(expanded, value.shape)
         view = self.views.get(key.tensor)
-        if view is None or tuple(view.array.shape) != placement.expanded_shape:
+        if view is None or tuple(view.array.shape) != placement.expand(tuple(value.shape)):
             view = view_of(value, tuple(value.shape), placement)
         view = dataclasses.replace(view, array=jax.lax.with_sharding_constraint(view.array, placement.sharding))
         self.views[key.tensor] = view

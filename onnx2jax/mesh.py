@@ -49,31 +49,42 @@ class Layout:
     """Where a spec puts each shard, independent of any mesh.
 
     Attributes:
-      expanded_shape: the tensor's shape with fused axes split into sub-axes,
-        or None when the spec has no fused axis (then it is the tensor's shape).
+      fused: for each fused tensor axis, its sub-axis sizes (axis -> sizes).
       grid: one entry per shard-grid axis, in the spec's (row-major) order:
         (expanded tensor dim, number of shards).
       shard_devices: for each shard (row-major over ``grid``), its device set.
       rank: the rank of the (expanded) tensor.
-      fused_axis: the tensor axis that is fused, when exactly one is.
     """
 
     grid: tuple[tuple[int, int], ...]
     shard_devices: tuple[frozenset[int], ...]
     rank: int
-    expanded_shape: tuple[int, ...] | None = None
-    fused_axis: int | None = None
+    fused: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def devices(self) -> frozenset[int]:
         return frozenset().union(*self.shard_devices)
+
+    def expand(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """``shape`` with each fused axis replaced by its sub-axes."""
+        return expand_shape(shape, self.fused)
+
+
+def expand_shape(shape: Sequence[int], fused: tuple[tuple[int, tuple[int, ...]], ...]) -> tuple[int, ...]:
+    """``shape`` with each fused axis replaced by its sub-axis sizes."""
+    sizes = dict(fused)
+    out: list[int] = []
+    for axis, size in enumerate(shape):
+        out.extend(sizes.get(axis, (size,)))
+    return tuple(out)
 
 
 def layout_of(spec: ShardingSpec, shape: Sequence[int]) -> Layout:
     """The layout of ``spec`` on a tensor of ``shape``.
 
     A fused axis's sub-axis sizes come from its ``dim_value`` fields (or are
-    derived from the axis size when one is left out).
+    derived from the axis size when one is left out); the other axes' sizes
+    do not matter (symbolic dims may be given as 0).
     """
     rank = len(shape)
     expanded: list[int] = []
@@ -93,14 +104,12 @@ def layout_of(spec: ShardingSpec, shape: Sequence[int]) -> Layout:
             grid.append((first_sub_dim[axis] + offset, part.num_shards))
     count = math.prod(n for _, n in grid)
     shard_devices = tuple(frozenset(spec.devices_of_shard(k)) for k in range(count))
-    fused_axes = [axis for axis, sd in by_axis.items() if len(sd.parts) > 1]
-    return Layout(
-        grid=tuple(grid),
-        shard_devices=shard_devices,
-        rank=len(expanded),
-        expanded_shape=tuple(expanded) if fused_axes else None,
-        fused_axis=fused_axes[0] if len(fused_axes) == 1 else None,
+    fused = tuple(
+        (axis, tuple(expanded[first_sub_dim[axis] : first_sub_dim[axis] + len(sd.parts)]))
+        for axis, sd in sorted(by_axis.items())
+        if len(sd.parts) > 1
     )
+    return Layout(grid=tuple(grid), shard_devices=shard_devices, rank=len(expanded), fused=fused)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,7 +69,8 @@ def test_fused_axis_expands_into_sub_axes():
         "w", (ShardedDim(1, (SimpleShardedDim(1, dim_value=2), SimpleShardedDim(2, dim_value=8))),), devices=(0, 1)
     )
     layout = layout_of(gate_up, (4, 16))
-    assert layout.expanded_shape == (4, 2, 8)
+    assert layout.fused == ((1, (2, 8)),)
+    assert layout.expand((4, 16)) == (4, 2, 8)
     assert map_specs({"w": layout}, 2).pspecs["w"] == (None, None, ("d0",))
 
 
