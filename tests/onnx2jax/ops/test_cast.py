@@ -33,6 +33,8 @@ def check(op, opset, arrays, *, static=(), n_out=1, rtol=1e-6, atol=1e-6, **attr
     model, feeds = _model(op, arrays, static, opset, attrs, n_out)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = session.run(None, feeds)
+    for info, e in zip(model.graph.output, expected):  # typed outputs, as exporters write them
+        info.CopyFrom(oh.make_tensor_value_info(info.name, oh.np_dtype_to_tensor_dtype(e.dtype), e.shape))
     actual = translate(model)(*feeds.values())
     for e, a in zip(expected, actual):
         a = np.asarray(a)
@@ -40,8 +42,8 @@ def check(op, opset, arrays, *, static=(), n_out=1, rtol=1e-6, atol=1e-6, **attr
         np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)
 
 
-def run(op, opset, arrays, **attrs):
-    model, feeds = _model(op, arrays, (), opset, attrs)
+def run(op, opset, arrays, *, static=(), **attrs):
+    model, feeds = _model(op, arrays, static, opset, attrs)
     return [np.asarray(o) for o in translate(model)(*feeds.values())]
 
 
