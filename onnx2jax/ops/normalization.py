@@ -32,6 +32,15 @@ def _batch_norm_inference(x, scale, bias, mean, var, epsilon):
     return y.astype(x.dtype)
 
 
+@register("BatchNormalization", 1, 6)
+def batch_norm_1(x, scale, bias, mean, var, *, epsilon, momentum, is_test, spatial, consumed_inputs=None):
+    # Opsets 1 and 6 only compute Y from the running statistics with is_test=1;
+    # training mode (is_test=0) also updated the statistics and is not implemented.
+    if not is_test:
+        raise NotImplementedError("BatchNormalization-1/6 training mode (is_test=0) is not implemented")
+    return _batch_norm_inference(x, scale, bias, mean, var, epsilon)
+
+
 @register("BatchNormalization", 9)
 def batch_norm_9(x, scale, bias, mean, var, *, epsilon, momentum):
     return _batch_norm_inference(x, scale, bias, mean, var, epsilon)

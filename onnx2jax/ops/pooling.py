@@ -155,7 +155,7 @@ def _lp_pool(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, p):
     return (total ** (1.0 / p)).astype(x.dtype)
 
 
-@register("LpPool", 2, 11)
+@register("LpPool", 1, 2, 11)
 def lp_pool_2(x, *, kernel_shape, auto_pad, p, pads=None, strides=None):
     return _lp_pool(x, kernel_shape, strides, None, pads, auto_pad, 0, p)
 
@@ -175,7 +175,7 @@ def global_max_pool(x):
     return jnp.max(x, axis=tuple(range(2, x.ndim)), keepdims=True)
 
 
-@register("GlobalLpPool", 2, 22)
+@register("GlobalLpPool", 1, 2, 22)
 def global_lp_pool(x, *, p):
     total = jnp.sum(jnp.abs(x) ** p, axis=tuple(range(2, x.ndim)), keepdims=True)
     return (total ** (1.0 / p)).astype(x.dtype)
