@@ -269,10 +269,13 @@ def _elem_types(type_proto: onnx.TypeProto):
 
 
 def _uses_wide_types(graph: onnx.GraphProto) -> bool:
+    """Whether the graph or any subgraph (a Loop body's int64 counter, say) has 64-bit tensors."""
     infos = list(graph.input) + list(graph.output) + list(graph.value_info)
     if any(t in _WIDE_TYPES for i in infos for t in _elem_types(i.type)):
         return True
-    return any(t.data_type in _WIDE_TYPES for t in graph.initializer)
+    if any(t.data_type in _WIDE_TYPES for t in graph.initializer):
+        return True
+    return any(_uses_wide_types(sub) for node in graph.node for sub in _subgraphs(node))
 
 
 @dataclasses.dataclass
