@@ -93,8 +93,8 @@ def _pad(x, pads, mode: str, value, axes):
         width[axis] = (pads[i], pads[len(axes) + i])
     xp = _xp(x, value)
     if mode == "constant":
-        if value is None:
-            value = 0
+        # A scalar by the spec, but ONNX's own function bodies pass shape (1,).
+        value = np.zeros((), x.dtype) if value is None else xp.reshape(value, ())
         if xp is np:
             crop = tuple(slice(max(-lo, 0), x.shape[a] - max(-hi, 0)) for a, (lo, hi) in enumerate(width))
             grow = [(max(lo, 0), max(hi, 0)) for lo, hi in width]
