@@ -34,7 +34,7 @@ _UNROLL_LIMIT = 1024
 _NEEDS_STATIC = "must be known while tracing"
 """How translate.py words a static-input error; a scanned body that hits it is unrolled instead."""
 
-_STATIC_COND_LIMIT = 100_000
+_STATIC_COND_LIMIT = 10_000
 """Most iterations whose condition is evaluated at trace time to find the trip count."""
 
 
