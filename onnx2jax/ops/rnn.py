@@ -196,8 +196,6 @@ def lstm(
     activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0,
     layout=0, output_sequence=0,
 ):
-    if input_forget:
-        raise ValueError("LSTM with input_forget=1 (coupled input and forget gates) is not supported")
     num_dir = 2 if direction == "bidirectional" else 1
     acts = _activations(activations, activation_alpha, activation_beta, ["Sigmoid", "Tanh", "Tanh"], num_dir)
     clipped = _clip(clip)
@@ -216,7 +214,7 @@ def lstm(
             gates = xw_t + h @ rw.T + r_bias  # order i, o, f, c
             gi, go, gf, gc = (gates[:, k * hidden : (k + 1) * hidden] for k in range(4))
             i = f(clipped(gi + pi * c))
-            forget = f(clipped(gf + pf * c))
+            forget = 1 - i if input_forget else f(clipped(gf + pf * c))  # input_forget couples the gates
             c_new = forget * c + i * g(clipped(gc))
             o = f(clipped(go + po * c_new))
             return o * h_act(c_new), c_new

@@ -81,3 +81,7 @@ def test_lstm_peepholes_and_clip():
 def test_rnn_activations_with_parameters():
     _check("RNN", 14, direction="bidirectional", activations=["LeakyRelu", "HardSigmoid"], activation_alpha=[0.2, 0.3],
            activation_beta=[0.4])
+
+
+def test_lstm_input_forget():
+    _check("LSTM", 14, direction="bidirectional", initial=True, input_forget=1)
