@@ -42,6 +42,9 @@ configuration-chosen    note      several configurations; which was used
 from __future__ import annotations
 
 import collections
+import dataclasses
+import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -120,12 +123,19 @@ def _dims(type_proto: onnx.TypeProto) -> Shape | None:
     tensor = type_proto.tensor_type
     if not tensor.HasField("shape"):
         return None
-    return tuple(
-        d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tensor.shape.dim
-    )
+    return tuple(_dim(d) for d in tensor.shape.dim)
 
 
-def _light_copy(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None) -> onnx.ModelProto:
+def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
+    which = d.WhichOneof("value")
+    return d.dim_value if which == "dim_value" else (d.dim_param or None) if which else None
+
+
+def _light_copy(
+    model: onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None,
+    order: Sequence[int] | None = None,
+) -> onnx.ModelProto:
     """A copy for shape inference: large initializers become typed graph inputs."""
     light = onnx.ModelProto()
     light.ir_version = model.ir_version
@@ -133,13 +143,18 @@ def _light_copy(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]
     light.functions.extend(model.functions)
     graph = light.graph
     source = model.graph
-    graph.node.extend(source.node[i] for i in topological_order(source))
+    if order is None:
+        order = topological_order(source)
+    if list(order) == list(range(len(source.node))):
+        graph.node.extend(source.node)
+    else:
+        graph.node.extend(source.node[i] for i in order)
     graph.input.extend(source.input)
     graph.output.extend(source.output)
     graph.value_info.extend(source.value_info)
     declared = {i.name for i in source.input}
     for init in source.initializer:
-        if int(np.prod(init.dims)) <= 4096 and init.data_location != onnx.TensorProto.EXTERNAL:
+        if math.prod(init.dims) <= 4096 and init.data_location != onnx.TensorProto.EXTERNAL:
             graph.initializer.append(init)
         elif init.name not in declared:
             graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
@@ -154,20 +169,23 @@ def _light_copy(model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]
 
 
 def tensor_shapes(
-    model: onnx.ModelProto, input_shapes: Mapping[str, Sequence[int]] | None = None
+    model: onnx.ModelProto,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    order: Sequence[int] | None = None,
 ) -> tuple[dict[str, Shape], list[Diagnostic]]:
     """Shapes of the main graph's tensors after ONNX shape inference (``data_prop=True``).
 
     Args:
         model: The model; not modified.
         input_shapes: Concrete dims for model inputs, replacing symbolic ones.
+        order: The nodes' topological order, if already known.
 
     Returns:
         ``{tensor: shape}`` and any diagnostics (a failed inference is a
         warning; the model's own value_info is used then).
     """
     diags = []
-    light = _light_copy(model, input_shapes)
+    light = _light_copy(model, input_shapes, order)
     try:
         graph = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
     except Exception as e:  # onnx raises several types (InferenceError, ValidationError, RuntimeError)
@@ -208,11 +226,12 @@ class _Constants(Mapping):
                             np.asarray(onnx.helper.get_attribute_value(attr), dtype=np.int64)
                         )
         self._values: dict[str, np.ndarray | None] = {}
+        self._keys: dict[str, tuple] = {}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._values:
             proto = self._protos[name]
-            small = int(np.prod(proto.dims)) <= 4096 and proto.data_location != onnx.TensorProto.EXTERNAL
+            small = math.prod(proto.dims) <= 4096 and proto.data_location != onnx.TensorProto.EXTERNAL
             self._values[name] = numpy_helper.to_array(proto) if small else None
         value = self._values[name]
         if value is None:
@@ -221,6 +240,19 @@ class _Constants(Mapping):
 
     def __contains__(self, name: object) -> bool:
         return name in self._protos
+
+    def key(self, name: str) -> tuple:
+        """A hashable stand-in for the value: the value itself when small, else its shape."""
+        found = self._keys.get(name)
+        if found is None:
+            proto = self._protos[name]
+            if math.prod(proto.dims) > 64 or proto.data_location == onnx.TensorProto.EXTERNAL:
+                found = ("large", proto.data_type, tuple(proto.dims))
+            else:
+                value = self[name]
+                found = ("small", str(value.dtype), value.shape, value.tobytes())
+            self._keys[name] = found
+        return found
 
     def get(self, name, default=None):
         try:
@@ -380,7 +412,8 @@ def infer(
         raise ValueError(f"unsupported must be 'warning' or 'error', got {unsupported!r}")
     diags: list[Diagnostic] = []
     config = _choose_configuration(model, configuration, diags)
-    shapes, shape_diags = tensor_shapes(model, input_shapes)
+    order = topological_order(model.graph)
+    shapes, shape_diags = tensor_shapes(model, input_shapes, order)
     diags += shape_diags
     annotations = _annotations(model, config, diags)
     constants = _Constants(model.graph)
@@ -388,15 +421,18 @@ def infer(
     graph = model.graph
     tensors: dict[str, ShardingSpec] = {}
     nodes: dict[str, NodeShardings] = {}
-    for index in topological_order(graph):
-        node = graph.node[index]
+    all_nodes = list(graph.node)
+    memo: dict[tuple, tuple] = {}
+    for index in order:
+        node = all_nodes[index]
+        ins, outs = list(node.input), list(node.output)
         key = node.name or f"{node.op_type}#{index}"
         annotation = annotations.get(index)
         given = {s.tensor_name: s for s in annotation.specs} if annotation else {}
-        known = [given.get(n) or tensors.get(n) for n in node.input if n]
+        known = [given.get(n) or tensors.get(n) for n in ins if n]
         devices = node_devices(given.values()) or node_devices(known)
         in_specs: list[ShardingSpec | None] = []
-        for name in node.input:
+        for name in ins:
             if not name:
                 in_specs.append(None)
                 continue
@@ -413,18 +449,30 @@ def infer(
             if spec is not None and name not in tensors:
                 tensors[name] = renamed(spec, name)
             in_specs.append(spec)
-        rule = None if _has_subgraph(node) else rule_for(node.op_type, node.domain)
-        inferred: list[ShardingSpec | None] = [None] * len(node.output)
+        rule = rule_for(node.op_type, node.domain)
+        if rule is not None and node.attribute and _has_subgraph(node):
+            rule = None
+        inferred: list[ShardingSpec | None] = [None] * len(outs)
         notes: list[Diagnostic] = []
         if rule is not None and devices:
-            ctx = NodeContext(
-                node,
-                tuple(shapes.get(n) if n else None for n in node.input),
-                tuple(shapes.get(n) if n else None for n in node.output),
-                constants,
-                opset,
-            )
-            inferred, notes = rule.propagate(ctx, in_specs)
+            # Layers repeat: a node like one seen before (op, attributes, shapes,
+            # small constants, input specs) gets that node's result, renamed.
+            memo_key = _memo_key(node, ins, outs, shapes, constants, in_specs)
+            hit = memo.get(memo_key) if memo_key is not None else None
+            if hit is not None:
+                inferred = [renamed(spec, n) if spec is not None and n else None for spec, n in zip(hit[0], outs)]
+                notes = _retarget(hit[1], hit[2], ins + outs, node.name)
+            else:
+                ctx = NodeContext(
+                    node,
+                    tuple(shapes.get(n) for n in ins),
+                    tuple(shapes.get(n) for n in outs),
+                    constants,
+                    opset,
+                )
+                inferred, notes = rule.propagate(ctx, in_specs)
+                if memo_key is not None:
+                    memo[memo_key] = (inferred, notes, ins + outs)
             if not annotation:
                 # Shape warnings matter where the user wrote specs; elsewhere they are notes.
                 notes = [
@@ -459,7 +507,7 @@ def infer(
         diags += notes
         outputs: list[ShardingSpec | None] = []
         reduced = {d.tensor for d in notes if d.code == "collective" and d.expected == "all-reduce"}
-        for name, spec in zip(node.output, inferred, strict=False):
+        for name, spec in zip(outs, inferred, strict=False):
             if not name:
                 outputs.append(None)
                 continue
@@ -482,15 +530,55 @@ def infer(
             op_type=node.op_type,
             inputs=tuple(in_specs),
             outputs=tuple(outputs),
-            given_inputs=tuple(bool(n) and n in given for n in node.input),
-            given_outputs=tuple(bool(n) and n in given for n in node.output),
+            given_inputs=tuple(bool(n) and n in given for n in ins),
+            given_outputs=tuple(bool(n) and n in given for n in outs),
         )
     return Inference(config, nodes, tensors, tuple(diags), shapes)
 
 
-def _as_note(d: Diagnostic) -> Diagnostic:
-    import dataclasses
+_QUOTED = re.compile(r"'([^']*)'")
 
+
+def _memo_key(node, ins, outs, shapes, constants, in_specs) -> tuple | None:
+    """What a rule's result depends on, or None when names would make reuse ambiguous."""
+    names = [n for n in ins + outs if n]
+    if len(set(names)) != len(names) or any("'" in n for n in names):
+        return None
+    return (
+        node.op_type,
+        node.domain,
+        tuple(a.SerializeToString() for a in node.attribute),
+        tuple(shapes.get(n) for n in ins),
+        tuple(shapes.get(n) for n in outs),
+        tuple(constants.key(n) if n in constants else bool(n) for n in ins),
+        tuple(None if s is None else (s.sharded_dims, s.devices, s.groups) for s in in_specs),
+    )
+
+
+def _retarget(notes, old, new, node: str) -> list[Diagnostic]:
+    """Diagnostics of a memoised node, moved to another node with other tensor names."""
+    if not notes:
+        return []
+    mapping = {a: b for a, b in zip(old, new, strict=True) if a}
+
+    def sub(text):
+        return None if text is None else _QUOTED.sub(lambda m: repr(mapping.get(m.group(1), m.group(1))), text)
+
+    return [
+        dataclasses.replace(
+            d,
+            node=node,
+            tensor=mapping.get(d.tensor, d.tensor),
+            message=sub(d.message),
+            hint=sub(d.hint),
+            given=sub(d.given),
+            expected=sub(d.expected),
+        )
+        for d in notes
+    ]
+
+
+def _as_note(d: Diagnostic) -> Diagnostic:
     return dataclasses.replace(d, severity="note")
 
 

@@ -25,9 +25,10 @@ labels ``A: ("m", None)``, ``B: (None, "n")``, output ``("m", "n")``;
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -169,8 +170,13 @@ def sharded_dims(spec: ShardingSpec, rank: int | None) -> list[tuple[int, Sharde
     Axes are normalised with ``rank`` when known; dims whose axis is out of
     range are left out (structural validation reports them).
     """
+    return list(_sharded_dims(spec.sharded_dims, rank))
+
+
+@functools.lru_cache(maxsize=4096)
+def _sharded_dims(dims: tuple[ShardedDim, ...], rank: int | None) -> tuple[tuple[int, ShardedDim], ...]:
     result = []
-    for dim in spec.sharded_dims:
+    for dim in dims:
         if dim.num_shards == 1:
             continue
         axis = dim.axis
@@ -181,7 +187,7 @@ def sharded_dims(spec: ShardingSpec, rank: int | None) -> list[tuple[int, Sharde
         elif axis < 0:
             continue
         result.append((axis, dim))
-    return result
+    return tuple(result)
 
 
 def resolved_parts(dim: ShardedDim, size: Dim) -> list[tuple[int | None, int]]:
@@ -223,6 +229,7 @@ def make_dim(axis: int, parts: Sequence[tuple[int | None, int]]) -> ShardedDim |
     return ShardedDim(axis, tuple(SimpleShardedDim(n, dim_value=s) for s, n in parts))
 
 
+@functools.lru_cache(maxsize=4096)
 def dim_key(dim: ShardedDim, size: Dim) -> tuple:
     """What two shardings of one axis must agree on to be the same."""
     parts = simplify_parts(resolved_parts(dim, size))
@@ -233,14 +240,24 @@ def dim_key(dim: ShardedDim, size: Dim) -> tuple:
 
 def device_sets(spec: ShardingSpec) -> list[frozenset[int]]:
     """The devices of each shard."""
-    groups = dict(spec.groups)
-    return [frozenset((d,)) if d >= 0 else frozenset(groups[d]) for d in spec.devices]
+    return list(_device_sets(spec.devices, spec.groups))
+
+
+@functools.lru_cache(maxsize=4096)
+def _device_sets(devices, groups) -> tuple[frozenset[int], ...]:
+    table = dict(groups)
+    return tuple(frozenset((d,)) if d >= 0 else frozenset(table[d]) for d in devices)
 
 
 def build_spec(
     name: str, dims: Sequence[ShardedDim], blocks: Sequence[frozenset[int]]
 ) -> ShardingSpec:
     """A spec from its dims and one device set per shard (groups keyed -1, -2, ...)."""
+    return renamed(_build_spec(tuple(dims), tuple(blocks)), name)
+
+
+@functools.lru_cache(maxsize=4096)
+def _build_spec(dims: tuple[ShardedDim, ...], blocks: tuple[frozenset[int], ...]) -> ShardingSpec:
     entries: list[int] = []
     keys: dict[frozenset[int], int] = {}
     for members in blocks:
@@ -250,28 +267,37 @@ def build_spec(
             key = keys.setdefault(members, -len(keys) - 1)
             entries.append(key)
     groups = tuple((key, tuple(sorted(m))) for m, key in keys.items())
-    return ShardingSpec(name, tuple(dims), tuple(entries), groups)
+    return ShardingSpec("", dims, tuple(entries), groups)
 
 
 def renamed(spec: ShardingSpec, name: str) -> ShardingSpec:
-    """The same spec about another tensor."""
+    """The same spec about another tensor.
+
+    Built without re-validating: only the name changes, and the spec was
+    valid (inference renames thousands of specs; this keeps it fast).
+    """
     if spec.tensor_name == name:
         return spec
-    return ShardingSpec(name, spec.sharded_dims, spec.devices, spec.groups)
+    return _clone(name, spec.sharded_dims, spec.devices, spec.groups)
 
 
 def replicated(name: str, devices: frozenset[int] | Sequence[int]) -> ShardingSpec:
-    return ShardingSpec.replicated(name, sorted(devices))
+    """The whole tensor on every one of ``devices``."""
+    return build_spec(name, (), (frozenset(devices),))
 
 
-def node_devices(specs: Sequence[ShardingSpec | None]) -> frozenset[int]:
+def node_devices(specs: Iterable[ShardingSpec | None]) -> frozenset[int]:
     """Every device holding a shard of one of the specs."""
-    found: set[int] = set()
+    found: frozenset[int] = frozenset()
     for spec in specs:
         if spec is not None:
-            for members in device_sets(spec):
-                found |= members
-    return frozenset(found)
+            found = found | _all_devices(spec.devices, spec.groups)
+    return found
+
+
+@functools.lru_cache(maxsize=4096)
+def _all_devices(devices, groups) -> frozenset[int]:
+    return frozenset().union(*_device_sets(devices, groups))
 
 
 # ---------------------------------------------------------------- contract
@@ -377,6 +403,9 @@ def contract(
     if bad:
         return [None] * len(outputs)
 
+    fast = _follow_leader(operands, listing, cuts, outputs)
+    if fast is not None:
+        return fast
     # Global label order: the input with the most cuts leads, the others follow.
     order: list[Label] = []
     for index in sorted(range(len(operands)), key=lambda i: -len(listing[i])):
@@ -398,6 +427,7 @@ def contract(
         weights.append(w)
         sets.append(device_sets(op.spec))
 
+    live = [i for i in range(len(operands)) if sets[i] is not None]
     results: Specs = []
     reported = False
     for name, labels in outputs:
@@ -411,16 +441,12 @@ def contract(
             for r in itertools.product(*(range(count[label]) for label in dropped)):
                 where.update(zip(dropped, r, strict=True))
                 inter: frozenset[int] | None = None
-                needs = []
-                for index, op in enumerate(operands):
-                    if sets[index] is None:
-                        continue
+                for index in live:
                     shard = sum(where[label] * stride for label, stride in weights[index])
                     held = sets[index][shard]
-                    needs.append(f"shard {shard} of {op.spec.tensor_name!r} on {devs(held)}")
                     inter = held if inter is None else inter & held
                 if inter is not None and not inter:
-                    empty.append((o, r, needs))
+                    empty.append((o, r, _needs(operands, live, weights, sets, where)))
                 elif inter is not None:
                     union |= inter
             blocks.append(frozenset(union))
@@ -467,6 +493,61 @@ def contract(
                 expected=reduce_kind,
             )
     return results
+
+
+def _follow_leader(operands, listing, cuts, outputs) -> Specs | None:
+    """The common case without intersections to compute, or None.
+
+    One input (the leader) is cut; every other input is either cut the same
+    way on the same devices or whole on a superset of the leader's devices;
+    every output keeps all the leader's cut labels. Then each output is the
+    leader's spec with its dims moved to the output axes.
+    """
+    leader = max(range(len(operands)), key=lambda i: len(listing[i]))
+    lead = operands[leader].spec
+    if lead is None or not listing[leader] or len(listing[leader]) != len(cuts):
+        return None
+    held = None
+    for index, op in enumerate(operands):
+        if index == leader or op.spec is None:
+            continue
+        if listing[index]:
+            if listing[index] != listing[leader] or op.spec.devices != lead.devices or op.spec.groups != lead.groups:
+                return None
+        else:
+            if op.spec.num_shards != 1:
+                return None
+            if held is None:
+                held = node_devices([lead])
+            if not held <= device_sets(op.spec)[0]:
+                return None
+    results: Specs = []
+    for name, labels in outputs:
+        labels = list(labels)
+        if any(label not in labels for label in listing[leader]):
+            return None
+        dims = tuple(ShardedDim(labels.index(label), cuts[label][0].dim.parts) for label in listing[leader])
+        results.append(_clone(name, dims, lead.devices, lead.groups))
+    return results
+
+
+def _clone(name, dims, devices, groups) -> ShardingSpec:
+    """A spec built from the parts of a valid one (same shard count), without re-validating."""
+    clone = object.__new__(ShardingSpec)
+    object.__setattr__(clone, "tensor_name", name)
+    object.__setattr__(clone, "sharded_dims", dims)
+    object.__setattr__(clone, "devices", devices)
+    object.__setattr__(clone, "groups", groups)
+    return clone
+
+
+def _needs(operands, live, weights, sets, where) -> list[str]:
+    needs = []
+    for index in live:
+        shard = sum(where[label] * stride for label, stride in weights[index])
+        held = sets[index][shard]
+        needs.append(f"shard {shard} of {operands[index].spec.tensor_name!r} on {devs(held)}")
+    return needs
 
 
 def _key_text(key: tuple) -> str:

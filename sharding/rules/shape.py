@@ -194,8 +194,8 @@ def _split_sharded(spec, cut, axis, rank, size, sizes, names):
     sets = device_sets(spec)
     grid = _radix(spec)
     position = _part_position(spec, axis, rank, 0)
-    others = [d for d in spec.sharded_dims if d is not dim]
-    index = [i for i, d in enumerate(spec.sharded_dims) if d is dim][0]
+    index = next(i for i, d in enumerate(spec.sharded_dims) if d.axis % rank == axis)
+    others = [d for i, d in enumerate(spec.sharded_dims) if i != index]
     results = []
     s0, n0 = parts[0]
     if len(parts) > 1 and s0 == len(names) and len(set(sizes)) == 1 and s0 and s0 % n0 == 0:
