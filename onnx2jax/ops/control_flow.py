@@ -282,15 +282,30 @@ def loop(ctx, m, cond, *initial, body):
 # ------------------------------------------------------------------------- Scan
 
 
-def _scan_unbatched(ctx, body, states, xs, in_axes, in_dirs, out_axes, out_dirs):
-    """ONNX Scan-9 semantics over already-bound tensors."""
+def _reverse_prefix(x, length):
+    """Reverses the first ``length`` entries of axis 0 and keeps the rest: [a b c d], 3 -> [c b a d]."""
+    t = jnp.arange(x.shape[0])
+    return jnp.take(x, jnp.where(t < length, length - 1 - t, t), axis=0)
+
+
+def _scan_unbatched(ctx, body, states, xs, in_axes, in_dirs, out_axes, out_dirs, length=None):
+    """ONNX Scan-9 semantics over already-bound tensors.
+
+    With a (traced) ``length``, only the first ``length`` steps run: later steps keep the
+    state and give zero scan outputs, and reversed inputs read their first ``length``
+    entries backwards (Scan-8's sequence_lens).
+    """
     prepared = []
     for x, axis, direction in zip(xs, in_axes, in_dirs):
         x = jnp.moveaxis(jnp.asarray(x), axis, 0)
-        prepared.append(jnp.flip(x, 0) if direction else x)
+        if direction:
+            x = jnp.flip(x, 0) if length is None else _reverse_prefix(x, length)
+        prepared.append(x)
     init = [jnp.asarray(s) for s in states]
+    steps = prepared[0].shape[0] if prepared else 0
 
-    def step(carry, slices):
+    def step(carry, inputs):
+        t, slices = inputs
         outs = ctx.run_graph(body, [*carry, *slices])
         try:
             new = _same_carry(outs[: len(carry)], carry)
@@ -299,9 +314,14 @@ def _scan_unbatched(ctx, body, states, xs, in_axes, in_dirs, out_axes, out_dirs)
                 f"Scan state variables must keep their shape and dtype; they enter as {_describe(list(carry))} "
                 f"and leave as {_describe(_to_jax(list(outs[:len(carry)])))}"
             ) from None
-        return new, [jnp.asarray(v) for v in outs[len(carry) :]]
+        ys = [jnp.asarray(v) for v in outs[len(carry) :]]
+        if length is not None:
+            live = t < length
+            new = [jnp.where(live, n, c) for n, c in zip(new, carry)]
+            ys = [jnp.where(live, y, jnp.zeros_like(y)) for y in ys]
+        return new, ys
 
-    final, ys = jax.lax.scan(step, init, prepared)
+    final, ys = jax.lax.scan(step, init, (jnp.arange(steps), prepared))
     results = []
     for y, axis, direction in zip(ys, out_axes, out_dirs):
         if direction:
@@ -349,16 +369,14 @@ def scan_8(ctx, sequence_lens, *inputs, body, num_scan_inputs, directions=None):
     n_state = len(inputs) - num_scan_inputs
     states, xs = inputs[:n_state], inputs[n_state:]
     n_out = len(body.output) - n_state
-    if sequence_lens is not None:
-        length = np.shape(xs[0])[1]
-        if not _is_static(sequence_lens) or np.any(np.asarray(sequence_lens) != length):
-            raise ValueError(
-                "Scan-8 with sequence_lens shorter than the sequence axis is not supported; "
-                f"only full-length sequences ({length}) are"
-            )
     in_dirs = list(directions) if directions is not None else [0] * len(xs)
+    states, xs = [jnp.asarray(s) for s in states], [jnp.asarray(x) for x in xs]
 
-    def one(states_b, xs_b):
-        return _scan_unbatched(ctx, body, states_b, xs_b, [0] * len(xs_b), in_dirs, [0] * n_out, [0] * n_out)
+    def one(states_b, xs_b, length=None):
+        zeros = [0] * len(xs_b)
+        return _scan_unbatched(ctx, body, states_b, xs_b, zeros, in_dirs, [0] * n_out, [0] * n_out, length)
 
-    return tuple(jax.vmap(one)([jnp.asarray(s) for s in states], [jnp.asarray(x) for x in xs]))
+    # Batch axis 0 of every input is vmapped; the body sees unbatched tensors.
+    if sequence_lens is None:
+        return tuple(jax.vmap(one)(states, xs))
+    return tuple(jax.vmap(one)(states, xs, jnp.asarray(sequence_lens).astype(jnp.int32)))

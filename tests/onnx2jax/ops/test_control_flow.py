@@ -195,18 +195,20 @@ def test_scan(opset, attrs):
     _check(model, feeds)
 
 
-@pytest.mark.parametrize("directions", [[0, 0], [1, 0]])
-def test_scan_8_batched(directions):
-    node = oh.make_node("Scan", ["", "s0", "a", "b"], ["s", "ys"], body=_scan_body(), num_scan_inputs=2, directions=directions)
-    model = _model(
-        [node],
-        [_vi("s0", F, [2, 3]), _vi("a", F, [2, 4, 3]), _vi("b", F, [2, 4, 3])],
-        [_vi("s", F, [2, 3]), _vi("ys", F, None)],
-        8,
+@pytest.mark.parametrize("directions,lens", [([0, 0], None), ([1, 0], None), ([0, 0], [4, 2]), ([1, 0], [3, 1])])
+def test_scan_8_batched(directions, lens):
+    node = oh.make_node(
+        "Scan", ["lens" if lens else "", "s0", "a", "b"], ["s", "ys"], body=_scan_body(), num_scan_inputs=2,
+        directions=directions,
     )
+    inputs = [_vi("s0", F, [2, 3]), _vi("a", F, [2, 4, 3]), _vi("b", F, [2, 4, 3])]
     feeds = {
         "s0": RNG.standard_normal((2, 3)).astype(np.float32),
         "a": RNG.standard_normal((2, 4, 3)).astype(np.float32),
         "b": RNG.standard_normal((2, 4, 3)).astype(np.float32),
     }
+    if lens:
+        inputs.append(_vi("lens", I64, [2]))
+        feeds["lens"] = np.array(lens, np.int64)
+    model = _model([node], inputs, [_vi("s", F, [2, 3]), _vi("ys", F, None)], 8)
     _check(model, feeds)
