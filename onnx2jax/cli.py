@@ -152,6 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     from onnx2jax.cli_annotate import add_parser as add_annotate_parser
 
     add_annotate_parser(sub)
+
+    from onnx2jax.cli_check import add_check_parser, add_explain_parser
+
+    add_check_parser(sub)
+    add_explain_parser(sub)
     return parser
 
 

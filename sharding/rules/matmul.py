@@ -74,7 +74,7 @@ def _k_conflict(ctx, specs, operands, k_axes):
         "k-sharding-mismatch",
         f"the contracted axis K is {how(cut_a)} on {names[0]!r} (axis {ka}) but {how(cut_b)} on "
         f"{names[1]!r} (axis {kb}): no device holds matching K blocks of both",
-        f"shard {wrong!r} on axis {axis} over the same devices as {right!r}'s axis {right_axis}",
+        f"shard {wrong!r} on axis {axis} over the same devices as axis {right_axis} of {right!r}",
         tensor=wrong,
         axis=axis,
         given=text(specs[ib] if wrong == names[1] else specs[ia]),

@@ -22,7 +22,7 @@ def test_k_mismatch_is_one_error_with_a_hint(g):
     [error] = r.errors()
     assert error.code == "k-sharding-mismatch"
     assert (error.tensor, error.axis) == ("W", 0)
-    assert error.hint == "shard 'W' on axis 0 over the same devices as 'X''s axis 1"
+    assert error.hint == "shard 'W' on axis 0 over the same devices as axis 1 of 'X'"
 
 
 def test_k_sharded_differently_on_both_sides(g):

@@ -1,0 +1,295 @@
+"""``onnx2jax check`` and ``onnx2jax explain``: a model's sharding annotations, checked and completed.
+
+Examples::
+
+    onnx2jax check model.onnx                       # exit 0 (valid) or 1 (errors), a table
+    onnx2jax check model.onnx --json                # the same, for machines
+    onnx2jax explain model.onnx --tensor logits     # every node: written vs inferred specs
+    onnx2jax explain model.onnx --write full.onnx   # write the completed annotations
+
+Both run proposal 0007's checker and inference (`sharding.check`,
+`sharding.infer`). Symbolic input dims can be fixed with ``--input-shape
+input_ids=2,16`` where a rule needs sizes (a Reshape that splits a sharded
+axis, say) or to draw a tensor's tiles.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from collections.abc import Sequence
+
+import onnx
+
+from sharding.check import check
+from sharding.diagnostics import Diagnostic
+from sharding.infer import Inference, completed_model, infer
+from sharding.rules._core import sharded_dims
+from sharding.text import format_spec
+from sharding.tiles import tile_assignment
+from sharding.visualize import render_tiles
+
+_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="an .onnx file")
+    parser.add_argument("--configuration", default=None, help="device configuration (default: the first)")
+    parser.add_argument(
+        "--input-shape",
+        action="append",
+        default=[],
+        metavar="NAME=D0,D1,...",
+        help="concrete dims of a model input (repeatable)",
+    )
+    parser.add_argument(
+        "--strict", action="store_true", help="annotated ops without a sharding rule are errors"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def add_check_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``check`` to the ``onnx2jax`` parser."""
+    parser = sub.add_parser(
+        "check",
+        help="check a model's sharding annotations (exit 1 on errors)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(parser)
+    parser.add_argument("--notes", action="store_true", help="list notes too (reshards, collectives)")
+    parser.set_defaults(func=cmd_check)
+    return parser
+
+
+def add_explain_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``explain`` to the ``onnx2jax`` parser."""
+    parser = sub.add_parser(
+        "explain",
+        help="every node's written vs inferred sharding specs, reshards and tile grids",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common(parser)
+    parser.add_argument("--tensor", action="append", default=[], metavar="NAME",
+                        help="draw where the pieces of this tensor live (repeatable)")
+    parser.add_argument("--all", action="store_true", help="list unplaced nodes too")
+    parser.add_argument("--write", metavar="OUT.onnx", help="write the model with every inferred spec")
+    parser.set_defaults(func=cmd_explain)
+    return parser
+
+
+def _input_shapes(items: Sequence[str]) -> dict[str, list[int]]:
+    shapes = {}
+    for item in items:
+        name, sep, dims = item.partition("=")
+        try:
+            shapes[name] = [int(d) for d in dims.split(",") if d.strip()]
+        except ValueError:
+            sep = ""
+        if not sep or not name:
+            raise SystemExit(f"--input-shape expects NAME=D0,D1,..., got {item!r}")
+    return shapes
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _load(path: str) -> onnx.ModelProto:
+    try:
+        return onnx.load(path)
+    except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError, Exception) as e:  # noqa: B014
+        raise SystemExit(f"cannot read {path}: {e}") from e
+
+
+def _counts(diags: Sequence[Diagnostic]) -> dict[str, int]:
+    return {s: sum(d.severity == s for d in diags) for s in ("error", "warning", "note")}
+
+
+def diagnostics_table(diags: Sequence[Diagnostic], title: str | None = None):
+    """A rich table with one row per diagnostic."""
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=True, title_justify="left")
+    for column in ("severity", "code", "node", "tensor", "axis", "found", "hint"):
+        table.add_column(column, overflow="fold")
+    for d in diags:
+        node = "" if d.node is None else f"{d.node} ({d.op_type})" if d.op_type else d.node
+        table.add_row(
+            f"[{_STYLE[d.severity]}]{d.severity}[/]",
+            d.code,
+            node,
+            d.tensor or "",
+            "" if d.axis is None else str(d.axis),
+            d.message,
+            d.hint or "",
+        )
+    return table
+
+
+def _summary(counts: dict[str, int]) -> str:
+    if counts["error"]:
+        head = f"[bold red]{counts['error']} error(s)[/]"
+    else:
+        head = "[bold green]no errors[/]"
+    return f"{head}, {counts['warning']} warning(s), {counts['note']} note(s)"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Checks the annotations; prints a table or JSON; exit status 1 when there are errors."""
+    model = _load(args.model)
+    diags = check(
+        model,
+        args.configuration,
+        input_shapes=_input_shapes(args.input_shape),
+        unsupported="error" if args.strict else "warning",
+    )
+    counts = _counts(diags)
+    if args.json:
+        print(json.dumps({
+            "model": args.model,
+            "valid": counts["error"] == 0,
+            "counts": counts,
+            "diagnostics": [dataclasses.asdict(d) for d in diags],
+        }, indent=2))
+    else:
+        console = _console()
+        shown = [d for d in diags if args.notes or d.severity != "note"]
+        if shown:
+            console.print(diagnostics_table(shown, f"{args.model}: sharding annotations"))
+        hidden = "" if args.notes or not counts["note"] else " (--notes lists the notes)"
+        console.print(_summary(counts) + hidden)
+    return 1 if counts["error"] else 0
+
+
+def _rows(inference: Inference, model: onnx.ModelProto, everything: bool):
+    """(node, op, role, tensor, written, inferred, reshard) per placed input/output."""
+    reshards = {(d.node, d.tensor): d for d in inference.diagnostics if d.code == "reshard"}
+    by_name = {n.name or f"{n.op_type}#{i}": n for i, n in enumerate(model.graph.node)}
+    for key, found in inference.nodes.items():
+        proto = by_name[key]
+        specs = list(found.inputs) + list(found.outputs)
+        if not everything and all(s is None for s in specs):
+            continue
+        first = True
+        for role, names, values, given in (
+            ("in", proto.input, found.inputs, found.given_inputs),
+            ("out", proto.output, found.outputs, found.given_outputs),
+        ):
+            for name, spec, written in zip(names, values, given, strict=False):
+                if not name:
+                    continue
+                note = reshards.get((proto.name, name))
+                text = "" if spec is None else format_spec(spec)
+                if written:
+                    inferred = note.expected if note is not None else text
+                    row_given = text
+                else:
+                    inferred, row_given = text, ""
+                kind = ""
+                if note is not None:
+                    kind = note.message.rsplit("(", 1)[-1].rstrip(")")
+                yield (key if first else "", found.op_type if first else "", role, name,
+                       row_given, inferred, kind)
+                first = False
+
+
+def _grid(inference: Inference, name: str, shapes: dict) -> str:
+    spec = inference.tensors.get(name)
+    if spec is None:
+        return f"{name}: no spec (not on the sharded path, or not a tensor of the model)"
+    shape = list(inference.shapes.get(name) or ())
+    if not shape and name not in inference.shapes:
+        return f"{name}: {format_spec(spec)} (shape unknown; pass --input-shape)"
+    cut = {axis for axis, _ in sharded_dims(spec, len(shape))}
+    concrete = []
+    for axis, dim in enumerate(shape):
+        if isinstance(dim, int):
+            concrete.append(dim)
+        elif axis not in cut:
+            concrete.append(1)  # an unsharded symbolic axis draws as one block
+        else:
+            return f"{name}: {format_spec(spec)} (axis {axis} is {dim!r}; pass --input-shape)"
+    head = f"{name} {shape}: {format_spec(spec)}"
+    if len(concrete) <= 2:
+        return head + "\n" + render_tiles(spec, concrete)
+    grid = tile_assignment(spec, concrete)
+    axes = [a for a in range(grid.ndim) if grid.shape[a] > 1]
+    lines = [head, f"blocks per axis: {list(grid.shape)}"]
+    if len(axes) <= 2:
+        # Draw the block grid of the (at most two) cut axes: rows = first, columns = second.
+        cells = grid.reshape([grid.shape[a] for a in axes] or [1])
+        if cells.ndim == 1:
+            cells = cells.reshape(1, -1)
+        labels = [[",".join(map(str, d)) for d in row] for row in cells.tolist()]
+        lines.append(f"rows: {'axis ' + str(axes[0]) if len(axes) == 2 else 'whole'}; "
+                     f"columns: {'axis ' + str(axes[-1]) if axes else 'whole'}")
+        lines += _boxes(labels)
+        return "\n".join(lines)
+    for index, devices in zip(_indices(grid.shape), grid.ravel(), strict=True):
+        block = ", ".join(f"axis {a} block {index[a]}" for a in axes)
+        lines.append(f"  {block}: devices {{{','.join(map(str, devices))}}}")
+    return "\n".join(lines)
+
+
+def _boxes(rows: list[list[str]]) -> list[str]:
+    """Box-drawing grid of labels (as `sharding.visualize.render_tiles` draws)."""
+    width = max(len(x) for row in rows for x in row) + 2
+    bar = "─" * width
+    n = len(rows[0])
+    out = ["┌" + "┬".join([bar] * n) + "┐"]
+    for i, row in enumerate(rows):
+        out.append("│" + "│".join(x.center(width) for x in row) + "│")
+        out.append(("├" + "┼".join([bar] * n) + "┤") if i < len(rows) - 1 else ("└" + "┴".join([bar] * n) + "┘"))
+    return out
+
+
+def _indices(shape):
+    import itertools
+
+    return itertools.product(*(range(n) for n in shape))
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    """Lists every placed node's written vs inferred specs and reshards; draws named tensors."""
+    model = _load(args.model)
+    shapes = _input_shapes(args.input_shape)
+    inference = infer(
+        model, args.configuration, input_shapes=shapes,
+        unsupported="error" if args.strict else "warning",
+    )
+    rows = list(_rows(inference, model, args.all))
+    problems = [d for d in inference.diagnostics if d.severity != "note" or d.code == "collective"]
+    if args.json:
+        print(json.dumps({
+            "model": args.model,
+            "configuration": inference.configuration,
+            "nodes": [dict(zip(("node", "op_type", "role", "tensor", "given", "inferred", "reshard"), r, strict=True))
+                      for r in rows],
+            "diagnostics": [dataclasses.asdict(d) for d in inference.diagnostics],
+            "tiles": {name: _grid(inference, name, shapes) for name in args.tensor},
+        }, indent=2))
+    else:
+        from rich.table import Table
+
+        console = _console()
+        table = Table(title=f"{args.model}: configuration {inference.configuration!r}", title_justify="left")
+        for column in ("node", "op", "", "tensor", "written", "inferred", "reshard"):
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
+        console.print(table)
+        if problems:
+            console.print(diagnostics_table(problems, "diagnostics (notes: collectives only)"))
+        for name in args.tensor:
+            console.print(_grid(inference, name, shapes), markup=False)
+        console.print(_summary(_counts(inference.diagnostics)))
+    if args.write:
+        onnx.save(completed_model(model, inference), args.write)
+        if not args.json:
+            _console().print(f"wrote {args.write}")
+    return 1 if inference.errors() else 0
