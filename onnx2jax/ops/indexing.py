@@ -12,6 +12,7 @@ otherwise they raise a ValueError saying so.
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -164,7 +165,8 @@ def _one_hot(indices, depth, values, axis: int, wrap_negative: bool):
     rank = indices.ndim + 1
     axis = _axis(axis, rank)
     xp = _xp(indices, values)
-    indices = indices.astype(np.int64)
+    if not np.issubdtype(indices.dtype, np.integer):  # float indices are truncated
+        indices = indices.astype(np.int64 if xp is np or jax.config.jax_enable_x64 else np.int32)
     if wrap_negative:
         indices = xp.where(indices < 0, indices + depth, indices)
     classes = np.arange(depth, dtype=np.int64).reshape((depth,) + (1,) * (rank - 1 - axis))
