@@ -224,3 +224,46 @@ def test_megatron_fixture_one_wrong_k_spec_is_exactly_one_error(annotated):
     assert (errors[0].node, errors[0].code) == (target.name, "k-sharding-mismatch")
     assert errors[0].hint.startswith(f"shard {node.input[1]!r} on axis 0 over the same devices as")
     assert r.errors() == []
+
+
+def test_megatron_fixture_fully_placed_when_model_inputs_are_annotated(annotated):
+    """With the model inputs placed too, every node of the fixture gets specs from some rule."""
+    model = onnx.ModelProto()
+    model.CopyFrom(annotated)
+    inputs = {i.name for i in model.graph.input}
+    devices = range(model.configuration[0].num_devices)
+    for node in model.graph.node:
+        if not node.device_configurations and any(i in inputs for i in node.input):
+            specs = tuple(ShardingSpec.replicated(i, devices) for i in node.input if i in inputs)
+            node.device_configurations.append(NodeConfig("tp", specs).to_proto())
+    r = infer(model)
+    assert {d.code for d in r.diagnostics} == {"collective"}
+    unplaced = [k for k, n in r.nodes.items() if any(s is None for s in n.outputs)]
+    assert unplaced == []
+
+
+def test_repeated_layers_reuse_results_with_their_own_names():
+    """Two identical row-parallel layers: the second's note names its own node and tensors."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    x = "X"
+    for i in range(2):
+        w = f"W{i}"
+        inits.append(numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), w))
+        nodes.append(annotate(helper.make_node("MatMul", [x, w], [f"Y{i}"], name=f"mm{i}"),
+                              {x: "1:2 @ [0,1]", w: "0:2 @ [0,1]"}))
+        x = f"Y{i}"
+    r = infer(build(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8])], inits, devices=2))
+    notes = [d for d in r.diagnostics if d.code == "collective"]
+    assert [(d.node, d.tensor) for d in notes] == [("mm0", "Y0"), ("mm1", "Y1")]
+    assert "'Y1'" in notes[1].message and "'Y0'" not in notes[1].message
+    reshard = [d for d in r.diagnostics if d.code == "reshard"]
+    assert [(d.node, d.tensor) for d in reshard] == [("mm1", "Y0")]  # replicated -> split on K
+
+
+def test_reshard_docstring_examples():
+    import doctest
+
+    from sharding import reshard
+
+    assert doctest.testmod(reshard, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
