@@ -13,7 +13,7 @@ import numpy as np
 def _console():
     from rich.console import Console
 
-    return Console(stderr=False, highlight=False)
+    return Console(highlight=False, width=max(Console().width, 120))
 
 
 def random_inputs(model, seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
@@ -62,17 +62,24 @@ def _parse_dims(items: Sequence[str]) -> dict[str, int]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Runs a model on given or random inputs; optionally compares with onnxruntime."""
+    if args.devices:
+        from onnx2jax.demo import ensure_devices
+
+        ensure_devices(args.devices)
     import onnx2jax
 
     console = _console()
     model = onnx2jax.translate(args.model)
     inputs = random_inputs(model, args.seed, _parse_dims(args.dim))
     inputs.update(_parse_inputs(args.input))
+    runner = onnx2jax.compile(args.model) if args.devices else model
     with console.status(f"tracing and compiling {args.model} ..."):
         start = time.perf_counter()
-        outputs = [np.asarray(o) for o in model(**inputs)]
+        outputs = [np.asarray(o) for o in runner(**inputs)]
         elapsed = time.perf_counter() - start
     console.print(f"compiled and ran in {elapsed:.2f}s")
+    if args.devices:
+        runner.report(**inputs).render(console)
     reference = _onnxruntime_outputs(args.model, inputs) if args.check else None
     worst = 0.0
     for index, (name, out) in enumerate(zip(model.output_names, outputs)):
@@ -125,14 +132,16 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from onnx2jax.demo import run_demo
 
-    return run_demo(_console())
+    return run_demo(_console(), args.model, args.devices)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="onnx2jax", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run the bundled tiny transformer and check it")
+    demo = sub.add_parser("demo", help="tiny Llama, tensor parallel on 8 devices, checked against the unsharded run")
+    demo.add_argument("--model", default=None, help="an ONNX transformer (default: the bundled tiny Llama)")
+    demo.add_argument("--devices", type=int, default=8)
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("run", help="run a model on random or given inputs")
@@ -142,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--check", action="store_true", help="compare with onnxruntime")
     run.add_argument("--tolerance", type=float, default=1e-4)
+    run.add_argument("--devices", type=int, default=0, help="run sharded on N devices from the model's annotations")
     run.set_defaults(func=cmd_run)
 
     conf = sub.add_parser("conformance", help="ONNX node test cases: print passed/total")

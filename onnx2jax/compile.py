@@ -229,7 +229,7 @@ class Compiled:
             notes=self._notes(),
         )
 
-    def _node_rows(self) -> list[tuple[str, str, str, str]]:
+    def _node_rows(self) -> list[tuple[str, str, str, str, str]]:
         rows = []
         if self.inference is None:
             return rows
@@ -241,9 +241,7 @@ class Compiled:
                     placement = self._placements.get(SpecKey(name, kind, position, spec.tensor_name))
                     pspec = str(placement.sharding.spec) if placement else "-"
                     origin = "given" if given[position] else "inferred"
-                    rows.append(
-                        (f"{name} ({node.op_type})", f"{kind} {spec.tensor_name}", f"{format_spec(spec)} ({origin})", pspec)
-                    )
+                    rows.append((f"{name} ({node.op_type})", f"{kind} {spec.tensor_name}", _short(format_spec(spec)), origin, pspec))
         return rows
 
     def _notes(self) -> list[str]:
@@ -301,7 +299,7 @@ class Report:
     param_bytes_per_device: dict[int, int]
     param_bytes_total: int
     temp_bytes: int | None
-    node_specs: list[tuple[str, str, str, str]]
+    node_specs: list[tuple[str, str, str, str, str]]
     notes: list[str]
 
     def render(self, console=None, *, every_spec: bool = False) -> None:
@@ -314,12 +312,12 @@ class Report:
         from rich.table import Table
 
         console = console or Console()
-        rows = [r for r in self.node_specs if every_spec or r[2].endswith("(given)")]
-        inferred = sum(1 for r in self.node_specs if r[2].endswith("(inferred)"))
-        title = "sharding specs" + ("" if every_spec else f" written in the model (+{inferred} inferred)")
-        table = Table(title=title)
-        for column in ("node", "tensor", "spec", "PartitionSpec"):
-            table.add_column(column)
+        rows = [r for r in self.node_specs if every_spec or r[3] == "given"]
+        inferred = sum(1 for r in self.node_specs if r[3] == "inferred")
+        title = "sharding specs" + ("" if every_spec else f" written in the model (+{inferred} inferred, not shown)")
+        table = Table(title=title, box=None, pad_edge=False)
+        for column in ("node", "tensor", "spec", "from", "PartitionSpec"):
+            table.add_column(column, no_wrap=True)
         for row in rows:
             table.add_row(*row)
         console.print(table)
@@ -333,6 +331,18 @@ class Report:
             )
         for note in self.notes:
             console.print(f"note: {note}")
+
+
+def _short(text: str) -> str:
+    """Spec text with runs of consecutive devices written as ranges: [0,1,2,3] -> [0..3]."""
+
+    def compact(match: re.Match) -> str:
+        numbers = [int(n) for n in match.group(1).split(",")]
+        if len(numbers) > 2 and numbers == list(range(numbers[0], numbers[0] + len(numbers))):
+            return f"{match.group(0)[0]}{numbers[0]}..{numbers[-1]}{match.group(0)[-1]}"
+        return match.group(0)
+
+    return re.sub(r"[\[{]([0-9]+(?:,[0-9]+)+)[\]}]", compact, text)
 
 
 def _choose_configuration(proto: onnx.ModelProto, configuration: str | None) -> str | None:

@@ -105,14 +105,7 @@ def test_gqa_groups_option(tmp_path: Path, capsys):
     "name",
     [
         "tiny_llama",
-        pytest.param(
-            "tiny_gpt2",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="compile: the fused-axis view of addmm [seq*batch, 192] is built with 0 for "
-                "the symbolic dim (reshape to (0, 3, 64))",
-            ),
-        ),
+        "tiny_gpt2",
         "tiny_bert",
     ],
 )
