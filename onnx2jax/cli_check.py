@@ -74,6 +74,8 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     _common(parser)
     parser.add_argument("--tensor", action="append", default=[], metavar="NAME",
                         help="draw where the pieces of this tensor live (repeatable)")
+    parser.add_argument("--node", action="append", default=[], metavar="NAME",
+                        help="list only this node (repeatable)")
     parser.add_argument("--all", action="store_true", help="list unplaced nodes too")
     parser.add_argument("--write", metavar="OUT.onnx", help="write the model with every inferred spec")
     parser.set_defaults(func=cmd_explain)
@@ -114,17 +116,21 @@ def diagnostics_table(diags: Sequence[Diagnostic], title: str | None = None):
     """A rich table with one row per diagnostic."""
     from rich.table import Table
 
-    table = Table(title=title, show_lines=True, title_justify="left")
-    for column in ("severity", "code", "node", "tensor", "axis", "found", "hint"):
-        table.add_column(column, overflow="fold")
+    table = Table(title=title, show_lines=True, title_justify="left", expand=True)
+    for column in ("severity", "code", "axis"):
+        table.add_column(column, no_wrap=True, ratio=None)
+    table.add_column("node", overflow="fold", ratio=2)
+    table.add_column("tensor", overflow="fold", ratio=2)
+    table.add_column("found", overflow="fold", ratio=5)
+    table.add_column("hint", overflow="fold", ratio=3)
     for d in diags:
         node = "" if d.node is None else f"{d.node} ({d.op_type})" if d.op_type else d.node
         table.add_row(
             f"[{_STYLE[d.severity]}]{d.severity}[/]",
             d.code,
+            "" if d.axis is None else str(d.axis),
             node,
             d.tensor or "",
-            "" if d.axis is None else str(d.axis),
             d.message,
             d.hint or "",
         )
@@ -166,11 +172,13 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 1 if counts["error"] else 0
 
 
-def _rows(inference: Inference, model: onnx.ModelProto, everything: bool):
+def _rows(inference: Inference, model: onnx.ModelProto, everything: bool, only: set[str] = frozenset()):
     """(node, op, role, tensor, written, inferred, reshard) per placed input/output."""
     reshards = {(d.node, d.tensor): d for d in inference.diagnostics if d.code == "reshard"}
     by_name = {n.name or f"{n.op_type}#{i}": n for i, n in enumerate(model.graph.node)}
     for key, found in inference.nodes.items():
+        if only and key not in only:
+            continue
         proto = by_name[key]
         specs = list(found.inputs) + list(found.outputs)
         if not everything and all(s is None for s in specs):
@@ -262,8 +270,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         model, args.configuration, input_shapes=shapes,
         unsupported="error" if args.strict else "warning",
     )
-    rows = list(_rows(inference, model, args.all))
-    problems = [d for d in inference.diagnostics if d.severity != "note" or d.code == "collective"]
+    rows = list(_rows(inference, model, args.all or bool(args.node), set(args.node)))
+    problems = [
+        d for d in inference.diagnostics
+        if (d.severity != "note" or d.code == "collective") and (not args.node or d.node in args.node)
+    ]
     if args.json:
         print(json.dumps({
             "model": args.model,
@@ -278,8 +289,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
         console = _console()
         table = Table(title=f"{args.model}: configuration {inference.configuration!r}", title_justify="left")
-        for column in ("node", "op", "", "tensor", "written", "inferred", "reshard"):
-            table.add_column(column, overflow="fold")
+        table.add_column("node", overflow="fold", ratio=2)
+        table.add_column("op", no_wrap=True)
+        table.add_column("", no_wrap=True)
+        table.add_column("tensor", overflow="fold", ratio=2)
+        for column in ("written", "inferred", "reshard"):
+            table.add_column(column, no_wrap=True)
         for row in rows:
             table.add_row(*row)
         console.print(table)

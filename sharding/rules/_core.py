@@ -481,12 +481,10 @@ def contract(
             continue
         results.append(build_spec(name, dims, blocks))
         if dropped:
-            what = ", ".join(
-                names.get(label, _label_text(cuts[label][0], operands)) for label in dropped
-            )
+            what = "; ".join(_label_text(label, cuts[label], operands, names) for label in dropped)
             ctx.diag(
                 "collective",
-                f"{what} is sharded but {name!r} does not keep it: the results meet in an "
+                f"{what}, but {name!r} does not keep it: the partial results meet in an "
                 f"{reduce_kind} over devices {devs(node_devices([results[-1]]))}",
                 severity="note",
                 tensor=name,
@@ -556,8 +554,11 @@ def _key_text(key: tuple) -> str:
     return "fused " + " x ".join(f"({s} in {n})" for s, n in key)
 
 
-def _label_text(cut: _Cut, operands: Sequence[Operand]) -> str:
-    return f"axis {cut.axis} of {operands[cut.operand].spec.tensor_name!r}"
+def _label_text(label, found: Sequence[_Cut], operands: Sequence[Operand], names) -> str:
+    """``K (axis 2 of 'x', axis 0 of 'w') is cut in 4``."""
+    where = ", ".join(f"axis {c.axis} of {operands[c.operand].spec.tensor_name!r}" for c in found)
+    head = f"{names[label]} ({where})" if label in names else where
+    return f"{head} is cut in {found[0].dim.num_shards}"
 
 
 def elementwise_labels(

@@ -256,7 +256,7 @@ def test_repeated_layers_reuse_results_with_their_own_names():
     r = infer(build(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 8])], inits, devices=2))
     notes = [d for d in r.diagnostics if d.code == "collective"]
     assert [(d.node, d.tensor) for d in notes] == [("mm0", "Y0"), ("mm1", "Y1")]
-    assert "'Y1'" in notes[1].message and "'Y0'" not in notes[1].message
+    assert "'W1'" in notes[1].message and "'W0'" not in notes[1].message
     reshard = [d for d in r.diagnostics if d.code == "reshard"]
     assert [(d.node, d.tensor) for d in reshard] == [("mm1", "Y0")]  # replicated -> split on K
 
