@@ -119,12 +119,12 @@ def diagnostics_table(diags: Sequence[Diagnostic], title: str | None = None):
     table = Table(title=title, show_lines=True, title_justify="left", expand=True)
     for column in ("severity", "code", "axis"):
         table.add_column(column, no_wrap=True, ratio=None)
-    table.add_column("node", overflow="fold", ratio=2)
-    table.add_column("tensor", overflow="fold", ratio=2)
+    nodes = ["" if d.node is None else f"{d.node} ({d.op_type})" if d.op_type else d.node for d in diags]
+    table.add_column("node", overflow="fold", min_width=min(24, max(map(len, nodes), default=4)))
+    table.add_column("tensor", overflow="fold", min_width=min(16, max((len(d.tensor or "") for d in diags), default=6)))
     table.add_column("found", overflow="fold", ratio=5)
     table.add_column("hint", overflow="fold", ratio=3)
-    for d in diags:
-        node = "" if d.node is None else f"{d.node} ({d.op_type})" if d.op_type else d.node
+    for d, node in zip(diags, nodes, strict=True):
         table.add_row(
             f"[{_STYLE[d.severity]}]{d.severity}[/]",
             d.code,
