@@ -106,7 +106,7 @@ class Compiled:
         self._param_layouts: dict[str, _ParamLayout] = {}
         self.params = self._place_params(tensor_placements)
         self._out_shardings = self._output_shardings(tensor_placements)
-        self._jitted = jax.jit(self._evaluate, out_shardings=self._out_shardings)
+        self._jitted: dict[tuple, Any] = {}
         self._last_args: tuple | None = None
 
     # -- parameters -------------------------------------------------------
@@ -167,40 +167,52 @@ class Compiled:
         hooks = ShardingHooks(self._placements, views)
         return self.model.evaluate(self._logical_params(params), inputs, hooks)
 
-    def _bind(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> dict[str, Any]:
-        return self.model.bind_inputs(inputs, named)
+    def _program(self, inputs: Sequence[Any], named: Mapping[str, Any], *, relaxed: bool = False):
+        """The jitted program for these inputs and its runtime arguments.
+
+        Inputs that set shapes are folded in as constants (one program per value).
+        ``relaxed`` leaves the output shardings to XLA.
+        """
+        dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
+        key = (key, relaxed)
+        jitted = self._jitted.get(key)
+        if jitted is None:
+            jitted = self._jitted[key] = jax.jit(
+                lambda params, values: self._evaluate(params, {**values, **static}),
+                out_shardings=None if relaxed else self._out_shardings,
+            )
+        return jitted, (self.params, dynamic)
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """Runs the sharded program; returns jax.Arrays in ONNX output order."""
         with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
-            bound = self._bind(inputs, named)
             self._last_args = (inputs, named)
+            jitted, args = self._program(inputs, named)
             try:
-                return self._jitted(self.params, bound)
+                return jitted(*args)
             except ValueError as e:
                 if "should evenly divide the shape" not in str(e):
                     raise
-                return self._call_uneven(bound, e)
-
-    def _call_uneven(self, bound: Mapping[str, Any], error: ValueError) -> tuple:
-        """Some output's spec does not divide its shape: JAX cannot return it sharded."""
-        warnings.warn(
-            "an output's sharding spec does not divide its shape evenly; JAX cannot hold an unevenly "
-            f"sharded array, so that output comes back replicated ({error})",
-            stacklevel=3,
-        )
-        relaxed = jax.jit(self._evaluate)
-        return relaxed(self.params, bound)
+                # Some output's spec does not divide its shape: JAX cannot return it sharded.
+                warnings.warn(
+                    "an output's sharding spec does not divide its shape evenly; JAX cannot hold an "
+                    f"unevenly sharded array, so that output comes back replicated ({e})",
+                    stacklevel=2,
+                )
+                jitted, args = self._program(inputs, named, relaxed=True)
+                return jitted(*args)
 
     def lower(self, *inputs: Any, **named: Any) -> jax.stages.Lowered:
         """The jax ``Lowered`` program for these inputs (``.as_text()``, ``.compile()``)."""
         with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
-            return self._jitted.lower(self.params, self._bind(inputs, named))
+            jitted, args = self._program(inputs, named)
+            return jitted.lower(*args)
 
     def compiled_text(self, *inputs: Any, **named: Any) -> str:
         """The HLO text of the compiled, partitioned program."""
         with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
-            return self._jitted.lower(self.params, self._bind(inputs, named)).compile().as_text()
+            jitted, args = self._program(inputs, named)
+            return jitted.lower(*args).compile().as_text()
 
     def report(self, *inputs: Any, **named: Any) -> "Report":
         """Per node specs, collectives of the compiled program and bytes per device.
@@ -214,10 +226,9 @@ class Compiled:
             if self._last_args is None:
                 raise ValueError("report() needs example inputs, or call the model once first")
             inputs, named = self._last_args
-        with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
-            compiled = self._jitted.lower(self.params, self._bind(inputs, named)).compile()
-            text = compiled.as_text()
-            memory = compiled.memory_analysis()
+        compiled = self.lower(*inputs, **named).compile()
+        text = compiled.as_text()
+        memory = compiled.memory_analysis()
         return Report(
             mesh=dict(self.mesh.shape),
             configuration=self.configuration,

@@ -17,6 +17,7 @@ from typing import Any, Iterable
 import jax
 import numpy as np
 import onnx
+import onnx.numpy_helper
 from onnx.backend.test.case.node import collect_testcases
 from onnx.backend.test.case.test_case import TestCase
 
@@ -68,10 +69,20 @@ def assert_outputs_match(expected: Any, actual: Any, rtol: float, atol: float, w
         )
 
 
+def _as_numpy(value: Any) -> Any:
+    """Case data as numpy: some cases store float8/4-bit values as TensorProtos."""
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    if isinstance(value, list):
+        return [_as_numpy(v) for v in value]
+    return value
+
+
 def run_case(case: TestCase) -> None:
     """Runs one node case through onnx2jax (jitted); raises on any difference."""
     model = translate(case.model)
     for index, (inputs, outputs) in enumerate(case.data_sets):
+        inputs, outputs = _as_numpy(list(inputs)), _as_numpy(list(outputs))
         actual = model(*inputs)
         for name, e, a in zip(model.output_names, outputs, actual):
             assert_outputs_match(e, a, case.rtol, case.atol, f"{case.name} set {index} output {name!r}")

@@ -145,6 +145,43 @@ def unsupported_ops(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[t
     return missing
 
 
+_SHAPE_READERS = frozenset({"Shape", "Size"})  # need only their input's shape, never its values
+
+
+def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> set[str]:
+    """Names whose *values* must be known while tracing: they reach an op's static input.
+
+    Walks back from every static input position (a Reshape's shape, a Slice's
+    starts, ...) through the ops that compute it, stopping at Shape/Size,
+    which read only shapes, and at subgraph ops. Subgraph bodies count too.
+    """
+    needed: set[str] = set()
+    nodes = list(_all_nodes(graph))
+    for node in nodes:
+        domain = "" if node.domain == "ai.onnx" else node.domain
+        impl = _resolve(domain, node.op_type, opsets.get(domain, -1))
+        if impl is not None:
+            needed.update(node.input[i] for i in impl.static_inputs if i < len(node.input) and node.input[i])
+    producers = {out: node for node in nodes for out in node.output if out}
+    frontier = list(needed)
+    while frontier:
+        node = producers.get(frontier.pop())
+        if node is None or node.op_type in _SHAPE_READERS or any(True for _ in _subgraphs(node)):
+            continue
+        for name in node.input:
+            if name and name not in needed:
+                needed.add(name)
+                frontier.append(name)
+    return needed
+
+
+def _all_nodes(graph: onnx.GraphProto):
+    for node in graph.node:
+        yield node
+        for sub in _subgraphs(node):
+            yield from _all_nodes(sub)
+
+
 def _to_jax(value: Any) -> Any:
     """A graph output as jax: static arrays converted, sequences (lists) element-wise, None kept."""
     if isinstance(value, list):
@@ -313,6 +350,10 @@ class JaxModel:
       output_names: the graph's outputs, in order.
       uses_64bit: whether the graph has int64/float64 tensors, so that tracing
         needs ``jax.enable_x64``.
+      shape_input_names: graph inputs whose values set shapes (a Reshape's
+        shape fed from outside, directly or through ops that compute on it):
+        calling the model treats them as compile-time constants, compiling
+        once per distinct value.
     """
 
     def __init__(self, proto: onnx.ModelProto):
@@ -336,7 +377,8 @@ class JaxModel:
         self.inputs = [_input_info(i) for i in graph.input if i.name not in initialized]
         self.output_names = [o.name for o in graph.output]
         self.uses_64bit = _uses_wide_types(graph)
-        self._jitted = None
+        self.shape_input_names = shape_setting_inputs(graph, self.opsets) & set(self.input_names)
+        self._jitted: dict[tuple, Any] = {}
 
     @property
     def input_names(self) -> list[str]:
@@ -382,13 +424,31 @@ class JaxModel:
         """The pure function: outputs (a tuple, in ONNX output order) of the graph."""
         return self.evaluate(params, self.bind_inputs(inputs, named))
 
+    def split_static(self, bound: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray], tuple]:
+        """Separates the inputs that set shapes (see ``shape_input_names``) from the others.
+
+        Returns:
+          (runtime inputs, shape-setting inputs as numpy, a hashable key of the latter's values)
+        """
+        dynamic = {k: v for k, v in bound.items() if k not in self.shape_input_names}
+        static = {k: np.asarray(v) for k, v in bound.items() if k in self.shape_input_names}
+        key = tuple((k, v.dtype.str, v.shape, v.tobytes()) for k, v in sorted(static.items()))
+        return dynamic, static, key
+
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
-        """Runs the model jitted, with 64-bit types on for this call only."""
+        """Runs the model jitted, with 64-bit types on for this call only.
+
+        One compile per input-shape signature, and per distinct value of the
+        inputs that set shapes.
+        """
         with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
-            if self._jitted is None:
-                self._jitted = jax.jit(self.evaluate)
-            bound = self.bind_inputs(inputs, named)
-            return self._jitted(self.params, bound)
+            dynamic, static, key = self.split_static(self.bind_inputs(inputs, named))
+            jitted = self._jitted.get(key)
+            if jitted is None:
+                jitted = self._jitted[key] = jax.jit(
+                    lambda params, values: self.evaluate(params, {**values, **static})
+                )
+            return jitted(self.params, dynamic)
 
 
 def _is_parameter(array: np.ndarray) -> bool:
