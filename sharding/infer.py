@@ -491,6 +491,8 @@ def infer(
                     message=f"the node is annotated but {why}; written output specs are taken "
                     "as they are, nothing is inferred or checked",
                     hint="remove the annotation, or annotate only the ops around it",
+                    given="; ".join(f"{n}: {text(v)}" for n, v in given.items()),
+                    expected="no annotation",
                 )
             )
         elif rule is None and any(s is not None and sharded_dims(s, None) for s in in_specs):
@@ -542,7 +544,7 @@ _QUOTED = re.compile(r"'([^']*)'")
 def _memo_key(node, ins, outs, shapes, constants, in_specs) -> tuple | None:
     """What a rule's result depends on, or None when names would make reuse ambiguous."""
     names = [n for n in ins + outs if n]
-    if len(set(names)) != len(names) or any("'" in n for n in names):
+    if len(set(names)) != len(names) or "'" in "".join(names):
         return None
     return (
         node.op_type,

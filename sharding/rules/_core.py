@@ -460,6 +460,9 @@ def contract(
                     for o, r, needs in empty[:4]
                 )
                 more = f" (and {len(empty) - 4} more)" if len(empty) > 4 else ""
+                given = "; ".join(
+                    f"{operands[i].spec.tensor_name}: {text(operands[i].spec)}" for i in live
+                )
                 ctx.diag(
                     "empty-intersection",
                     f"no device holds all the input shards some output block needs: {shown}{more}",
@@ -467,6 +470,8 @@ def contract(
                     "some device (0007: the devices of output shard [i,j] are the intersection "
                     "of those of the input shards it uses)",
                     tensor=name,
+                    given=given,
+                    expected="every output block's input shards on a common device",
                 )
                 reported = True
             results.append(None)
