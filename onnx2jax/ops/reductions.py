@@ -176,10 +176,7 @@ def arg_min(data, *, axis=0, keepdims=1, select_last_index=0):
     return _arg_reduce(data, axis, keepdims, select_last_index, jnp.argmin)
 
 
-def _cumulative(x, axis, exclusive, reverse, scan, identity):
-    x = jnp.asarray(x)
-    axis = int(np.asarray(axis).reshape(-1)[0])
-    axis = axis + x.ndim if axis < 0 else axis
+def _scan_along(x, axis, exclusive, reverse, scan, identity):
     if reverse:
         x = jnp.flip(x, axis)
     out = scan(x, axis=axis, dtype=x.dtype)
@@ -194,12 +191,25 @@ def _cumulative(x, axis, exclusive, reverse, scan, identity):
     return out
 
 
-@register("CumSum", 11, 14, static_inputs=(1,))
+def _cumulative(x, axis, exclusive, reverse, scan, identity):
+    x = jnp.asarray(x)
+    if isinstance(axis, (np.ndarray, np.generic)):
+        axis = int(np.asarray(axis).reshape(-1)[0])
+        return _scan_along(x, axis + x.ndim if axis < 0 else axis, exclusive, reverse, scan, identity)
+    # An axis known only at run time: every branch has x's shape, so switch over the axes.
+    axis = jnp.reshape(axis, ()).astype(jnp.int32)
+    branches = [
+        (lambda v, a=a: _scan_along(v, a, exclusive, reverse, scan, identity)) for a in range(x.ndim)
+    ]
+    return jax.lax.switch(jnp.where(axis < 0, axis + x.ndim, axis), branches, x)
+
+
+@register("CumSum", 11, 14)
 def cum_sum(x, axis, *, exclusive=0, reverse=0):
     return _cumulative(x, axis, exclusive, reverse, jnp.cumsum, 0)
 
 
-@register("CumProd", 26, static_inputs=(1,))
+@register("CumProd", 26)
 def cum_prod(x, axis, *, exclusive=0, reverse=0):
     return _cumulative(x, axis, exclusive, reverse, jnp.cumprod, 1)
 

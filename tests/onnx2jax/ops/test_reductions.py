@@ -150,3 +150,8 @@ def test_top_k_old_opsets():
     x = _f(4, 6)
     check("TopK", 10, [x, np.array([2], np.int64)], static=(1,), n_out=2)
     check("TopK", 1, [x], n_out=2, k=2, axis=0)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_cum_sum_axis_fed_at_run_time(axis):
+    check("CumSum", 14, [_f(2, 3, 4), np.array(axis, np.int64)], exclusive=1, rtol=1e-5)
