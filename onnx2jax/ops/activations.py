@@ -114,7 +114,9 @@ def swiglu(a, b, *, alpha=1.0):
 @register("Shrink", 9)
 def shrink(x, *, bias=0.0, lambd=0.5):
     x = jnp.asarray(x)
-    # Attributes are floats; integer inputs compare and shift in their own type as the
-    # reference does after casting the attributes.
-    lam, b = _const(lambd, x), _const(bias, x)
-    return jnp.where(x < -lam, x + b, jnp.where(x > lam, x - b, _zero(x)))
+    # Integer inputs compare and shift in floating point, as ONNX's reference does (an
+    # unsigned x is never below -lambd), and the result is cast back.
+    wide = x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
+    lam, b = _const(lambd, wide), _const(bias, wide)
+    out = jnp.where(wide < -lam, wide + b, jnp.where(wide > lam, wide - b, _zero(wide)))
+    return out.astype(x.dtype)

@@ -96,8 +96,10 @@ def test_prelu_broadcasts_slope(slope_shape, opset):
     check("PRelu", opset, [_x(2, 3, 4), _x(*slope_shape)])
 
 
-def test_shrink_int():
-    check("Shrink", 9, [np.arange(-5, 6, dtype=np.int32)], bias=1.0, lambd=2.0)
+@pytest.mark.parametrize("dtype", [np.int32, np.uint8])
+def test_shrink_int(dtype):
+    x = np.arange(-5, 6, dtype=np.int32) if dtype == np.int32 else np.arange(0, 11, dtype=np.uint8)
+    check("Shrink", 9, [x], bias=1.0, lambd=2.0)
 
 
 def test_swish():
