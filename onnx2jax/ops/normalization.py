@@ -151,5 +151,7 @@ def lrn(x, *, size, alpha, beta, bias):
 def mean_variance_norm(x, *, axes):
     axes = tuple(int(a) for a in axes)
     mean = jnp.mean(x, axis=axes, keepdims=True)
-    var = jnp.mean(x * x, axis=axes, keepdims=True) - mean * mean
+    # The spec writes E[x^2] - E[x]^2; the two-pass form is the same value
+    # without float32 cancellation (as onnxruntime computes it).
+    var = jnp.mean(jnp.square(x - mean), axis=axes, keepdims=True)
     return ((x - mean) / (jnp.sqrt(var) + 1e-9)).astype(x.dtype)
