@@ -76,7 +76,8 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
                         help="draw where the pieces of this tensor live (repeatable)")
     parser.add_argument("--node", action="append", default=[], metavar="NAME",
                         help="list only this node (repeatable)")
-    parser.add_argument("--all", action="store_true", help="list unplaced nodes too")
+    parser.add_argument("--placed", action="store_true",
+                        help="list only nodes with specs (by default every node is listed)")
     parser.add_argument("--write", metavar="OUT.onnx", help="write the model with every inferred spec")
     parser.set_defaults(func=cmd_explain)
     return parser
@@ -123,17 +124,19 @@ def diagnostics_table(diags: Sequence[Diagnostic], title: str | None = None):
     table.add_column("node", overflow="fold", min_width=min(24, max(map(len, nodes), default=4)))
     table.add_column("tensor", overflow="fold", min_width=min(16, max((len(d.tensor or "") for d in diags), default=6)))
     table.add_column("found", overflow="fold", ratio=5)
-    table.add_column("hint", overflow="fold", ratio=3)
+    hints = any(d.hint for d in diags)
+    if hints:
+        table.add_column("hint", overflow="fold", ratio=3)
     for d, node in zip(diags, nodes, strict=True):
-        table.add_row(
+        cells = [
             f"[{_STYLE[d.severity]}]{d.severity}[/]",
             d.code,
             "" if d.axis is None else str(d.axis),
             node,
             d.tensor or "",
             d.message,
-            d.hint or "",
-        )
+        ]
+        table.add_row(*cells, *([d.hint or ""] if hints else []))
     return table
 
 
@@ -181,7 +184,9 @@ def _rows(inference: Inference, model: onnx.ModelProto, everything: bool, only: 
             continue
         proto = by_name[key]
         specs = list(found.inputs) + list(found.outputs)
-        if not everything and all(s is None for s in specs):
+        if all(s is None for s in specs):
+            if everything:
+                yield (key, found.op_type, "", "", "", "unplaced", "")
             continue
         first = True
         for role, names, values, given in (
@@ -270,7 +275,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         model, args.configuration, input_shapes=shapes,
         unsupported="error" if args.strict else "warning",
     )
-    rows = list(_rows(inference, model, args.all or bool(args.node), set(args.node)))
+    rows = list(_rows(inference, model, not args.placed, set(args.node)))
     problems = [
         d for d in inference.diagnostics
         if (d.severity != "note" or d.code == "collective") and (not args.node or d.node in args.node)
@@ -289,12 +294,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
         console = _console()
         table = Table(title=f"{args.model}: configuration {inference.configuration!r}", title_justify="left")
-        table.add_column("node", overflow="fold", ratio=2)
+        widest = lambda i, cap: min(cap, max((len(r[i]) for r in rows), default=4))  # noqa: E731
+        table.add_column("node", overflow="fold", min_width=widest(0, 16))
         table.add_column("op", no_wrap=True)
         table.add_column("", no_wrap=True)
-        table.add_column("tensor", overflow="fold", ratio=2)
-        for column in ("written", "inferred", "reshard"):
-            table.add_column(column, no_wrap=True)
+        table.add_column("tensor", overflow="fold", min_width=widest(3, 12))
+        table.add_column("written", overflow="fold", ratio=1)
+        table.add_column("inferred", overflow="fold", ratio=1)
+        table.add_column("reshard", no_wrap=True)
         for row in rows:
             table.add_row(*row)
         console.print(table)

@@ -187,15 +187,18 @@ def tensor_shapes(
     diags = []
     light = _light_copy(model, input_shapes, order)
     try:
-        graph = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
+        graph = onnx.shape_inference.infer_shapes(light, strict_mode=True, data_prop=True).graph
     except Exception as e:  # onnx raises several types (InferenceError, ValidationError, RuntimeError)
-        graph = light.graph
+        try:  # what can be inferred despite the error
+            graph = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
+        except Exception:
+            graph = light.graph
         diags.append(
             _model_diag(
                 "shape-inference-failed",
                 "warning",
                 f"ONNX shape inference failed ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                "only the shapes declared in the model are used",
+                "shapes may be missing or wrong",
                 "fix the model's types, or give input_shapes",
             )
         )

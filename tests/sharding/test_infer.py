@@ -267,3 +267,50 @@ def test_reshard_docstring_examples():
     from sharding import reshard
 
     assert doctest.testmod(reshard, optionflags=doctest.NORMALIZE_WHITESPACE).failed == 0
+
+
+# ---------------------------------------------------------------- remaining diagnostic kinds
+
+
+def test_annotation_invalid_is_reported_and_ignored():
+    m = mlp()
+    bad = m.graph.node[1].device_configurations.add(configuration_id="mesh")
+    bad.sharding_spec.add(tensor_name="H", device=[0, 1])  # 2 devices for 1 shard
+    r = infer(m)
+    assert [(d.code, d.node) for d in r.errors()] == [("annotation-invalid", "act")]
+    assert text(r, "A") == "1:4 @ [0,1,2,3]"  # inferred as if unannotated
+
+
+def test_einsum_outside_matmul_cases_is_a_warning():
+    node = annotate(helper.make_node("Einsum", ["X"], ["Y"], name="trace", equation="ii->i"),
+                    {"X": "0:2 @ [0,1]"})
+    m = build([node], [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 4])])
+    assert [d.code for d in infer(m).diagnostics] == ["einsum-unsupported"]
+
+
+def test_shape_inference_failure_is_a_warning():
+    node = annotate(helper.make_node("MatMul", ["X", "W"], ["Y"], name="mm"), {"W": "1:2 @ [0,1]"})
+    m = build([node], [helper.make_tensor_value_info("X", TensorProto.FLOAT, [4, 3]),
+                       helper.make_tensor_value_info("W", TensorProto.FLOAT, [8, 6])])
+    r = infer(m)
+    assert r.diagnostics[0].code == "shape-inference-failed" and r.diagnostics[0].severity == "warning"
+
+
+def test_sharded_data_into_an_op_without_rule_is_a_note():
+    nodes = [
+        annotate(helper.make_node("Relu", ["X"], ["A"], name="act"), {"X": "0:2 @ [0,1]"}),
+        helper.make_node("MaxPool", ["A"], ["Y"], name="pool", kernel_shape=[2]),
+    ]
+    m = build(nodes, [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 8])])
+    r = infer(m)
+    assert [(d.code, d.severity, d.node) for d in r.diagnostics] == [("no-rule", "note", "pool")]
+    assert r.nodes["pool"].outputs == (None,)
+
+
+def test_several_configurations_first_is_used_with_a_note():
+    m = mlp()
+    m.configuration.append(onnx.DeviceConfigurationProto(name="other", num_devices=2))
+    r = infer(m)
+    assert r.configuration == "mesh"
+    assert r.diagnostics[0].code == "configuration-chosen"
+    assert infer(m, configuration="other").tensors == {}
