@@ -53,9 +53,9 @@ def _int(*shape, dtype=np.int32, low=-20, high=20):
     return RNG.integers(low, high, shape).astype(dtype)
 
 
-@pytest.mark.parametrize("opset", [7, 13, 14])
+@pytest.mark.parametrize("opset", [7, 14])
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
-@pytest.mark.parametrize("shapes", [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((3, 1), (1, 5))])
+@pytest.mark.parametrize("shapes", [((2, 3, 4), (4,)), ((3, 1), (1, 5))])
 def test_arithmetic_float(op, opset, shapes):
     check(op, opset, [_f(*shapes[0]), _f(*shapes[1])], rtol=1e-5)
 

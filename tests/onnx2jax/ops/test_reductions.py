@@ -67,7 +67,7 @@ def _positive(*shape):
 
 
 @pytest.mark.parametrize("op", REDUCE)
-@pytest.mark.parametrize("axes, keepdims", [((1,), 1), ((0, -1), 0), (None, 1), (None, 0)])
+@pytest.mark.parametrize("axes, keepdims", [((1,), 1), ((0, -1), 0), (None, 0)])
 def test_reduce_axes_input(op, axes, keepdims):
     axes = None if axes is None else np.array(axes, np.int64)
     check(op, _input_version(op), [_positive(2, 3, 4), axes], static=(1,), keepdims=keepdims, rtol=1e-5)

@@ -56,7 +56,7 @@ def _int(*shape, dtype=np.int32, low=-20, high=20):
 
 @pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
 @pytest.mark.parametrize("opset", [1, 11, 13])
-@pytest.mark.parametrize("axis", [None, 0, 1, -1])
+@pytest.mark.parametrize("axis", [None, 0, -1])
 def test_softmax_family(op, opset, axis):
     x = _f(2, 3, 4)
     if op == "Hardmax":
