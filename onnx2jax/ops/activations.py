@@ -33,6 +33,17 @@ def prelu(x, slope):
     return jnp.where(x < 0, x * slope, x).astype(jnp.asarray(x).dtype)
 
 
+@register("PRelu", 1, 6)
+def prelu_6(x, slope, *, consumed_inputs=None):
+    # Before opset 7 the slope has one element (shared) or X's own shape.
+    slope = jnp.asarray(slope)
+    if slope.size == 1:
+        slope = slope.reshape(())
+    elif slope.shape != jnp.shape(x):
+        raise ValueError(f"PRelu-6 slope must have one element or X's shape {jnp.shape(x)}, got {slope.shape}")
+    return prelu(x, slope)
+
+
 @register("ThresholdedRelu", 10, 22)
 def thresholded_relu(x, *, alpha=1.0):
     return jnp.where(x > _const(alpha, x), x, _zero(x))

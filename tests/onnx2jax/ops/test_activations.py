@@ -112,3 +112,10 @@ def test_swiglu():
     a, b = _x(3, 4), _x(3, 4)
     (y,) = run("SwiGLU", 28, [a, b])
     np.testing.assert_allclose(y, a / (1 + np.exp(-a)) * b, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("slope_shape", [(1,), (2, 3, 4)])
+def test_prelu_6(slope_shape):
+    x, slope = _x(2, 3, 4), _x(*slope_shape)
+    (y,) = run("PRelu", 6, [x, slope])
+    np.testing.assert_allclose(y, np.where(x < 0, x * slope, x), rtol=1e-6)
