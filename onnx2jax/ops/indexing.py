@@ -5,9 +5,11 @@ impl normalises them before indexing. Gathers work on numpy inputs too, so
 that Shape -> Gather chains fold while tracing.
 
 NonZero, Unique and Compress have output shapes that depend on their input
-*values*. XLA needs shapes at compile time, so these work only when that
-input is known while tracing (a constant or a folded shape computation);
-otherwise they raise a ValueError saying so.
+*values*. XLA needs shapes at compile time, so that input is declared static:
+it works when known while tracing (a constant, a folded shape computation, or
+a graph input, which the model then compiles once per value). Computed from
+runtime data, it fails in the translator; the impls themselves also refuse
+traced values with a ValueError saying the output shape depends on them.
 """
 
 from __future__ import annotations
@@ -184,7 +186,7 @@ def one_hot(indices, depth, values, *, axis=-1):
     return _one_hot(indices, depth, values, axis, wrap_negative=True)
 
 
-@register("Compress", 9, 11, 28)
+@register("Compress", 9, 11, 28, static_inputs=(1,))
 def compress(x, condition, *, axis=None):
     if not _is_static(condition):
         raise _runtime_shape_error("Compress", "the condition input")
@@ -195,7 +197,7 @@ def compress(x, condition, *, axis=None):
     return xp.take(x, keep, axis=_axis(axis, x.ndim))
 
 
-@register("NonZero", 9, 13)
+@register("NonZero", 9, 13, static_inputs=(0,))
 def non_zero(x):
     if not _is_static(x):
         raise _runtime_shape_error("NonZero", "the input")
@@ -227,7 +229,7 @@ def reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0):
     return xp.take_along_axis(x, xp.broadcast_to(source, x.shape), axis=time_axis)
 
 
-@register("Unique", 11, 28)
+@register("Unique", 11, 28, static_inputs=(0,))
 def unique(x, *, axis=None, sorted=1):
     if not _is_static(x):
         raise _runtime_shape_error("Unique", "the input")

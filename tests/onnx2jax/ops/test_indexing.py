@@ -1,5 +1,6 @@
 """Indexing ops against onnxruntime (and ONNX's reference evaluator where onnxruntime lags)."""
 
+import jax
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -9,6 +10,7 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 from onnx2jax.errors import NodeError
+from onnx2jax.ops import indexing
 from onnx2jax.translate import translate
 
 RNG = np.random.default_rng(1)
@@ -164,9 +166,39 @@ def test_nonzero_compress_unique_on_static_inputs():
     ("Unique", [_x(6)]),
     ("Compress", [_x(3, 2), np.asarray([False, True, True])]),
 ])
-def test_data_dependent_shapes_refuse_runtime_inputs(op, arrays):
+def test_data_dependent_shapes_compile_per_value_of_graph_inputs(op, arrays):
     inputs = {f"x{i}": a for i, a in enumerate(arrays)}
-    model = translate(_model(op, inputs, {}, 13, {}))
-    with pytest.raises(NodeError, match="output shape depends on runtime values") as info:
-        model(*arrays)
-    assert isinstance(info.value.__cause__, ValueError)
+    model = _model(op, inputs, {}, 13, {})
+    n_out = len(model.graph.output)
+    expected = ReferenceEvaluator(model).run(None, inputs)
+    actual = translate(model)(*arrays)
+    for e, a in zip(expected, actual[:n_out]):
+        np.testing.assert_array_equal(np.asarray(a), e)
+
+
+@pytest.mark.parametrize("op", ["NonZero", "Unique", "Compress"])
+def test_data_dependent_shapes_refuse_runtime_values(op):
+    # The data-dependent input is computed from a parameter (float initializers
+    # are traced), so no input can be folded in its place.
+    x = _x(3, 2)
+    inputs = ["x0", "mask"] if op == "Compress" else ["mask"]
+    graph = oh.make_graph(
+        [oh.make_node("Greater", ["x0", "zero"], ["mask"]), oh.make_node(op, inputs, ["y"])],
+        "g",
+        [oh.make_tensor_value_info("x0", onnx.TensorProto.FLOAT, x.shape)],
+        [oh.make_empty_tensor_value_info("y")],
+        [onnx.numpy_helper.from_array(np.zeros((1,), np.float32), "zero")],
+    )
+    model = translate(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=10))
+    with pytest.raises(NodeError, match="must be known while tracing"):
+        model(x)
+
+
+@pytest.mark.parametrize("op,fn", [
+    ("NonZero", lambda x: indexing.non_zero(x)),
+    ("Unique", lambda x: indexing.unique(x)),
+    ("Compress", lambda x: indexing.compress(x, x > 0)),
+])
+def test_data_dependent_impls_raise_on_traced_values(op, fn):
+    with pytest.raises(ValueError, match="output shape depends on runtime values"):
+        jax.jit(fn)(_x(4))
