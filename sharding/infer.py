@@ -32,6 +32,7 @@ reshape-unsupported     warning   a sharded axis cannot follow a reshape
 einsum-unsupported      warning   an Einsum outside the MatMul-like cases
 shape-unknown           warning   a rule lacks a shape or constant it needs
 shape-inference-failed  warning   ONNX shape inference failed
+rule-failed             warning   a rule raised (a bug): outputs unplaced
 reshard                 note      a written spec differs: data moves (kind)
 collective              note      the op itself combines shards (kind)
 no-rule                 note      sharded data enters an op with no rule
@@ -473,7 +474,10 @@ def infer(
                     constants,
                     opset,
                 )
-                inferred, notes = rule.propagate(ctx, in_specs)
+                try:
+                    inferred, notes = rule.propagate(ctx, in_specs)
+                except Exception as e:  # a rule bug must not hide every other diagnostic
+                    inferred, notes = [None] * len(outs), [_rule_failed(node, e)]
                 if memo_key is not None:
                     memo[memo_key] = (inferred, notes, ins + outs)
             if not annotation:
@@ -539,6 +543,18 @@ def infer(
             given_outputs=tuple(bool(n) and n in given for n in outs),
         )
     return Inference(config, nodes, tensors, tuple(diags), shapes)
+
+
+def _rule_failed(node: onnx.NodeProto, error: Exception) -> Diagnostic:
+    return Diagnostic(
+        code="rule-failed",
+        severity="warning",
+        node=node.name,
+        op_type=node.op_type,
+        message=f"the {node.op_type} sharding rule failed ({type(error).__name__}: {error}); "
+        "its outputs are left unplaced",
+        hint="please report this; the outputs are left to the compiler",
+    )
 
 
 _QUOTED = re.compile(r"'([^']*)'")

@@ -435,12 +435,29 @@ def contract(
         dropped = [label for label in order if label not in labels]
         blocks: list[frozenset[int]] = []
         empty: list[tuple[tuple[int, ...], tuple[int, ...], list[str]]] = []
+        gather = reduce_kind == "all-gather"
         for o in itertools.product(*(range(count[label]) for label in kept)):
             where = dict(zip(kept, o, strict=True))
+            if gather:
+                # Dropped labels are gathered: an input's pieces along them come
+                # together on the devices holding any of them; the output block
+                # lives where every input can be gathered.
+                pieces: dict[int, frozenset[int]] = {}
+                for r in itertools.product(*(range(count[label]) for label in dropped)):
+                    where.update(zip(dropped, r, strict=True))
+                    for index in live:
+                        shard = sum(where[label] * stride for label, stride in weights[index])
+                        pieces[index] = pieces.get(index, frozenset()) | sets[index][shard]
+                inter = frozenset.intersection(*pieces.values()) if pieces else None
+                if inter is not None and not inter:
+                    needs = [f"{operands[i].spec.tensor_name!r} on {devs(pieces[i])}" for i in live]
+                    empty.append((o, (), needs))
+                blocks.append(inter or frozenset())
+                continue
             union: set[int] = set()
             for r in itertools.product(*(range(count[label]) for label in dropped)):
                 where.update(zip(dropped, r, strict=True))
-                inter: frozenset[int] | None = None
+                inter = None
                 for index in live:
                     shard = sum(where[label] * stride for label, stride in weights[index])
                     held = sets[index][shard]
@@ -711,6 +728,8 @@ def regroup(
 
 def _split_group(ins, outs, sizes_in, sizes_out, cut):
     """Cuts one group's sub-axes at the output sizes; None when a block would straddle."""
+    if 0 in sizes_in or 0 in sizes_out:
+        return None
     atoms: list[list] = []  # [size, shards, atom id, piece]
     for axis, size in zip(ins, sizes_in, strict=True):
         if axis in cut:
@@ -720,6 +739,15 @@ def _split_group(ins, outs, sizes_in, sizes_out, cut):
                 atoms.append([s, n, (axis, j) if n > 1 else None, 0])
         elif size != 1:
             atoms.append([size, 1, None, 0])
+    # An unsharded run only lengthens the blocks before it: (2 in 2) (3) (4)
+    # is (24 in 2), which [4, 2, 3] can cut at 4 even though 3 does not split.
+    merged: list[list] = []
+    for atom in atoms:
+        if merged and atom[1] == 1 and merged[-1][0] % merged[-1][1] == 0:
+            merged[-1][0] *= atom[0]
+        else:
+            merged.append(atom)
+    atoms = merged
     result: dict[int, list] = {}
     k = 0
     for out_axis, want in zip(outs, sizes_out, strict=True):

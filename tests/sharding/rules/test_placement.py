@@ -37,6 +37,8 @@ def held(spec_text, shape):
         ((6, 8), "0:(3x1,2x2),1:2 @ [0,1,2,3]", (3, 2, 8)),
         ((2, 192), "1:(3x1,64x8) @ [0,1,2,3,4,5,6,7]", (2, 3, 64)),
         ((8, 6), "0:2 @ [{0,1},{2,3}]", (2, 4, 6)),
+        ((2, 3, 4), "0:2 @ [0,1]", (4, 2, 3)),
+        ((3, 4, 2), "0:3 @ [0,1,2]", (6, 4)),
     ],
 )
 def test_reshape_moves_no_data(g, in_shape, spec, out_shape):
@@ -77,3 +79,11 @@ def test_broadcast_output_devices_hold_what_they_need(g, a_shape, a_spec, b_shap
     for device, elements in out_held.items():
         for e in elements:
             assert a_ids[e] in a_held.get(device, ()) and b_ids[e] in b_held.get(device, ())
+
+
+def test_reshape_that_scatters_shards_gathers_with_a_warning(g):
+    # (3, 4 in 2, 2) -> (2, 6, 2): shard = (flat % 8) // 4 mixes output axes 0 and 1.
+    r = g.one_node("Reshape", [("X", [3, 4, 2]), ("s", None)], {"X": "1:2 @ [0,1]"},
+                   inits=[g.const("s", [2, 6, 2])])
+    assert g.codes(r, "warning") == ["reshape-unsupported"]
+    assert g.out(r) == "replicated @ [{0,1}]"
