@@ -144,3 +144,12 @@ def test_tile_repeated_axis_comes_out_whole(g):
     r = g.one_node("Tile", [("X", [4, 8]), ("rep", None)], {"X": "0:2,1:2 @ [0,1,2,3]"},
                    inits=[g.const("rep", [1, 2])])
     assert g.out(r) == "0:2 @ [{0,1},{2,3}]"
+
+
+def test_concat_of_inputs_sharded_on_the_concat_axis_gathers_without_error(g):
+    r = g.one_node("Concat", [("A", [4, 8]), ("B", [4, 8])], {"A": "1:2 @ [0,1]", "B": "1:2 @ [0,1]"},
+                   axis=1)
+    assert r.errors() == [] and g.out(r) == "replicated @ [{0,1}]"
+    r = g.one_node("Concat", [("A", [4, 8]), ("B", [4, 8])], {"A": "1:2 @ [0,1]", "B": "1:2 @ [2,3]"},
+                   axis=1)
+    assert g.codes(r, "error") == ["empty-intersection"]  # the two inputs live on disjoint devices
