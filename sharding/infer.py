@@ -55,7 +55,7 @@ import onnx.shape_inference
 from onnx import numpy_helper
 
 from .diagnostics import Diagnostic, Severity
-from .reshard import reshard_kind, same_spec
+from .reshard import reshard_kind
 from .rules import rule_for
 from .rules._core import NodeContext, Shape, node_devices, renamed, replicated, sharded_dims, text
 from .spec import NodeConfig, ShardingSpec
