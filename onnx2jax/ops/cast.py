@@ -114,7 +114,9 @@ def _cast(x, dtype: np.dtype | None, saturate: int = 1, round_mode: str = "up"):
         return _wrap_sub_byte(x, dtype)
     if dtype == _E8M0:
         return _to_e8m0(x, saturate, round_mode)
-    if dtype in _SATURATING_FLOAT8 and saturate and jnp.issubdtype(x.dtype, jnp.floating):
+    if dtype in _SATURATING_FLOAT8 and saturate and x.dtype != np.bool_:
+        if jnp.issubdtype(x.dtype, jnp.integer):
+            x = x.astype(jax.dtypes.canonicalize_dtype(jnp.float64))
         limit = float(ml_dtypes.finfo(dtype).max)
         x = jnp.clip(x, -limit, limit)  # +-inf too; NaN stays NaN
     return x.astype(dtype)
