@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from . import Rule
@@ -36,6 +35,7 @@ from ._core import (
 
 
 def _rank(ctx, index=0):
+    """The rank of input ``index``, or None."""
     return ctx.rank(index)
 
 
