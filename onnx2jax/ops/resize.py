@@ -354,7 +354,8 @@ def _grid_sample(x, grid, mode, padding_mode, align_corners):
             index, valid = tap(c.astype(jnp.int32), lo, hi, size)
             per_axis.append([(index, None, valid)])
             continue
-        c = fix(c, lo, hi, size)
+        if mode not in ("cubic", "bicubic"):
+            c = fix(c, lo, hi, size)
         base = jnp.floor(c)
         t = c - base
         base = base.astype(jnp.int32)
