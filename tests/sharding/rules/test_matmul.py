@@ -71,3 +71,19 @@ def test_einsum_parsing():
         [[("e", 0), "i", "k"], ["k", "j"]], [("e", 0), "i", "j"])
     assert parse_einsum("ii->i", [2]) is None
     assert parse_einsum("ij,jk", [2, 2])[1] == ["i", "k"]
+
+
+def test_qlinearmatmul_per_column_scale_follows_n(g):
+    import numpy as np
+
+    inits = [g.const(n, v) for n, v in [("as", np.float32(0.1)), ("az", np.uint8(0)),
+                                         ("bs", np.full(16, 0.1, np.float32)), ("bz", np.zeros(16, np.uint8)),
+                                         ("ys", np.float32(0.2)), ("yz", np.uint8(0))]]
+    r = g.one_node("QLinearMatMul", [("A", [4, 8]), ("as", None), ("az", None), ("B", [8, 16]), ("bs", None),
+                                     ("bz", None), ("ys", None), ("yz", None)],
+                   {"B": "1:2 @ [0,1]", "bs": "0:2 @ [0,1]"}, inits=inits)
+    assert g.out(r) == "1:2 @ [0,1]" and r.errors() == []
+    r = g.one_node("QLinearMatMul", [("A", [4, 8]), ("as", None), ("az", None), ("B", [8, 16]), ("bs", None),
+                                     ("bz", None), ("ys", None), ("yz", None)],
+                   {"B": "1:2 @ [0,1]", "bs": "0:4 @ [0,1,2,3]"}, inits=inits)
+    assert g.codes(r, "error") == ["sharding-mismatch"]
