@@ -409,7 +409,7 @@ def infer(
 
     Example:
         >>> result = infer(model)  # doctest: +SKIP
-        >>> result.tensors["logits"]
+        >>> result.tensors["logits"]  # doctest: +SKIP
         ShardingSpec('logits', '2:4 @ [0,1,2,3]')
     """
     if unsupported not in ("warning", "error"):
@@ -480,12 +480,12 @@ def infer(
                     inferred, notes = [None] * len(outs), [_rule_failed(node, e)]
                 if memo_key is not None:
                     memo[memo_key] = (inferred, notes, ins + outs)
-            if not annotation:
+            if not given:
                 # Shape warnings matter where the user wrote specs; elsewhere they are notes.
                 notes = [
                     d if d.severity != "warning" else _as_note(d) for d in notes
                 ]
-        elif rule is None and annotation:
+        elif rule is None and given:
             why = "it has subgraphs (control flow is outside proposal 0007)" if _has_subgraph(node) else (
                 f"no sharding rule for {node.op_type}"
             )

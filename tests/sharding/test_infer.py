@@ -314,3 +314,11 @@ def test_several_configurations_first_is_used_with_a_note():
     assert r.configuration == "mesh"
     assert r.diagnostics[0].code == "configuration-chosen"
     assert infer(m, configuration="other").tensors == {}
+
+
+def test_pipeline_stage_alone_on_an_op_without_rule_is_fine():
+    node = helper.make_node("Conv", ["X", "W"], ["Y"], name="conv")
+    node.device_configurations.append(NodeConfig("mesh", (), pipeline_stage=1).to_proto())
+    m = build([node], [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 8, 8]),
+                       helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 3, 3, 3])])
+    assert infer(m).diagnostics == ()
