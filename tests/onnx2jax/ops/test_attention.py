@@ -61,11 +61,10 @@ def _qkv(batch=2, heads_q=4, heads_kv=4, q_len=3, kv_len=5, head=8):
     return _f(batch, heads_q, q_len, head), _f(batch, heads_kv, kv_len, head), _f(batch, heads_kv, kv_len, head)
 
 
-@pytest.mark.parametrize("oracle", ["ort", "reference"])
 @pytest.mark.parametrize(
     "case", ["plain", "causal", "bool_mask", "float_mask", "gqa", "scale_softcap", "past", "past_causal"]
 )
-def test_attention_4d(case, oracle):
+def test_attention_4d(case):
     q, k, v = _qkv(heads_kv=2 if case == "gqa" else 4)
     arrays, attrs, n_out = [q, k, v], {}, 1
     if case == "causal":
@@ -81,7 +80,7 @@ def test_attention_4d(case, oracle):
         n_out = 3
         if case == "past_causal":
             attrs["is_causal"] = 1
-    check("Attention", 23, arrays, n_out=n_out, oracle=oracle, rtol=1e-4, atol=1e-5, **attrs)
+    check("Attention", 23, arrays, n_out=n_out, rtol=1e-4, atol=1e-5, **attrs)
 
 
 def test_attention_3d_gqa():
@@ -128,10 +127,9 @@ def _caches(positions, half):
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 
-@pytest.mark.parametrize("oracle", ["ort", "reference"])
 @pytest.mark.parametrize("interleaved", [0, 1])
 @pytest.mark.parametrize("layout", ["4d", "3d", "partial"])
-def test_rotary_embedding(interleaved, layout, oracle):
+def test_rotary_embedding(interleaved, layout):
     batch, heads, seq, head = 2, 3, 5, 8
     dim = 4 if layout == "partial" else head
     cos, sin = _caches(16, dim // 2)
@@ -142,7 +140,7 @@ def test_rotary_embedding(interleaved, layout, oracle):
         attrs["num_heads"] = heads
     if layout == "partial":
         attrs["rotary_embedding_dim"] = dim
-    check("RotaryEmbedding", 23, [x, cos, sin, positions], oracle=oracle, **attrs)
+    check("RotaryEmbedding", 23, [x, cos, sin, positions], **attrs)
 
 
 def test_rotary_embedding_without_position_ids():
@@ -151,7 +149,7 @@ def test_rotary_embedding_without_position_ids():
     check("RotaryEmbedding", 23, [_f(2, 3, 5, 8), cos, sin], oracle="reference")
 
 
-@pytest.mark.parametrize("rule", ["linear", "gated", "delta", "gated_delta"])
+@pytest.mark.parametrize("rule", ["linear", "gated_delta"])
 def test_linear_attention(rule):
     b, t, hq, hkv, dk, dv = 2, 4, 4, 2, 3, 5
     arrays = [_f(b, t, hq * dk), _f(b, t, hkv * dk) * 0.3, _f(b, t, hkv * dv), _f(b, hkv, dk, dv)]

@@ -61,8 +61,9 @@ def _pos(*shape):
     return (RNG.random(shape) + 0.5).astype(np.float32)
 
 
-@pytest.mark.parametrize("opset", [6, 7, 9, 14, 15])
-@pytest.mark.parametrize("shape", [(2, 3), (2, 3, 5), (2, 3, 4, 5), (1, 3, 2, 3, 4)])
+@pytest.mark.parametrize(
+    "opset,shape", [(6, (2, 3, 4, 5)), (7, (2, 3)), (9, (2, 3, 5)), (14, (1, 3, 2, 3, 4)), (15, (2, 3, 4, 5))]
+)
 def test_batch_normalization_inference(opset, shape):
     c = shape[1]
     attrs = {"is_test": 1} if opset == 6 else {}
