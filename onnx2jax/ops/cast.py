@@ -55,7 +55,8 @@ def _cast_static_string(x, dtype: np.dtype | None):
         raise NotImplementedError("Cast to or from string needs a value known while tracing; JAX has no string dtype")
     if dtype is None:
         return np.asarray(x).astype(np.str_).astype(object)
-    return np.asarray(x).astype(np.str_).astype(np.float64 if dtype.kind == "f" else dtype).astype(dtype)
+    # Parse through float64 for float types ("1e-5", "+INF", "NaN"; also bfloat16/float8, numpy kind "V").
+    return np.asarray(x).astype(np.str_).astype(dtype if dtype.kind in "iub" else np.float64).astype(dtype)
 
 
 def _wrap_sub_byte(x, dtype: np.dtype):
