@@ -183,10 +183,15 @@ def _all_nodes(graph: onnx.GraphProto):
 
 
 def _to_jax(value: Any) -> Any:
-    """A graph output as jax: static arrays converted, sequences (lists) element-wise, None kept."""
+    """A graph output as jax: static arrays converted, sequences (lists) element-wise, None kept.
+
+    Strings have no jax dtype: a string output stays a numpy array.
+    """
     if isinstance(value, list):
         return [_to_jax(v) for v in value]
-    return jnp.asarray(value) if is_static(value) else value
+    if is_static(value) and np.asarray(value).dtype.kind not in "OSU":
+        return jnp.asarray(value)
+    return value
 
 
 class GraphRunner:
@@ -305,13 +310,30 @@ def _elem_types(type_proto: onnx.TypeProto):
         yield from _elem_types(type_proto.optional_type.elem_type)
 
 
+_INT64_RESULTS = frozenset({"ArgMax", "ArgMin", "TopK", "NonZero", "Unique", "NonMaxSuppression", "Shape", "Size"})
+"""Ops whose outputs (or one of them) are int64 whatever their inputs."""
+
+
 def _uses_wide_types(graph: onnx.GraphProto) -> bool:
-    """Whether the graph or any subgraph (a Loop body's int64 counter, say) has 64-bit tensors."""
+    """Whether the graph or any subgraph (a Loop body's int64 counter, say) has 64-bit tensors.
+
+    Declared types are not enough: a float model may make int64 values inside
+    (a Cast to int64, ArgMax's indices) with no value_info saying so.
+    """
     infos = list(graph.input) + list(graph.output) + list(graph.value_info)
     if any(t in _WIDE_TYPES for i in infos for t in _elem_types(i.type)):
         return True
     if any(t.data_type in _WIDE_TYPES for t in graph.initializer):
         return True
+    for node in graph.node:
+        if node.op_type in _INT64_RESULTS:
+            return True
+        if node.op_type in ("Cast", "Constant", "ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform"):
+            for attr in node.attribute:
+                if attr.name in ("to", "dtype") and attr.i in _WIDE_TYPES:
+                    return True
+                if attr.name == "value" and attr.t.data_type in _WIDE_TYPES:
+                    return True
     return any(_uses_wide_types(sub) for node in graph.node for sub in _subgraphs(node))
 
 
@@ -351,9 +373,9 @@ class JaxModel:
       uses_64bit: whether the graph has int64/float64 tensors, so that tracing
         needs ``jax.enable_x64``.
       shape_input_names: graph inputs whose values set shapes (a Reshape's
-        shape fed from outside, directly or through ops that compute on it):
-        calling the model treats them as compile-time constants, compiling
-        once per distinct value.
+        shape fed from outside, directly or through ops that compute on it),
+        and string inputs (JAX has no strings): calling the model treats
+        them as compile-time constants, compiling once per distinct value.
     """
 
     def __init__(self, proto: onnx.ModelProto):
@@ -377,7 +399,8 @@ class JaxModel:
         self.inputs = [_input_info(i) for i in graph.input if i.name not in initialized]
         self.output_names = [o.name for o in graph.output]
         self.uses_64bit = _uses_wide_types(graph)
-        self.shape_input_names = shape_setting_inputs(graph, self.opsets) & set(self.input_names)
+        strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}
+        self.shape_input_names = (shape_setting_inputs(graph, self.opsets) | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
 
     @property
