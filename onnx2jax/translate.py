@@ -466,6 +466,10 @@ class JaxModel:
         """
         with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
             dynamic, static, key = self.split_static(self.bind_inputs(inputs, named))
+            if static and not dynamic:
+                # Every input is a constant (string models, say): the graph folds while
+                # tracing, so evaluate it directly; its outputs may be strings, which jit cannot return.
+                return self.evaluate(self.params, static)
             jitted = self._jitted.get(key)
             if jitted is None:
                 jitted = self._jitted[key] = jax.jit(
