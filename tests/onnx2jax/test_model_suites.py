@@ -42,12 +42,6 @@ XFAILS: dict[str, str] = {
     "pytorch-converted/test_PReLU_3d_multiparam": _PRELU_6_CHANNEL_SLOPE,
     "simple/test_gradient_of_add": "Gradient (ai.onnx.preview.training) is a training op, not translated",
     "simple/test_gradient_of_add_and_mul": "Gradient (ai.onnx.preview.training) is a training op, not translated",
-    "simple/test_strnorm_model_monday_casesensintive_lower": "string tensors: JAX has no string dtype",
-    "simple/test_strnorm_model_monday_casesensintive_nochangecase": "string tensors: JAX has no string dtype",
-    "simple/test_strnorm_model_monday_casesensintive_upper": "string tensors: JAX has no string dtype",
-    "simple/test_strnorm_model_monday_empty_output": "string tensors: JAX has no string dtype",
-    "simple/test_strnorm_model_monday_insensintive_upper_twodim": "string tensors: JAX has no string dtype",
-    "simple/test_strnorm_model_nostopwords_nochangecase": "string tensors: JAX has no string dtype",
 }
 
 # Intermittently all-NaN softmax outputs under load: XLA CPU's experimental YNNPACK fusions
