@@ -31,6 +31,7 @@ from onnx2jax.loading import ModelLike, load_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.translate import JaxModel, is_static
 from sharding.diagnostics import Diagnostic, ShardingError
+from sharding.infer import tensor_shapes
 from sharding.spec import device_configurations
 from sharding.text import format_spec
 
@@ -49,22 +50,6 @@ class _ParamLayout:
     logical_shape: tuple[int, ...]
     unfused_shape: tuple[int, ...]
     padded_shape: tuple[int, ...]
-
-
-def _tensor_shapes(proto: onnx.ModelProto) -> dict[str, tuple]:
-    """Every tensor's shape that ONNX shape inference knows (ints or dim_param strings)."""
-    inferred = onnx.shape_inference.infer_shapes(proto, data_prop=True)
-    shapes: dict[str, tuple] = {}
-    graph = inferred.graph
-    for info in [*graph.input, *graph.value_info, *graph.output]:
-        tt = info.type.tensor_type
-        if tt.HasField("shape"):
-            shapes[info.name] = tuple(
-                d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
-            )
-    for init in graph.initializer:
-        shapes[init.name] = tuple(init.dims)
-    return shapes
 
 
 def _concrete(shape: tuple) -> tuple[int, ...]:
@@ -430,7 +415,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     errors = [d for d in inference.diagnostics if d.severity == "error"]
     if check and errors:
         raise ShardingError(list(errors))
-    shapes = _tensor_shapes(proto)
+    shapes, _ = tensor_shapes(proto)  # diagnostics of failed inference are already in inference
     layouts: dict[SpecKey, Layout] = {}
     for name, node in inference.nodes.items():
         for kind, values in (("in", node.inputs), ("out", node.outputs)):

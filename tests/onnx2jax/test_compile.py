@@ -334,3 +334,39 @@ def test_random_specs_on_small_graphs_give_unsharded_values():
         b.node("Sub", ["s", "r"], ["y"])
         x = rng.standard_normal(shape).astype(np.float32)
         run_and_count(b.model(), x)
+
+
+def test_sharded_jax_array_inputs_are_used_as_they_are():
+    b = Builder()
+    b.input("x", [8, 16])
+    b.output("y", [8, 16])
+    b.weight("w1", (16, 64))
+    b.weight("w2", (64, 16))
+    b.node("MatMul", ["x", "w1"], ["h"], [row("x"), ShardingSpec.replicated("w1", EIGHT)])
+    b.node("MatMul", ["h", "w2"], ["y"])
+    model = b.model()
+    compiled = compile_model(model)
+    x = b.rng.standard_normal((8, 16)).astype(np.float32)
+    placed = jax.device_put(x, jax.sharding.NamedSharding(compiled.mesh, PartitionSpec("d0", None)))
+    (y,) = compiled(placed)
+    np.testing.assert_allclose(np.asarray(y), unsharded(model, x)[0], rtol=2e-5, atol=2e-5)
+    assert only(count_collectives(compiled.compiled_text(placed))), "a batch-sharded input needs no collective"
+
+
+def test_reshape_chains_with_random_specs_give_unsharded_values():
+    rng = np.random.default_rng(3)
+    for trial in range(4):
+        b = Builder()
+        b.input("x", [4, 8, 6])
+        b.output("y", [4, 2, 24])
+        b.const("to3", np.array([4, 48], np.int64))
+        b.const("back", np.array([4, 2, 24], np.int64))
+        axis = int(rng.integers(0, 3))
+        ways = int(rng.choice([2, 4]))
+        devices = tuple(int(d) for d in rng.permutation(8)[:ways])
+        b.node("Relu", ["x"], ["r"], [ShardingSpec.split("x", {axis: ways}, devices)])
+        b.node("Reshape", ["r", "to3"], ["flat"])
+        b.node("Softmax", ["flat"], ["soft"], axis=-1)
+        b.node("Reshape", ["soft", "back"], ["y"])
+        x = rng.standard_normal((4, 8, 6)).astype(np.float32)
+        run_and_count(b.model(), x)
