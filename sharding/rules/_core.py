@@ -325,6 +325,23 @@ class _Cut:
     axis: int
     dim: ShardedDim
     key: tuple
+    size: Dim = None
+
+
+def _refinement(found: list[_Cut]) -> list[_Cut] | None:
+    """The cuts, finest first, when they are plain splits that refine each other evenly.
+
+    GQA: key/value heads cut in 4 on device pairs meet query heads cut in 8;
+    block j of the 8 lies inside block j // 2 of the 4, so a device holding
+    query block j holds the key block it needs.
+    """
+    if any(len(c.key) != 1 for c in found):
+        return None
+    finest = max(c.key[0] for c in found)
+    size = next((c.size for c in found if isinstance(c.size, int)), None)
+    if size is None or size % finest or any(finest % c.key[0] for c in found):
+        return None
+    return sorted(found, key=lambda c: -c.key[0])
 
 
 def contract(
@@ -378,9 +395,14 @@ def contract(
                 )
                 bad = True
                 continue
-            cuts.setdefault(label, []).append(_Cut(index, axis, dim, dim_key(dim, size)))
+            cuts.setdefault(label, []).append(_Cut(index, axis, dim, dim_key(dim, size), size))
             order.append(label)
-    for label, found in cuts.items():
+    for label, found in list(cuts.items()):
+        if len({c.key for c in found}) > 1:
+            refined = _refinement(found)
+            if refined is not None:
+                cuts[label] = refined
+                continue
         first = found[0]
         for other in found[1:]:
             if other.key != first.key:
@@ -411,8 +433,10 @@ def contract(
     for index in sorted(range(len(operands)), key=lambda i: -len(listing[i])):
         order += [label for label in listing[index] if label not in order]
     count = {label: cuts[label][0].dim.num_shards for label in order}
-    # Per operand: its labels with their mixed-radix weights, and its shard device sets.
-    weights: list[list[tuple[Label, int]]] = []
+    own = {(c.operand, label): c.dim.num_shards for label, found in cuts.items() for c in found}
+    # Per operand: its labels with their mixed-radix weights (and the divisor
+    # from the finest cut of the label to its own), and its shard device sets.
+    weights: list[list[tuple[Label, int, int]]] = []
     sets: list[list[frozenset[int]] | None] = []
     for index, op in enumerate(operands):
         if op.spec is None:
@@ -422,8 +446,8 @@ def contract(
         stride = op.spec.num_shards
         w = []
         for label in listing[index]:
-            stride //= count[label]
-            w.append((label, stride))
+            stride //= own[index, label]
+            w.append((label, stride, count[label] // own[index, label]))
         weights.append(w)
         sets.append(device_sets(op.spec))
 
@@ -446,7 +470,7 @@ def contract(
                 for r in itertools.product(*(range(count[label]) for label in dropped)):
                     where.update(zip(dropped, r, strict=True))
                     for index in live:
-                        shard = sum(where[label] * stride for label, stride in weights[index])
+                        shard = sum(where[label] // div * stride for label, stride, div in weights[index])
                         pieces[index] = pieces.get(index, frozenset()) | sets[index][shard]
                 inter = frozenset.intersection(*pieces.values()) if pieces else None
                 if inter is not None and not inter:
@@ -459,7 +483,7 @@ def contract(
                 where.update(zip(dropped, r, strict=True))
                 inter = None
                 for index in live:
-                    shard = sum(where[label] * stride for label, stride in weights[index])
+                    shard = sum(where[label] // div * stride for label, stride, div in weights[index])
                     held = sets[index][shard]
                     inter = held if inter is None else inter & held
                 if inter is not None and not inter:
@@ -564,7 +588,7 @@ def _clone(name, dims, devices, groups) -> ShardingSpec:
 def _needs(operands, live, weights, sets, where) -> list[str]:
     needs = []
     for index in live:
-        shard = sum(where[label] * stride for label, stride in weights[index])
+        shard = sum(where[label] // div * stride for label, stride, div in weights[index])
         held = sets[index][shard]
         needs.append(f"shard {shard} of {operands[index].spec.tensor_name!r} on {devs(held)}")
     return needs

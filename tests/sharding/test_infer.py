@@ -322,3 +322,14 @@ def test_pipeline_stage_alone_on_an_op_without_rule_is_fine():
     m = build([node], [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 8, 8]),
                        helper.make_tensor_value_info("W", TensorProto.FLOAT, [4, 3, 3, 3])])
     assert infer(m).diagnostics == ()
+
+
+def test_llama_gqa_groups_plan_checks_clean():
+    """8-way TP with 4 key/value heads split on device pairs: the repeated heads meet the queries."""
+    try:
+        model = megatron_plan(onnx.load(DATA / "tiny_llama.onnx"), 8, gqa="groups")
+    except TypeError:
+        pytest.skip("this megatron_plan has no gqa option")
+    r = infer(model)
+    assert r.errors() == [] and not [d for d in r.diagnostics if d.severity == "warning"]
+    assert format_spec(r.tensors["_unsafe_view"]) == "1:4 @ [{0,1},{2,3},{4,5},{6,7}]"

@@ -21,11 +21,20 @@ def test_0007_example_with_empty_intersection_is_rejected(g):
 
 
 def test_non_broadcast_axes_must_match(g):
-    r = g.one_node("Mul", [("A", [4, 6]), ("B", [4, 6])], {"A": "0:2 @ [0,1]", "B": "0:4 @ [0,1,2,3]"})
+    r = g.one_node("Mul", [("A", [4, 6]), ("B", [4, 6])], {"A": "1:2 @ [0,1]", "B": "1:3 @ [0,1,2]"})
     [error] = r.errors()
     assert error.code == "sharding-mismatch"
-    assert error.tensor == "B" and error.axis == 0
-    assert error.given == "0:4 @ [0,1,2,3]" and "2 shards" in error.expected
+    assert error.tensor == "B" and error.axis == 1
+    assert error.given == "1:3 @ [0,1,2]" and "2 shards" in error.expected
+
+
+def test_a_coarser_cut_on_groups_that_contain_the_finer_one_is_compatible(g):
+    # DESIGN point 5: 4 blocks on pairs hold the 8 blocks of the other input.
+    r = g.one_node("Add", [("A", [8, 2]), ("B", [8, 2])],
+                   {"A": "0:8 @ [0,1,2,3,4,5,6,7]", "B": "0:4 @ [{0,1},{2,3},{4,5},{6,7}]"})
+    assert r.errors() == [] and g.out(r) == "0:8 @ [0,1,2,3,4,5,6,7]"
+    r = g.one_node("Add", [("A", [8, 2]), ("B", [8, 2])], {"A": "0:4 @ [0,1,2,3]", "B": "0:2 @ [0,1]"})
+    assert g.codes(r, "error") == ["empty-intersection"]  # block 1 of 4 is on 1, its half on 0
 
 
 def test_size_one_broadcast_axis_must_not_be_sharded(g):

@@ -85,5 +85,11 @@ def test_qlinearmatmul_per_column_scale_follows_n(g):
     assert g.out(r) == "1:2 @ [0,1]" and r.errors() == []
     r = g.one_node("QLinearMatMul", [("A", [4, 8]), ("as", None), ("az", None), ("B", [8, 16]), ("bs", None),
                                      ("bz", None), ("ys", None), ("yz", None)],
-                   {"B": "1:2 @ [0,1]", "bs": "0:4 @ [0,1,2,3]"}, inits=inits)
+                   {"B": "1:2 @ [0,1]", "bs": "0:3 @ [0,1,2]"}, inits=inits)
     assert g.codes(r, "error") == ["sharding-mismatch"]
+
+
+def test_gqa_key_heads_on_pairs_meet_query_heads(g):
+    r = g.one_node("MatMul", [("Q", [2, 8, 5, 4]), ("K", [2, 8, 4, 5])],
+                   {"Q": "1:8 @ [0,1,2,3,4,5,6,7]", "K": "1:4 @ [{0,1},{2,3},{4,5},{6,7}]"})
+    assert r.errors() == [] and g.out(r) == "1:8 @ [0,1,2,3,4,5,6,7]"
