@@ -2,9 +2,10 @@
 
 Every input is aligned right against the output (numpy broadcasting). An
 axis of size 1 facing a larger one is broadcast and must not be sharded; an
-axis that two inputs shard must be sharded the same way; an input that leaves
-an axis whole (a replicated constant, a bias) is compatible with any sharding
-of it. Output block ``[i, j, ...]`` lives on the intersection of the devices
+axis that two inputs shard must be sharded the same way, or one cut must
+evenly refine the other (8 blocks against 4 on device pairs: GQA's repeated
+heads); an input that leaves an axis whole (a replicated constant, a bias) is
+compatible with any sharding of it. Output block ``[i, j, ...]`` lives on the intersection of the devices
 of the input shards it uses (see `_core.contract`); an empty intersection is
 an error.
 """
