@@ -1,4 +1,4 @@
-"""Fused transformer ops of recent opsets: Attention, RotaryEmbedding, LinearAttention.
+"""Fused transformer ops of recent opsets: Attention, RotaryEmbedding, LinearAttention, FlexAttention.
 
 Attention follows ONNX's reference evaluator step by step (the order of the
 scaling, softcap, bias and fully-masked-row rules decides float16 results).

@@ -1,4 +1,4 @@
-"""Convolutions: Conv, ConvTranspose, Col2Im, CausalConvWithState."""
+"""Convolutions: Conv, ConvTranspose, DeformConv, Col2Im, CausalConvWithState."""
 
 from __future__ import annotations
 

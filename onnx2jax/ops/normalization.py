@@ -84,7 +84,9 @@ def layer_norm(x, scale, bias=None, *, axis, epsilon, stash_type):
     y = diff * inv_std * scale.astype(xs.dtype)
     if bias is not None:
         y = y + bias.astype(xs.dtype)
-    return y.astype(x.dtype), mean.astype(x.dtype), inv_std.astype(x.dtype)
+    # Mean and InvStdDev are of the stash type (float32 for float16 inputs), as
+    # the schema's shape inference and onnxruntime give them.
+    return y.astype(x.dtype), mean, inv_std
 
 
 @register("RMSNormalization", 23)
