@@ -10,6 +10,12 @@ A rule describes its op in one of two ways, and one engine does the rest:
   lives on the union, over the reduced blocks ``r``, of the intersection of the
   devices that hold the input shards ``(o, r)`` needs (0007, "Composing
   Sharding Specs on Different Axes"); an empty intersection is an error.
+  Two cuts of one label may also differ when one evenly refines the other
+  (GQA: 8 query-head blocks against 4 key-head blocks on device pairs); the
+  intersections decide. Where dropped labels are gathered rather than summed
+  (Concat, Softmax or a norm over a sharded axis), an input's pieces need only
+  meet somewhere: the block lives on the intersection, over inputs, of the
+  union of the devices holding each input's pieces.
 - `regroup`: the op as a reshape of axis groups (Reshape, Squeeze, Flatten,
   Transpose...): each group of input axes becomes a group of output axes of the
   same element count, and a sharded axis that is split or fused becomes a
