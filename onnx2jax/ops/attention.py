@@ -121,11 +121,14 @@ def _attention(
         v = jnp.repeat(v, heads_q // heads_kv, axis=1)
 
     qk = rnd(jnp.matmul(rnd(q * root), jnp.swapaxes(rnd(k * root), -1, -2), precision=_HIGHEST))
+    raw_qk = qk
     if softcap and softcap > 0:
         cap = jnp.asarray(softcap, dtype).astype(work)
         qk = rnd(rnd(jnp.tanh(rnd(qk / cap))) * cap)
     scores = rnd(qk + bias)
-    qk_output = qk
+    # Mode 0 is the plain Q K^T product (onnxruntime; ONNX's reference returns it
+    # softcapped, and no node case tells them apart); mode 1 is after the softcap.
+    qk_output = raw_qk if qk_matmul_output_mode == 0 else qk
     if qk_matmul_output_mode == 2:
         qk_output = scores
     srnd = rounding
