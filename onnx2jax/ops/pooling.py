@@ -167,14 +167,7 @@ def lp_pool_18(x, *, kernel_shape, auto_pad, p, ceil_mode, pads=None, strides=No
 
 @register("GlobalAveragePool", 1, 22)
 def global_average_pool(x):
-    # Scale before summing, so that the mean ends in a reduction: XLA on CPU
-    # contracts a trailing ``sum * (1/n)`` with a consumer's subtraction (a
-    # Softmax's ``x - max``) into one FMA that skips the product's rounding; equal
-    # logits of magnitude 1e10 then gave exp(+500) = inf and NaN probabilities
-    # (the onnx wheel's light squeezenet).
-    axes = tuple(range(2, x.ndim))
-    count = int(np.prod(x.shape[2:]))
-    return jnp.sum(x * jnp.asarray(1.0 / count, x.dtype), axis=axes, keepdims=True).astype(x.dtype)
+    return jnp.mean(x, axis=tuple(range(2, x.ndim)), keepdims=True).astype(x.dtype)
 
 
 @register("GlobalMaxPool", 1, 22)

@@ -44,10 +44,11 @@ XFAILS: dict[str, str] = {
     "simple/test_gradient_of_add_and_mul": "Gradient (ai.onnx.preview.training) is a training op, not translated",
 }
 
-# Intermittently all-NaN softmax outputs under load: XLA CPU's experimental YNNPACK fusions
-# (conv + bias + relu + mean in one kernel) sometimes return non-finite logits for these
-# constant-weight CNNs (|logits| ~ 1e10). With XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=
-# (YNN fusions off) they pass every time. Not strict, since they usually pass.
+# Intermittently all-NaN softmax outputs: XLA CPU's experimental YNNPACK fusions compute the
+# mean before the Softmax (|logits| ~ 1e10 in these constant-weight CNNs) inconsistently between
+# the fusions that read it, so x - max(x) reaches +inf. With
+# XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type= (YNN fusions off) they pass every time.
+# Not strict, since they usually pass.
 FLAKY: dict[str, str] = {
     "light/squeezenet": "XLA CPU YNNPACK fusions intermittently give non-finite logits (passes with them off)",
     "light/resnet50": "XLA CPU YNNPACK fusions intermittently give non-finite logits (passes with them off)",
