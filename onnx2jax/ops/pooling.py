@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,8 +93,8 @@ def _max_pool(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode, st
     return y, _max_indices(x, kernel, strides, dilations, padding, storage_order)
 
 
-@register("MaxPool", 1, context=True)
-def max_pool_1(ctx, x, *, kernel_shape, auto_pad, pads=None, strides=None):
+@register("MaxPool", 1)
+def max_pool_1(x, *, kernel_shape, auto_pad, pads=None, strides=None):
     return _max_pool(x, kernel_shape, strides, None, pads, auto_pad, 0, 0, False)
 
 
