@@ -11,7 +11,8 @@ static arguments. Symbolic dims are specialised from the actual input shapes:
 
 Initializers become the ``params`` pytree (a dict name -> array), except small
 non-float ones (at most ``STATIC_INITIALIZER_LIMIT`` elements: shape vectors,
-axes, indices), which are folded as constants so that shape chains stay static.
+axes, indices) and any that set a shape (a Resize's float scales), which are
+folded as constants so that shape chains stay static.
 """
 
 from __future__ import annotations
@@ -387,9 +388,10 @@ class JaxModel:
             raise UnsupportedOpError(missing)
         self.params: dict[str, np.ndarray] = {}
         self.constants: dict[str, np.ndarray] = {}
+        shape_setting = shape_setting_inputs(graph, self.opsets)
         for init in graph.initializer:
             array = onnx.numpy_helper.to_array(init)
-            if _is_parameter(array):
+            if _is_parameter(array) and init.name not in shape_setting:
                 self.params[init.name] = array
             else:
                 self.constants[init.name] = array
@@ -400,7 +402,7 @@ class JaxModel:
         self.output_names = [o.name for o in graph.output]
         self.uses_64bit = _uses_wide_types(graph)
         strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}
-        self.shape_input_names = (shape_setting_inputs(graph, self.opsets) | strings) & set(self.input_names)
+        self.shape_input_names = (shape_setting | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
 
     @property

@@ -139,3 +139,22 @@ def test_truncated_model_file(tmp_path):
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelLoadError, match="truncated or corrupt"):
         onnx2jax.translate(str(path))
+
+
+def test_float_initializer_that_sets_a_shape_is_folded():
+    """A Resize's scales stored as a float initializer must be known while tracing."""
+    import onnxruntime as ort
+
+    graph = oh.make_graph(
+        [oh.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", name="resize")],
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, [1, 1, 2, 3])],
+        [oh.make_tensor_value_info("y", FLOAT, None)],
+        [onh.from_array(np.array([1, 1, 2, 2], np.float32), "scales")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 19)])
+    x = np.arange(6, dtype=np.float32).reshape(1, 1, 2, 3)
+    translated = onnx2jax.translate(model)
+    assert "scales" in translated.constants and "scales" not in translated.params
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(np.asarray(translated(x)[0]), expected)
