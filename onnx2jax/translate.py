@@ -404,6 +404,7 @@ class JaxModel:
         strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}
         self.shape_input_names = (shape_setting | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
+        self._device_params: dict[str, jax.Array] | None = None
 
     @property
     def input_names(self) -> list[str]:
@@ -477,7 +478,9 @@ class JaxModel:
                 jitted = self._jitted[key] = jax.jit(
                     lambda params, values: self.evaluate(params, {**values, **static})
                 )
-            return jitted(self.params, dynamic)
+            if self._device_params is None:  # copied to the device once, not on every call
+                self._device_params = jax.device_put(self.params)
+            return jitted(self._device_params, dynamic)
 
 
 def _is_parameter(array: np.ndarray) -> bool:
