@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import sharding
 from onnx2jax.constraints import Placement, ShardingHooks, SpecKey, View
-from onnx2jax.loading import ModelLike, load_model
+from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.translate import JaxModel, is_static
 from sharding.diagnostics import Diagnostic, ShardingError
@@ -404,8 +404,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       >>> (logits,) = compiled(input_ids)                         # doctest: +SKIP
       >>> compiled.report().render()                              # doctest: +SKIP
     """
-    proto = load_model(model)
-    jax_model = JaxModel(proto)
+    proto, external_dir = open_model(model)
+    jax_model = JaxModel(proto, external_dir)
     config = _choose_configuration(proto, configuration)
     if config is None:
         mesh = mesh or Mesh(np.array(jax.devices()[:1]), ("d0",))

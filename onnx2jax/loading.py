@@ -10,9 +10,11 @@ from __future__ import annotations
 import os
 from typing import Union
 
+import numpy as np
 import onnx
 import onnx.external_data_helper
 import onnx.inliner
+import onnx.numpy_helper
 from google.protobuf.message import DecodeError
 
 from onnx2jax.errors import ModelLoadError
@@ -22,6 +24,8 @@ ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
 
 def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
     """Returns a self-contained ModelProto: external data loaded, local functions inlined.
+
+    For large models prefer :func:`open_model`, which leaves the weights on disk.
 
     Args:
       model: a path to a .onnx file, its serialized bytes, or a ModelProto.
@@ -53,10 +57,71 @@ def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
             raise ModelLoadError(f"cannot read model {path!r}: {e}") from e
         proto = _parse(data, path)
         if _external_tensors(proto):
-            _load_external(proto, os.path.dirname(os.path.abspath(path)))
+            base = os.path.dirname(os.path.abspath(path))
+            _check_external(proto, base)
+            onnx.external_data_helper.load_external_data_for_model(proto, base)
     if inline and len(proto.functions):
         proto = onnx.inliner.inline_local_functions(proto)
     return proto
+
+
+def open_model(model: ModelLike, *, inline: bool = True) -> tuple[onnx.ModelProto, str | None]:
+    """Like :func:`load_model`, but the main graph's external initializers stay on disk.
+
+    Their references are checked (inside the model's directory, present, long
+    enough) and :func:`initializer_array` maps them read-only, so a model over
+    2 GB never becomes one protobuf, and placing a sharded weight reads only
+    each device's slice of the file.
+
+    Returns:
+      The ModelProto and the directory its external data is read from (None
+      when it has none).
+    """
+    if not isinstance(model, (str, os.PathLike)):
+        return load_model(model, inline=inline), None
+    path = os.fspath(model)
+    try:
+        with open(path, "rb") as f:
+            proto = _parse(f.read(), path)
+    except OSError as e:
+        raise ModelLoadError(f"cannot read model {path!r}: {e}") from e
+    external = _external_tensors(proto)
+    if not external:
+        return load_model(proto, inline=inline), None
+    base = os.path.dirname(os.path.abspath(path))
+    _check_external(proto, base)
+    in_main_graph = {id(t) for t in proto.graph.initializer}
+    for tensor in external:  # subgraph constants are small: read them in
+        if id(tensor) not in in_main_graph:
+            onnx.external_data_helper.load_external_data_for_tensor(tensor, base)
+            tensor.data_location = onnx.TensorProto.DEFAULT
+            del tensor.external_data[:]
+    if inline and len(proto.functions):
+        proto = onnx.inliner.inline_local_functions(proto)
+    return proto, base
+
+
+def initializer_array(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
+    """An initializer as numpy: external data memory-mapped (read-only), the rest decoded."""
+    if not onnx.external_data_helper.uses_external_data(tensor):
+        return onnx.numpy_helper.to_array(tensor)
+    if base_dir is None:
+        raise ModelLoadError(f"tensor {tensor.name!r} refers to external data but no model directory is known")
+    info = onnx.external_data_helper.ExternalDataInfo(tensor)
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+    packed = tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.STRING)
+    if packed or dtype.byteorder == ">":
+        copy = onnx.TensorProto()
+        copy.CopyFrom(tensor)
+        onnx.external_data_helper.load_external_data_for_tensor(copy, base_dir)
+        copy.data_location = onnx.TensorProto.DEFAULT
+        del copy.external_data[:]
+        return onnx.numpy_helper.to_array(copy)
+    shape = tuple(tensor.dims)
+    if not int(np.prod(shape)):
+        return np.zeros(shape, dtype)
+    location = os.path.join(base_dir, info.location)
+    return np.memmap(location, dtype=dtype, mode="r", offset=info.offset or 0, shape=shape)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -80,8 +145,8 @@ def _external_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
     ]
 
 
-def _load_external(proto: onnx.ModelProto, base_dir: str) -> None:
-    """Checks every external reference against ``base_dir`` and reads it in."""
+def _check_external(proto: onnx.ModelProto, base_dir: str) -> None:
+    """Checks every external reference: inside ``base_dir``, present, and long enough."""
     base = os.path.realpath(base_dir)
     for tensor in _external_tensors(proto):
         info = onnx.external_data_helper.ExternalDataInfo(tensor)
@@ -110,7 +175,6 @@ def _load_external(proto: onnx.ModelProto, base_dir: str) -> None:
                 f"tensor {tensor.name!r}: external data {location!r} is truncated "
                 f"(needs bytes [{offset}, {offset + max(length, expected or 0)}), file has {size})"
             )
-    onnx.external_data_helper.load_external_data_for_model(proto, base)
 
 
 def _byte_size(tensor: onnx.TensorProto) -> int | None:

@@ -31,7 +31,7 @@ import onnx.numpy_helper
 
 from onnx2jax import ops as _ops  # noqa: F401  (fills the registry)
 from onnx2jax.errors import NodeError, PrecisionError, UnsupportedOpError
-from onnx2jax.loading import ModelLike, load_model
+from onnx2jax.loading import ModelLike, initializer_array, open_model
 from onnx2jax.ops.registry import OpImpl, lookup
 
 STATIC_INITIALIZER_LIMIT = 4096
@@ -373,13 +373,15 @@ class JaxModel:
       output_names: the graph's outputs, in order.
       uses_64bit: whether the graph has int64/float64 tensors, so that tracing
         needs ``jax.enable_x64``.
+      external_dir: where the initializers kept on disk by
+        :func:`onnx2jax.loading.open_model` are memory-mapped from.
       shape_input_names: graph inputs whose values set shapes (a Reshape's
         shape fed from outside, directly or through ops that compute on it),
         and string inputs (JAX has no strings): calling the model treats
         them as compile-time constants, compiling once per distinct value.
     """
 
-    def __init__(self, proto: onnx.ModelProto):
+    def __init__(self, proto: onnx.ModelProto, external_dir: str | None = None):
         self.proto = proto
         graph = proto.graph
         self.opsets = _opsets(proto)
@@ -390,7 +392,7 @@ class JaxModel:
         self.constants: dict[str, np.ndarray] = {}
         shape_setting = shape_setting_inputs(graph, self.opsets)
         for init in graph.initializer:
-            array = onnx.numpy_helper.to_array(init)
+            array = initializer_array(init, external_dir)
             if _is_parameter(array) and init.name not in shape_setting:
                 self.params[init.name] = array
             else:
@@ -535,4 +537,4 @@ def translate(model: ModelLike) -> JaxModel:
       >>> m = translate("tests/data/tiny_llama.onnx")   # doctest: +SKIP
       >>> (logits,) = m(np.zeros((1, 8), np.int64))     # doctest: +SKIP
     """
-    return JaxModel(load_model(model))
+    return JaxModel(*open_model(model))

@@ -158,3 +158,39 @@ def test_float_initializer_that_sets_a_shape_is_folded():
     assert "scales" in translated.constants and "scales" not in translated.params
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     np.testing.assert_array_equal(np.asarray(translated(x)[0]), expected)
+
+
+def test_external_weights_stay_on_disk_until_placed(tmp_path):
+    """open_model memory-maps external initializers instead of reading them into the proto."""
+    w = np.arange(12, dtype=np.float32).reshape(4, 3)
+    path = _save_with_external(mlp_model(w), tmp_path, "w.bin")
+    model = onnx2jax.translate(path)
+    assert isinstance(model.params["W"], np.memmap)
+    x = np.ones((2, 4), np.float32)
+    np.testing.assert_array_equal(np.asarray(model(x)[0]), np.maximum(x @ w, 0))
+
+
+@pytest.mark.slow
+def test_model_over_2gb_through_external_data(tmp_path):
+    """A 2.1 GB initializer: the .onnx file stays small and the weight is never one protobuf."""
+    rows = 550_000_000 // 8
+    weight = np.lib.format.open_memmap(tmp_path / "scratch.npy", mode="w+", dtype=np.float32, shape=(rows, 8))
+    weight[:] = 1.0
+    weight[-1] = np.arange(8, dtype=np.float32)
+    with open(tmp_path / "big.bin", "wb") as f:
+        f.write(memoryview(np.ascontiguousarray(weight)).cast("B"))
+    tensor = onnx.TensorProto(name="W", data_type=FLOAT, dims=[rows, 8], data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", "big.bin"), ("offset", "0"), ("length", str(rows * 8 * 4))):
+        tensor.external_data.add(key=key, value=value)
+    graph = oh.make_graph(
+        [oh.make_node("Gather", ["W", "ids"], ["y"], name="lookup")],
+        "big",
+        [oh.make_tensor_value_info("ids", onnx.TensorProto.INT64, [2])],
+        [oh.make_tensor_value_info("y", FLOAT, [2, 8])],
+        [tensor],
+    )
+    path = tmp_path / "big.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]), str(path))
+    assert os.path.getsize(path) < 10_000
+    (y,) = onnx2jax.translate(str(path))(np.array([0, rows - 1], np.int64))
+    np.testing.assert_array_equal(np.asarray(y), [np.ones(8), np.arange(8)])
