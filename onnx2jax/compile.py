@@ -152,40 +152,43 @@ class Compiled:
         hooks = ShardingHooks(self._placements, views)
         return self.model.evaluate(self._logical_params(params), inputs, hooks)
 
-    def _program(self, inputs: Sequence[Any], named: Mapping[str, Any], *, relaxed: bool = False):
+    def _program(self, inputs: Sequence[Any], named: Mapping[str, Any]):
         """The jitted program for these inputs and its runtime arguments.
 
-        Inputs that set shapes are folded in as constants (one program per value).
-        ``relaxed`` leaves the output shardings to XLA.
+        Inputs that set shapes are folded in as constants (one program per
+        value). An output whose spec does not divide its shape cannot come
+        back sharded (JAX holds no unevenly sharded array): it comes back
+        replicated, with a warning, once per input signature.
         """
         dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
-        key = (key, relaxed)
-        jitted = self._jitted.get(key)
+        args = (self.params, dynamic)
+        shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
+        jitted = self._jitted.get((key, shapes))
         if jitted is None:
-            jitted = self._jitted[key] = jax.jit(
-                lambda params, values: self._evaluate(params, {**values, **static}),
-                out_shardings=None if relaxed else self._out_shardings,
-            )
-        return jitted, (self.params, dynamic)
+            evaluate = lambda params, values: self._evaluate(params, {**values, **static})  # noqa: E731
+            out_shardings = self._even_out_shardings(jax.eval_shape(evaluate, *args))
+            jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings)
+        return jitted, args
+
+    def _even_out_shardings(self, outputs: Sequence[jax.ShapeDtypeStruct]) -> tuple:
+        shardings = []
+        for name, sharding, output in zip(self.model.output_names, self._out_shardings, outputs):
+            if sharding is not None and _padded_shape(output.shape, sharding) != tuple(output.shape):
+                warnings.warn(
+                    f"output {name!r} {list(output.shape)}: its sharding spec does not divide its shape "
+                    "evenly, and JAX cannot hold an unevenly sharded array, so it comes back replicated",
+                    stacklevel=4,
+                )
+                sharding = None
+            shardings.append(sharding)
+        return tuple(shardings)
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """Runs the sharded program; returns jax.Arrays in ONNX output order."""
         with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
             self._last_args = (inputs, named)
             jitted, args = self._program(inputs, named)
-            try:
-                return jitted(*args)
-            except ValueError as e:
-                if "should evenly divide the shape" not in str(e):
-                    raise
-                # Some output's spec does not divide its shape: JAX cannot return it sharded.
-                warnings.warn(
-                    "an output's sharding spec does not divide its shape evenly; JAX cannot hold an "
-                    f"unevenly sharded array, so that output comes back replicated ({e})",
-                    stacklevel=2,
-                )
-                jitted, args = self._program(inputs, named, relaxed=True)
-                return jitted(*args)
+            return jitted(*args)
 
     def lower(self, *inputs: Any, **named: Any) -> jax.stages.Lowered:
         """The jax ``Lowered`` program for these inputs (``.as_text()``, ``.compile()``)."""

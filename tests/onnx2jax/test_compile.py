@@ -370,3 +370,15 @@ def test_reshape_chains_with_random_specs_give_unsharded_values():
         b.node("Reshape", ["soft", "back"], ["y"])
         x = rng.standard_normal((4, 8, 6)).astype(np.float32)
         run_and_count(b.model(), x)
+
+
+def test_spec_on_some_devices_runs_replicated_on_the_others_and_says_so():
+    b = Builder()
+    b.input("x", [8, 6])
+    b.output("y", [8, 6])
+    b.node("Relu", ["x"], ["h"], [ShardingSpec.split("h", {0: 2}, [0, 1])])
+    b.node("Neg", ["h"], ["y"], [ShardingSpec.split("y", {0: 8}, EIGHT)])
+    x = b.rng.standard_normal((8, 6)).astype(np.float32)
+    compiled, _ = run_and_count(b.model(), x)
+    notes = compiled.report().notes
+    assert any("'relu0' output 0 ('h')" in n and "devices [2, 3, 4, 5, 6, 7] hold replicas" in n for n in notes), notes
