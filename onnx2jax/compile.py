@@ -29,7 +29,7 @@ import sharding
 from onnx2jax.constraints import Placement, ShardingHooks, SpecKey, View
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
-from onnx2jax.translate import JaxModel, is_static
+from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.infer import tensor_shapes
 from sharding.spec import device_configurations
@@ -172,15 +172,15 @@ class Compiled:
 
     def _even_out_shardings(self, outputs: Sequence[jax.ShapeDtypeStruct]) -> tuple:
         shardings = []
-        for name, sharding, output in zip(self.model.output_names, self._out_shardings, outputs):
-            if sharding is not None and _padded_shape(output.shape, sharding) != tuple(output.shape):
+        for name, named, output in zip(self.model.output_names, self._out_shardings, outputs):
+            if named is not None and _padded_shape(output.shape, named) != tuple(output.shape):
                 warnings.warn(
                     f"output {name!r} {list(output.shape)}: its sharding spec does not divide its shape "
                     "evenly, and JAX cannot hold an unevenly sharded array, so it comes back replicated",
                     stacklevel=4,
                 )
-                sharding = None
-            shardings.append(sharding)
+                named = None
+            shardings.append(named)
         return tuple(shardings)
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
