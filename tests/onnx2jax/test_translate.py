@@ -160,6 +160,27 @@ def test_float_initializer_that_sets_a_shape_is_folded():
     np.testing.assert_array_equal(np.asarray(translated(x)[0]), expected)
 
 
+def test_scalar_parameters_are_baked_into_the_called_program():
+    """A Pow exponent stored as a float initializer stays a parameter of ``fn`` but is a
+    constant of the program ``model(...)`` compiles, so XLA lowers ``x ** 3`` to multiplies."""
+    graph = oh.make_graph(
+        [oh.make_node("Pow", ["x", "e"], ["y"], name="pow")],
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, ["n"])],
+        [oh.make_tensor_value_info("y", FLOAT, ["n"])],
+        [onh.from_array(np.array(3.0, np.float32), "e")],
+    )
+    model = onnx2jax.translate(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+    assert "e" in model.params
+    x = np.linspace(-2, 2, 7, dtype=np.float32)
+    np.testing.assert_allclose(np.asarray(model(x)[0]), x**3, rtol=1e-6)
+    squared = model.fn({"e": np.float32(2.0)}, x)[0]
+    np.testing.assert_allclose(np.asarray(squared), x**2, rtol=1e-6)
+    (jitted,) = model._jitted.values()
+    hlo = jitted.lower(model._device_params, {"x": x}).compile().as_text()
+    assert "power(" not in hlo
+
+
 def test_external_weights_stay_on_disk_until_placed(tmp_path):
     """open_model memory-maps external initializers instead of reading them into the proto."""
     w = np.arange(12, dtype=np.float32).reshape(4, 3)
@@ -194,3 +215,26 @@ def test_model_over_2gb_through_external_data(tmp_path):
     assert os.path.getsize(path) < 10_000
     (y,) = onnx2jax.translate(str(path))(np.array([0, rows - 1], np.int64))
     np.testing.assert_array_equal(np.asarray(y), [np.ones(8), np.arange(8)])
+
+
+def test_model_local_functions_are_inlined():
+    """A FunctionProto of the model (as exporters emit for submodules) runs like its body."""
+    body = [
+        oh.make_node("MatMul", ["a", "b"], ["p"]),
+        oh.make_node("Relu", ["p"], ["out"]),
+    ]
+    function = oh.make_function("local", "LinearRelu", ["a", "b"], ["out"], body, [oh.make_opsetid("", 17)])
+    graph = oh.make_graph(
+        [oh.make_node("LinearRelu", ["x", "W"], ["y"], domain="local", name="call")],
+        "g",
+        [oh.make_tensor_value_info("x", FLOAT, [2, 4])],
+        [oh.make_tensor_value_info("y", FLOAT, [2, 3])],
+        [onh.from_array(np.arange(12, dtype=np.float32).reshape(4, 3) - 6, "W")],
+    )
+    model = oh.make_model(
+        graph, functions=[function], opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("local", 1)]
+    )
+    x = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4)
+    w = np.arange(12, dtype=np.float32).reshape(4, 3) - 6
+    (y,) = onnx2jax.translate(model)(x)
+    np.testing.assert_allclose(np.asarray(y), np.maximum(x @ w, 0), rtol=1e-6)
