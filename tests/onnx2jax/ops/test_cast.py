@@ -1,63 +1,29 @@
 """Cast, CastLike and BitCast against onnxruntime and ONNX's reference."""
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper
-import onnxruntime as ort
 import pytest
+from onnx.reference import ReferenceEvaluator
 
+import opcheck
 from onnx2jax.translate import translate
 
-RNG = np.random.default_rng(0)
+
+def _typed(attrs):
+    """Typed outputs: a Cast to a 64-bit type must switch on JAX's x64 mode."""
+    return {"output_type": attrs["to"]} if isinstance(attrs.get("to"), int) else {}
 
 
-def _model(op, arrays, static, opset, attrs, n_out=1):
-    names = [f"x{i}" if a is not None else "" for i, a in enumerate(arrays)]
-    feeds = {n: a for i, (n, a) in enumerate(zip(names, arrays)) if a is not None and i not in static}
-    inits = [onnx.numpy_helper.from_array(a, n) for i, (n, a) in enumerate(zip(names, arrays)) if a is not None and i in static]
-    graph = oh.make_graph(
-        [oh.make_node(op, names, [f"y{i}" for i in range(n_out)], **attrs)],
-        "g",
-        [oh.make_tensor_value_info(n, oh.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
-        # Typed outputs: a Cast to a 64-bit type must switch on JAX's x64 mode.
-        [oh.make_tensor_value_info(f"y{i}", attrs["to"], None) if isinstance(attrs.get("to"), int)
-         else oh.make_empty_tensor_value_info(f"y{i}") for i in range(n_out)],
-        inits,
-    )
-    return oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=10), feeds
+def check(op, opset, arrays, **kwargs):
+    opcheck.check(op, opset, arrays, **_typed(kwargs), **kwargs)
 
 
-def check(op, opset, arrays, *, static=(), n_out=1, rtol=1e-6, atol=1e-6, **attrs):
-    """``op`` through onnx2jax and onnxruntime: same dtypes, shapes, and values within tolerance."""
-    model, feeds = _model(op, arrays, static, opset, attrs, n_out)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    expected = session.run(None, feeds)
-    for info, e in zip(model.graph.output, expected):  # typed outputs, as exporters write them
-        info.CopyFrom(oh.make_tensor_value_info(info.name, oh.np_dtype_to_tensor_dtype(e.dtype), e.shape))
-    actual = translate(model)(*feeds.values())
-    for e, a in zip(expected, actual):
-        a = np.asarray(a)
-        assert (a.dtype, a.shape) == (e.dtype, e.shape)
-        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)
+def run(op, opset, arrays, **kwargs):
+    return opcheck.run(op, opset, arrays, **_typed(kwargs), **kwargs)
 
-
-def run(op, opset, arrays, *, static=(), **attrs):
-    model, feeds = _model(op, arrays, static, opset, attrs)
-    return [np.asarray(o) for o in translate(model)(*feeds.values())]
-
-
-def _f(*shape, dtype=np.float32):
-    return RNG.standard_normal(shape).astype(dtype)
-
-
-def _int(*shape, dtype=np.int32, low=-20, high=20):
-    return RNG.integers(low, high, shape).astype(dtype)
-
-
-
-import ml_dtypes  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 T = onnx.TensorProto
 VALUES = np.array([0.0, -0.0, 1.5, -2.5, 3.7, -7.9, 100.25, -1000.0, 65504.0, 1e-3, 0.333], np.float32)
@@ -100,7 +66,7 @@ SPECIAL = np.array([0.4789, 0.5, 0.8191, 1000000.0, -1e6, 1e-7, np.inf, -np.inf,
 
 
 def _reference(node_op, x, **attrs):
-    model, feeds = _model(node_op, [x], (), 24, attrs)
+    model, feeds = opcheck.single_node_model(node_op, 24, [x], **_typed(attrs), **attrs)
     return ReferenceEvaluator(model).run(None, feeds)[0]
 
 

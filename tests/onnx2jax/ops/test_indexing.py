@@ -1,71 +1,26 @@
 """Indexing ops against onnxruntime (and ONNX's reference evaluator where onnxruntime lags)."""
 
+import functools
+
 import jax
 import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper
-import onnxruntime as ort
 import pytest
 from onnx.reference import ReferenceEvaluator
 
+import opcheck
 from onnx2jax.errors import NodeError
 from onnx2jax.ops import indexing
 from onnx2jax.translate import translate
 
 RNG = np.random.default_rng(1)
-
-
-def _model(op, inputs, consts, opset, attrs, n_out=1):
-    """A one-node model: ``inputs`` are fed at run time, ``consts`` are initializers ("" = omitted)."""
-    graph = oh.make_graph(
-        [oh.make_node(op, _order(inputs, consts), [f"y{i}" for i in range(n_out)], **attrs)],
-        "g",
-        [oh.make_tensor_value_info(n, oh.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in inputs.items()],
-        [oh.make_empty_tensor_value_info(f"y{i}") for i in range(n_out)],
-        [onnx.numpy_helper.from_array(v, n) for n, v in consts.items() if v is not None],
-    )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=10)
-    return onnx.shape_inference.infer_shapes(model)
-
-
-def _order(inputs, consts):
-    both = {**inputs, **consts}
-    names = [n if both[n] is not None else "" for n in sorted(both, key=lambda n: int(n[1:]))]
-    while names and not names[-1]:
-        names.pop()
-    return names
-
-
-def check(op, opset, arrays, *, static=(), n_out=1, reference=False, **attrs):
-    """Runs ``op`` through onnx2jax and onnxruntime (or the reference evaluator).
-
-    Arrays are named x0, x1, ... by position; those at ``static`` positions become
-    initializers; None omits an input.
-    """
-    inputs = {f"x{i}": a for i, a in enumerate(arrays) if i not in static and a is not None}
-    consts = {f"x{i}": a for i, a in enumerate(arrays) if i in static or a is None}
-    model = _model(op, inputs, consts, opset, attrs, n_out)
-    if reference:
-        expected = ReferenceEvaluator(model).run(None, dict(inputs))
-    else:
-        session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        expected = session.run(None, dict(inputs))
-    actual = translate(model)(*inputs.values())
-    assert len(actual) == len(expected)
-    for e, a in zip(expected, actual):
-        a = np.asarray(a)
-        assert a.dtype == e.dtype, (a.dtype, e.dtype)
-        assert a.shape == e.shape, (a.shape, e.shape)
-        np.testing.assert_array_equal(a, e)
-
-
-def _x(*shape, dtype=np.float32):
-    return RNG.standard_normal(shape).astype(dtype)
-
-
-def _i(*values, dtype=np.int64):
-    return np.asarray(values, dtype=dtype)
+_x = opcheck.normal_arrays(RNG)
+_i = opcheck.int_values
+# Static inputs (inits=) are initializers (shape inputs); outputs typed by ONNX shape inference
+# (which tells translate about int64); results must match exactly.
+check = functools.partial(opcheck.check, outputs="inferred", count="equal", compare="equal", trim=True)
 
 
 @pytest.mark.parametrize("opset", [11, 13])
@@ -75,7 +30,7 @@ def test_gather(opset, axis, indices):
 
 
 def test_gather_embedding_of_static_table():
-    check("Gather", 13, [np.arange(20, dtype=np.int64).reshape(5, 4), _i([[1, 4], [-1, 0]])], static=(0,))
+    check("Gather", 13, [np.arange(20, dtype=np.int64).reshape(5, 4), _i([[1, 4], [-1, 0]])], inits=(0,))
 
 
 @pytest.mark.parametrize("axis", [0, 1, -1])
@@ -125,18 +80,18 @@ def test_scatter_nd(opset, reduction):
 @pytest.mark.parametrize("mode", ["linear", "circular"])
 def test_tensor_scatter(mode):
     past, update = _x(2, 3, 6, 4), _x(2, 3, 3, 4)
-    check("TensorScatter", 24, [past, update, _i(1, 3)], mode=mode, reference=True)
+    check("TensorScatter", 24, [past, update, _i(1, 3)], mode=mode, oracle="reference")
     if mode == "circular":
-        check("TensorScatter", 24, [past, update, _i(5, 4)], mode=mode, reference=True)
-    check("TensorScatter", 24, [past, update], mode=mode, reference=True)
-    check("TensorScatter", 24, [_x(2, 5, 3), _x(2, 2, 3), _i(3, 0)], mode=mode, axis=1, reference=True)
+        check("TensorScatter", 24, [past, update, _i(5, 4)], mode=mode, oracle="reference")
+    check("TensorScatter", 24, [past, update], mode=mode, oracle="reference")
+    check("TensorScatter", 24, [_x(2, 5, 3), _x(2, 2, 3), _i(3, 0)], mode=mode, axis=1, oracle="reference")
 
 
 @pytest.mark.parametrize("opset", [9, 11])
 @pytest.mark.parametrize("axis", [-1, 0, 1])
 def test_one_hot(opset, axis):
     indices = _i([0, 3, -1], [5, 2, -4]) if opset >= 11 else _i([0, 3, 1], [5, 2, 4])
-    check("OneHot", opset, [indices, np.asarray([5], np.int64), np.asarray([2, 7], np.float32)], static=(1,), axis=axis)
+    check("OneHot", opset, [indices, np.asarray([5], np.int64), np.asarray([2, 7], np.float32)], inits=(1,), axis=axis)
 
 
 @pytest.mark.parametrize("upper", [0, 1])
@@ -152,13 +107,13 @@ def test_reverse_sequence(time_axis, batch_axis):
 
 
 def test_nonzero_compress_unique_on_static_inputs():
-    check("NonZero", 13, [_i([0, 2, 0], [1, 0, 3])], static=(0,))
-    check("Compress", 11, [_x(3, 2), np.asarray([False, True, True])], static=(1,), axis=0)
-    check("Compress", 11, [_x(3, 2), np.asarray([True, False, True, True])], static=(1,))
+    check("NonZero", 13, [_i([0, 2, 0], [1, 0, 3])], inits=(0,))
+    check("Compress", 11, [_x(3, 2), np.asarray([False, True, True])], inits=(1,), axis=0)
+    check("Compress", 11, [_x(3, 2), np.asarray([True, False, True, True])], inits=(1,))
     data = _i(2, 1, 1, 3, 4, 3)
     for attrs in [{}, {"sorted": 0}]:
-        check("Unique", 11, [data], static=(0,), n_out=4, **attrs)
-    check("Unique", 11, [_i([1, 0, 0], [1, 0, 0], [2, 3, 4])], static=(0,), n_out=4, axis=0)
+        check("Unique", 11, [data], inits=(0,), n_out=4, **attrs)
+    check("Unique", 11, [_i([1, 0, 0], [1, 0, 0], [2, 3, 4])], inits=(0,), n_out=4, axis=0)
 
 
 @pytest.mark.parametrize("op,arrays", [
@@ -168,7 +123,7 @@ def test_nonzero_compress_unique_on_static_inputs():
 ])
 def test_data_dependent_shapes_compile_per_value_of_graph_inputs(op, arrays):
     inputs = {f"x{i}": a for i, a in enumerate(arrays)}
-    model = _model(op, inputs, {}, 13, {})
+    model, _ = opcheck.single_node_model(op, 13, arrays, infer_shapes=True, trim=True)
     n_out = len(model.graph.output)
     expected = ReferenceEvaluator(model).run(None, inputs)
     actual = translate(model)(*arrays)

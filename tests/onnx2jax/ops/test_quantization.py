@@ -1,42 +1,21 @@
 """Quantization ops against onnxruntime: per-tensor, per-axis and blocked (De)QuantizeLinear, integer MatMul/Conv."""
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper as onh
-import onnxruntime as ort
 import pytest
 
+import opcheck
 from onnx2jax.translate import translate
 
 RNG = np.random.default_rng(0)
-
-
-def _check(op, opset, inputs, *, n_out=1, constant=(), rtol=1e-6, atol=1e-6, **attrs):
-    """Runs a single ``op`` node: inputs in ``constant`` become initializers, the others graph inputs."""
-    names = [f"x{i}" if a is not None else "" for i, a in enumerate(inputs)]
-    feeds = {n: a for i, (n, a) in enumerate(zip(names, inputs)) if a is not None and i not in constant}
-    inits = [onh.from_array(a, n) for i, (n, a) in enumerate(zip(names, inputs)) if a is not None and i in constant]
-    graph = oh.make_graph(
-        [oh.make_node(op, names, [f"y{i}" for i in range(n_out)], **attrs)],
-        "g",
-        [oh.make_tensor_value_info(n, oh.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()],
-        [oh.make_empty_tensor_value_info(f"y{i}") for i in range(n_out)],
-        inits,
-    )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=10)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    expected = session.run(None, feeds)
-    actual = translate(model)(**feeds)
-    for e, a in zip(expected, actual):
-        a = np.asarray(a)
-        assert (a.dtype, a.shape) == (e.dtype, e.shape)
-        np.testing.assert_allclose(a.astype(np.float64), e.astype(np.float64), rtol=rtol, atol=atol)
-
-
-def _f(*shape, scale=4.0):
-    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+_f = functools.partial(opcheck.normal_arrays(RNG), scale=4.0)
+# Static inputs (inits=) are initializers; outputs stay untyped.
+check = functools.partial(opcheck.check, outputs=None)
 
 
 @pytest.mark.parametrize("opset", [10, 13, 19, 21])
@@ -44,9 +23,9 @@ def _f(*shape, scale=4.0):
 def test_quantize_dequantize_per_tensor(opset, dtype):
     zero = np.array(3 if dtype == np.int8 else 128, dtype)
     scale = np.array(0.05, np.float32)
-    _check("QuantizeLinear", opset, [_f(2, 3, 4), scale, zero])
+    check("QuantizeLinear", opset, [_f(2, 3, 4), scale, zero])
     q = RNG.integers(np.iinfo(dtype).min, np.iinfo(dtype).max, (2, 3, 4)).astype(dtype)
-    _check("DequantizeLinear", opset, [q, scale, zero])
+    check("DequantizeLinear", opset, [q, scale, zero])
 
 
 @pytest.mark.parametrize("opset", [13, 21])
@@ -55,27 +34,27 @@ def test_quantize_dequantize_per_axis(opset, axis):
     x = _f(2, 3, 3)
     scale = np.array([0.02, 0.1, 0.5], np.float32)
     zero = np.array([0, 10, -5], np.int8)
-    _check("QuantizeLinear", opset, [x, scale, zero], axis=axis)
+    check("QuantizeLinear", opset, [x, scale, zero], axis=axis)
     q = RNG.integers(-128, 127, (2, 3, 3)).astype(np.int8)
-    _check("DequantizeLinear", opset, [q, scale, zero], axis=axis)
+    check("DequantizeLinear", opset, [q, scale, zero], axis=axis)
 
 
 def test_quantize_without_zero_point_is_uint8():
-    _check("QuantizeLinear", 13, [_f(5), np.array(0.1, np.float32)])
+    check("QuantizeLinear", 13, [_f(5), np.array(0.1, np.float32)])
 
 
 @pytest.mark.parametrize("dtype", [np.int16, np.uint16])
 def test_quantize_16_bit(dtype):
-    _check("QuantizeLinear", 21, [_f(4, 5, scale=300.0), np.array(0.01, np.float32), np.array(7, dtype)])
+    check("QuantizeLinear", 21, [_f(4, 5, scale=300.0), np.array(0.01, np.float32), np.array(7, dtype)])
 
 
 def test_blocked_quantize_dequantize():
     x = _f(4, 6)
     scale = np.abs(_f(4, 2, scale=0.1)) + 0.01
     zero = RNG.integers(-3, 3, (4, 2)).astype(np.int8)
-    _check("QuantizeLinear", 21, [x, scale, zero], axis=1, block_size=3)
+    check("QuantizeLinear", 21, [x, scale, zero], axis=1, block_size=3)
     q = RNG.integers(-128, 127, (4, 6)).astype(np.int8)
-    _check("DequantizeLinear", 21, [q, scale, zero], axis=1, block_size=3)
+    check("DequantizeLinear", 21, [q, scale, zero], axis=1, block_size=3)
 
 
 @pytest.mark.parametrize("saturate", [1, 0])
@@ -99,7 +78,7 @@ def test_quantize_float8(dtype, saturate):
 
 def test_dynamic_quantize_linear():
     for x in (_f(3, 4), np.abs(_f(3, 4)), -np.abs(_f(3, 4))):
-        _check("DynamicQuantizeLinear", 11, [x], n_out=3)
+        check("DynamicQuantizeLinear", 11, [x], n_out=3)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.int8])
@@ -107,8 +86,8 @@ def test_matmul_integer(dtype):
     info = np.iinfo(dtype)
     a = RNG.integers(info.min, info.max, (2, 3, 4)).astype(dtype)
     b = RNG.integers(info.min, info.max, (4, 5)).astype(dtype)
-    _check("MatMulInteger", 10, [a, b, np.array(3, dtype), np.array(5, dtype)])
-    _check("MatMulInteger", 10, [a, b])
+    check("MatMulInteger", 10, [a, b, np.array(3, dtype), np.array(5, dtype)])
+    check("MatMulInteger", 10, [a, b])
 
 
 @pytest.mark.parametrize("opset", [10, 21])
@@ -118,10 +97,10 @@ def test_qlinear_matmul(opset, dtype):
     a = RNG.integers(info.min, info.max, (2, 3, 4)).astype(dtype)
     b = RNG.integers(info.min, info.max, (4, 5)).astype(dtype)
     f = lambda v: np.array(v, np.float32)  # noqa: E731
-    _check(
+    check(
         "QLinearMatMul", opset,
         [a, f(0.02), np.array(2, dtype), b, f(0.03), np.array(1, dtype), f(0.5), np.array(4, dtype)],
-        constant=(1, 2, 4, 5, 6, 7),
+        inits=(1, 2, 4, 5, 6, 7),
     )
 
 
@@ -132,7 +111,7 @@ def test_qlinear_matmul(opset, dtype):
 def test_conv_integer(attrs):
     x = RNG.integers(0, 255, (1, 4, 5, 5)).astype(np.uint8)
     w = RNG.integers(0, 255, (6, 4 // attrs.get("group", 1), 3, 3)).astype(np.uint8)
-    _check("ConvInteger", 10, [x, w, np.array(100, np.uint8), np.array(120, np.uint8)], **attrs)
+    check("ConvInteger", 10, [x, w, np.array(100, np.uint8), np.array(120, np.uint8)], **attrs)
 
 
 @pytest.mark.parametrize("attrs", [{}, {"pads": [1, 1, 1, 1], "strides": [2, 2]}])
@@ -141,9 +120,9 @@ def test_qlinear_conv(attrs):
     w = RNG.integers(0, 255, (4, 3, 3, 3)).astype(np.uint8)
     f = lambda v: np.array(v, np.float32)  # noqa: E731
     bias = RNG.integers(-500, 500, (4,)).astype(np.int32)
-    _check(
+    check(
         "QLinearConv", 10,
         [x, f(0.01), np.array(120, np.uint8), w, f(0.02), np.array(128, np.uint8), f(0.3), np.array(90, np.uint8), bias],
-        constant=(1, 2, 4, 5, 6, 7, 8), atol=1,  # onnxruntime requantizes in float with its own rounding
+        inits=(1, 2, 4, 5, 6, 7, 8), atol=1,  # onnxruntime requantizes in float with its own rounding
         **attrs,
     )

@@ -1,75 +1,33 @@
 """Shape and layout ops against onnxruntime, over the opsets they are registered for."""
 
+import functools
+
 import jax
 import numpy as np
 import onnx
 import onnx.helper as oh
 import onnx.numpy_helper
-import onnxruntime as ort
 import pytest
 
+import opcheck
 from onnx2jax.translate import translate
 
 RNG = np.random.default_rng(0)
-
-
-def _model(op, inputs, consts, opset, attrs, n_out=1):
-    """A one-node model: ``inputs`` are fed at run time, ``consts`` are initializers ("" = omitted)."""
-    graph = oh.make_graph(
-        [oh.make_node(op, _order(inputs, consts), [f"y{i}" for i in range(n_out)], **attrs)],
-        "g",
-        [oh.make_tensor_value_info(n, oh.np_dtype_to_tensor_dtype(v.dtype), v.shape) for n, v in inputs.items()],
-        [oh.make_empty_tensor_value_info(f"y{i}") for i in range(n_out)],
-        [onnx.numpy_helper.from_array(v, n) for n, v in consts.items() if v is not None],
-    )
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)], ir_version=10)
-    return onnx.shape_inference.infer_shapes(model)  # output dtypes tell translate about int64
-
-
-def _order(inputs, consts):
-    both = {**inputs, **consts}
-    names = [n if both[n] is not None else "" for n in sorted(both, key=lambda n: int(n[1:]))]
-    while names and not names[-1]:
-        names.pop()
-    return names
-
-
-def check(op, opset, arrays, *, static=(), n_out=1, **attrs):
-    """Runs ``op`` through onnx2jax and onnxruntime; arrays are named x0, x1, ... by position.
-
-    Inputs at positions in ``static`` become initializers (shape inputs); None omits one.
-    """
-    inputs = {f"x{i}": a for i, a in enumerate(arrays) if i not in static and a is not None}
-    consts = {f"x{i}": a for i, a in enumerate(arrays) if i in static or a is None}
-    model = _model(op, inputs, consts, opset, attrs, n_out)
-    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        None, dict(inputs)
-    )
-    actual = translate(model)(*inputs.values())
-    assert len(actual) == len(expected)
-    for e, a in zip(expected, actual):
-        a = np.asarray(a)
-        assert a.dtype == e.dtype, (a.dtype, e.dtype)
-        assert a.shape == e.shape, (a.shape, e.shape)
-        np.testing.assert_array_equal(a, e)
-
-
-def _x(*shape, dtype=np.float32):
-    return RNG.standard_normal(shape).astype(dtype)
-
-
-def _i(*values):
-    return np.asarray(values, dtype=np.int64)
+_x = opcheck.normal_arrays(RNG)
+_i = opcheck.int_values
+# Static inputs (inits=) are initializers (shape inputs); outputs typed by ONNX shape inference
+# (which tells translate about int64); results must match exactly.
+check = functools.partial(opcheck.check, outputs="inferred", count="equal", compare="equal", trim=True)
 
 
 @pytest.mark.parametrize("opset", [7, 13, 14, 21])
 @pytest.mark.parametrize("shape", [(4, -1), (0, 3, -1), (-1,), (2, 0, 2, 2)])
 def test_reshape(opset, shape):
-    check("Reshape", opset, [_x(2, 3, 4), _i(*shape)], static=(1,))
+    check("Reshape", opset, [_x(2, 3, 4), _i(*shape)], inits=(1,))
 
 
 def test_reshape_allowzero():
-    check("Reshape", 14, [_x(0, 3, 4), _i(3, 4, 0)], static=(1,), allowzero=1)
+    check("Reshape", 14, [_x(0, 3, 4), _i(3, 4, 0)], inits=(1,), allowzero=1)
 
 
 @pytest.mark.parametrize("opset", [1, 13, 21])
@@ -83,14 +41,14 @@ def test_transpose(opset, perm):
 def test_squeeze(axes):
     x = _x(2, 1, 3, 1)
     check("Squeeze", 11, [x], **({} if axes is None else {"axes": axes}))
-    check("Squeeze", 13, [x, None if axes is None else _i(*axes)], static=(1,))
+    check("Squeeze", 13, [x, None if axes is None else _i(*axes)], inits=(1,))
 
 
 @pytest.mark.parametrize("axes", [[0], [1, -1], [3, 0]])
 def test_unsqueeze(axes):
     x = _x(2, 3)
     check("Unsqueeze", 11, [x], axes=axes)
-    check("Unsqueeze", 21, [x, _i(*axes)], static=(1,))
+    check("Unsqueeze", 21, [x, _i(*axes)], inits=(1,))
 
 
 @pytest.mark.parametrize("opset", [9, 11, 13])
@@ -112,12 +70,12 @@ def test_size():
 
 @pytest.mark.parametrize("shape", [(3, 1), (2, 1, 1), (1,), (3, 4)])
 def test_expand(shape):
-    check("Expand", 13, [_x(3, 1), _i(*shape)], static=(1,))
+    check("Expand", 13, [_x(3, 1), _i(*shape)], inits=(1,))
 
 
 @pytest.mark.parametrize("repeats", [(1, 1), (2, 3), (3, 0)])
 def test_tile(repeats):
-    check("Tile", 13, [_x(2, 3), _i(*repeats)], static=(1,))
+    check("Tile", 13, [_x(2, 3), _i(*repeats)], inits=(1,))
 
 
 @pytest.mark.parametrize("opset", [4, 11, 13])
@@ -137,7 +95,7 @@ def test_concat(opset, axis):
     (18, {"axis": 0}, [_x(5, 2), _i(2, 0, 3)], 3),
 ])
 def test_split(opset, attrs, arrays, n_out):
-    check("Split", opset, arrays, static=(1,), n_out=n_out, **attrs)
+    check("Split", opset, arrays, inits=(1,), n_out=n_out, **attrs)
 
 
 SLICES = [
@@ -153,7 +111,7 @@ SLICES = [
 @pytest.mark.parametrize("starts,ends,axes,steps", SLICES)
 def test_slice(starts, ends, axes, steps):
     arrays = [_x(4, 5, 3), _i(*starts), _i(*ends), None if axes is None else _i(*axes), None if steps is None else _i(*steps)]
-    check("Slice", 13, arrays, static=(1, 2, 3, 4))
+    check("Slice", 13, arrays, inits=(1, 2, 3, 4))
     if steps is None and (axes is None or min(axes) >= 0):
         check("Slice", 1, [arrays[0]], starts=starts, ends=ends, **({} if axes is None else {"axes": axes}))
 
@@ -162,19 +120,19 @@ def test_slice(starts, ends, axes, steps):
 def test_pad(mode):
     x = _x(3, 4)
     pads = _i(1, 2, 2, 1)
-    check("Pad", 19, [x, pads, np.asarray(1.5, np.float32), None], static=(1, 3), mode=mode)
-    check("Pad", 19, [x, _i(2, 1), None, _i(-1)], static=(1, 3), mode=mode)
+    check("Pad", 19, [x, pads, np.asarray(1.5, np.float32), None], inits=(1, 3), mode=mode)
+    check("Pad", 19, [x, _i(2, 1), None, _i(-1)], inits=(1, 3), mode=mode)
     if mode != "wrap":
-        check("Pad", 13, [x, pads], static=(1,), mode=mode)
+        check("Pad", 13, [x, pads], inits=(1,), mode=mode)
         check("Pad", 2, [x], pads=[1, 2, 2, 1], mode=mode, value=0.5)
 
 
 def test_pad_negative_crops():
-    check("Pad", 18, [_x(4, 5), _i(-1, 2, 1, -2), np.asarray(3.0, np.float32)], static=(1,))
+    check("Pad", 18, [_x(4, 5), _i(-1, 2, 1, -2), np.asarray(3.0, np.float32)], inits=(1,))
 
 
 def test_pad_int_constant():
-    check("Pad", 18, [np.arange(6, dtype=np.int32).reshape(2, 3), _i(0, 1, 1, 0), np.asarray(7, np.int32)], static=(1,))
+    check("Pad", 18, [np.arange(6, dtype=np.int32).reshape(2, 3), _i(0, 1, 1, 0), np.asarray(7, np.int32)], inits=(1,))
 
 
 @pytest.mark.parametrize("mode", ["DCR", "CRD"])
@@ -201,7 +159,9 @@ def test_center_crop_pad_matches_the_reference():
     x = _x(5, 4, 3)
     for shape, axes in [((3, 6), (0, 1)), ((7,), (-1,)), ((4, 4, 4), None)]:
         attrs = {} if axes is None else {"axes": list(axes)}
-        model = _model("CenterCropPad", {"x0": x}, {"x1": _i(*shape)}, 18, attrs)
+        model, _ = opcheck.single_node_model(
+            "CenterCropPad", 18, [x, _i(*shape)], inits=(1,), infer_shapes=True, trim=True, **attrs
+        )
         (expected,) = ReferenceEvaluator(model).run(None, {"x0": x})
         (actual,) = translate(model)(x)
         np.testing.assert_array_equal(np.asarray(actual), expected)
