@@ -37,6 +37,18 @@ from onnx2jax.ops.registry import OpImpl, lookup
 STATIC_INITIALIZER_LIMIT = 4096
 """Non-float initializers up to this many elements are folded as constants."""
 
+BAKED_PARAMETER_LIMIT = 1
+"""Parameters up to this many elements are compile-time constants when the model is called.
+
+Models keep scalars as float initializers: Pow's exponent, attention scales,
+epsilons, GELU's coefficients, the mask's fill value. As runtime arguments
+XLA cannot simplify around them: ``x ** y`` with an unknown ``y`` compiles to a
+general power (exp/log, several times slower than ``x * x * x``) and a scale
+broadcast to the attention scores is materialised. ``JaxModel.__call__`` always
+runs with ``params`` as loaded, so it bakes these in; ``fn`` still takes them
+as arguments, so differentiating or replacing them works as before.
+"""
+
 _WIDE_TYPES = frozenset(
     {
         onnx.TensorProto.INT64,
@@ -407,6 +419,7 @@ class JaxModel:
         self.shape_input_names = (shape_setting | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
         self._device_params: dict[str, jax.Array] | None = None
+        self._baked_params = {k: v for k, v in self.params.items() if v.size <= BAKED_PARAMETER_LIMIT}
 
     @property
     def input_names(self) -> list[str]:
@@ -477,11 +490,14 @@ class JaxModel:
                 return self.evaluate(self.params, static)
             jitted = self._jitted.get(key)
             if jitted is None:
+                baked = self._baked_params
                 jitted = self._jitted[key] = jax.jit(
-                    lambda params, values: self.evaluate(params, {**values, **static})
+                    lambda params, values: self.evaluate({**params, **baked}, {**values, **static})
                 )
             if self._device_params is None:  # copied to the device once, not on every call
-                self._device_params = jax.device_put(self.params)
+                self._device_params = jax.device_put(
+                    {k: v for k, v in self.params.items() if k not in self._baked_params}
+                )
             return jitted(self._device_params, dynamic)
 
 
