@@ -191,3 +191,20 @@ def integer_arrays(rng):
 def int_values(*values, dtype=np.int64):
     """A small array of given values (int64 by default: shapes, axes, indices)."""
     return np.asarray(values, dtype=dtype)
+
+
+def runtime_choice(output: str, cond: str, then_name: str, else_name: str) -> onnx.NodeProto:
+    """An If node picking one of two outer tensors on a runtime bool: its output is traced.
+
+    Graph inputs that set shapes are folded in as constants; a value that
+    comes out of a subgraph op stays a runtime value, which is how the tests
+    reach the errors for values that must be known while tracing.
+    """
+
+    def branch(name: str, source: str) -> onnx.GraphProto:
+        return oh.make_graph([oh.make_node("Identity", [source], [f"{name}_out"])], name, [], [oh.make_empty_tensor_value_info(f"{name}_out")])
+
+    return oh.make_node(
+        "If", [cond], [output], name=f"choose_{output}",
+        then_branch=branch(f"then_{output}", then_name), else_branch=branch(f"else_{output}", else_name),
+    )

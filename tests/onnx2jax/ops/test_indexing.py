@@ -133,24 +133,26 @@ def test_data_dependent_shapes_compile_per_value_of_graph_inputs(op, arrays):
 
 @pytest.mark.parametrize("op", ["NonZero", "Unique", "Compress"])
 def test_data_dependent_shapes_refuse_runtime_values(op):
-    # The data-dependent input is computed from a parameter (float initializers
-    # are traced), so no graph input can be folded in its place. (A mask
-    # computed from graph inputs would be folded: such inputs set a shape.)
+    # The mask comes out of an If on a runtime condition, so it is a runtime
+    # value; a mask computed from graph inputs or initializers alone would be
+    # folded in as a constant (they set a shape).
     x = _x(3, 2)
     inputs = ["x0", "mask"] if op == "Compress" else ["mask"]
     graph = oh.make_graph(
-        [oh.make_node("Greater", ["w", "zero"], ["mask"]), oh.make_node(op, inputs, ["y"])],
-        "g",
-        [oh.make_tensor_value_info("x0", onnx.TensorProto.FLOAT, x.shape)],
-        [oh.make_empty_tensor_value_info("y")],
         [
-            onnx.numpy_helper.from_array(np.zeros((1,), np.float32), "zero"),
-            onnx.numpy_helper.from_array(np.linspace(-1, 1, 6).astype(np.float32), "w"),
+            oh.make_node("Greater", ["x0", "zero"], ["positive"]),
+            oh.make_node("Less", ["x0", "zero"], ["negative"]),
+            opcheck.runtime_choice("mask", "pick", "positive", "negative"),
+            oh.make_node(op, inputs, ["y"], name="data_dependent"),
         ],
+        "g",
+        [oh.make_tensor_value_info("x0", onnx.TensorProto.FLOAT, x.shape), oh.make_tensor_value_info("pick", onnx.TensorProto.BOOL, [])],
+        [oh.make_empty_tensor_value_info("y")],
+        [onnx.numpy_helper.from_array(np.zeros((1,), np.float32), "zero")],
     )
     model = translate(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=10))
-    with pytest.raises(NodeError, match="must be known while tracing"):
-        model(x)
+    with pytest.raises(NodeError, match="'data_dependent'.*must be known while tracing"):
+        model(x, np.array(True))
 
 
 @pytest.mark.parametrize("op,fn", [

@@ -103,24 +103,27 @@ def test_empty_optional():
 
 
 def test_runtime_position_is_a_clear_error():
-    """A position computed from a parameter (traced) cannot pick a sequence element while tracing.
+    """A position chosen at run time (an If's output) cannot pick a sequence element while tracing.
 
     A position fed as a graph input is fine: such inputs are compile-time constants.
     """
     nodes = [
         oh.make_node("SequenceConstruct", ["a"], ["s"]),
-        oh.make_node("ArgMax", ["w"], ["i"], keepdims=0),
+        opcheck.runtime_choice("i", "pick", "first", "second"),
         oh.make_node("SequenceAt", ["s", "i"], ["y"], name="at"),
     ]
     graph = oh.make_graph(
-        nodes, "g", [oh.make_tensor_value_info("a", F, [2])], [oh.make_tensor_value_info("y", F, [2])],
-        [onh.from_array(np.array([0.0, 1.0], np.float32), "w")],
+        nodes, "g",
+        [oh.make_tensor_value_info("a", F, [2]), oh.make_tensor_value_info("pick", onnx.TensorProto.BOOL, [])],
+        [oh.make_tensor_value_info("y", F, [2])],
+        [onh.from_array(np.array(0, np.int64), "first"), onh.from_array(np.array(0, np.int64), "second")],
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
     with pytest.raises(NodeError, match="'at'.*must be known while tracing"):
-        translate(model)(np.zeros(2, np.float32))
+        translate(model)(np.zeros(2, np.float32), np.array(True))
+    nodes = [nodes[0], nodes[2]]
     fed = _model(
-        nodes[:1] + nodes[2:], [oh.make_tensor_value_info("a", F, [2]), oh.make_tensor_value_info("i", I64, [])],
+        nodes, [oh.make_tensor_value_info("a", F, [2]), oh.make_tensor_value_info("i", I64, [])],
         [oh.make_tensor_value_info("y", F, [2])],
     )
     (y,) = translate(fed)(np.arange(2, dtype=np.float32), np.array(0, np.int64))
