@@ -495,9 +495,9 @@ class JaxModel:
                     lambda params, values: self.evaluate({**params, **baked}, {**values, **static})
                 )
             if self._device_params is None:  # copied to the device once, not on every call
-                self._device_params = jax.device_put(
-                    {k: v for k, v in self.params.items() if k not in self._baked_params}
-                )
+                # All of them, so that jax.jit(model.evaluate) can take them too; the
+                # jitted program ignores the baked ones (jit prunes unused arguments).
+                self._device_params = jax.device_put(self.params)
             return jitted(self._device_params, dynamic)
 
 
