@@ -1,6 +1,7 @@
 """onnx2jax (jitted, after warm-up) against onnxruntime (CPU) on the same fixtures, in one process.
 
-Prints one row per model and input shape: the median time of each and their
+Prints one row per model and input shape: the median time of each (the two
+measured alternately, so that machine noise hits both alike) and their
 ratio (onnx2jax / onnxruntime; below 1 means onnx2jax is faster), and writes
 the table to bench/results/vs_onnxruntime.md.
 
@@ -33,14 +34,16 @@ def _inputs(model: onnx2jax.JaxModel, batch: int, seq: int) -> dict[str, np.ndar
     return inputs
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up: compile / session initialisation
-    times = []
+def _median_seconds(ours, theirs, repeats: int) -> tuple[float, float]:
+    """Median times of two callables, measured alternately so that machine noise hits both alike."""
+    ours(), theirs()  # warm-up: compile / session initialisation
+    times: tuple[list[float], list[float]] = ([], [])
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, bucket in ((ours, times[0]), (theirs, times[1])):
+            start = time.perf_counter()
+            fn()
+            bucket.append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def main() -> None:
@@ -55,15 +58,16 @@ def main() -> None:
         model = onnx2jax.translate(path)
         inputs = _inputs(model, args.batch, args.seq)
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        ours = _median_seconds(lambda: jax.block_until_ready(model(**inputs)), args.repeats)
-        theirs = _median_seconds(lambda: session.run(None, inputs), args.repeats)
+        ours, theirs = _median_seconds(
+            lambda: jax.block_until_ready(model(**inputs)), lambda: session.run(None, inputs), args.repeats
+        )
         rows.append((name, f"{args.batch}x{args.seq}", ours * 1e3, theirs * 1e3, ours / theirs))
     header = "| model | input | onnx2jax ms | onnxruntime ms | ratio |\n|---|---|---|---|---|"
     lines = [f"| {n} | {s} | {a:.3f} | {b:.3f} | {r:.2f} |" for n, s, a, b, r in rows]
     device = jax.devices()[0].device_kind
     table = "\n".join([header, *lines])
     note = (
-        f"\n\nMedian of {args.repeats} runs after warm-up; jax {jax.__version__} on {device}, "
+        f"\n\nMedian of {args.repeats} alternating runs after warm-up; jax {jax.__version__} on {device}, "
         f"onnxruntime {ort.__version__} CPUExecutionProvider; {platform.processor() or platform.machine()}, "
         f"{jax.local_device_count()} jax device(s).\n"
     )
