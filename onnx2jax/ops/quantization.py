@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
+from onnx2jax.ops.conv import spatial_pads
 from onnx2jax.ops.registry import register
 
 _INT_RANGES = {
@@ -230,29 +231,13 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     return _requantize(acc, multiplier, y_zero_point, out_dtype)
 
 
-def _conv_padding(auto_pad, pads, spatial, kernel, strides, dilations):
-    """Per-axis (low, high) padding for ONNX's auto_pad/pads."""
-    n = len(spatial)
-    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        result = []
-        for size, k, s, d in zip(spatial, kernel, strides, dilations):
-            out = -(-size // s)
-            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
-            small = total // 2
-            result.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
-        return result
-    if auto_pad == "VALID" or pads is None:
-        return [(0, 0)] * n
-    return [(int(pads[i]), int(pads[i + n])) for i in range(n)]
-
-
 def _int_conv(x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides):
     spatial = x.shape[2:]
     n = len(spatial)
     kernel = tuple(kernel_shape) if kernel_shape else w.shape[2:]
     strides = tuple(strides) if strides else (1,) * n
     dilations = tuple(dilations) if dilations else (1,) * n
-    padding = _conv_padding(auto_pad, pads, spatial, kernel, strides, dilations)
+    padding = spatial_pads(auto_pad, spatial, kernel, strides, dilations, pads)
     return jax.lax.conv_general_dilated(
         x,
         w,

@@ -183,16 +183,6 @@ def test_gated_mlp_through_a_fused_axis_has_exactly_one_all_reduce():
     assert compiled.params["w_gate_up"].addressable_shards[0].data.shape == (hidden, 2, ffn // 8)
 
 
-def on_groups(name, axis, groups):
-    keys = tuple(-(i + 1) for i in range(len(groups)))
-    return ShardingSpec(
-        name,
-        (ShardedDim(axis, (SimpleShardedDim(len(groups)),)),),
-        devices=keys,
-        groups=tuple(sorted((k, tuple(g)) for k, g in zip(keys, groups))),
-    )
-
-
 def test_proposal_0007_broadcast_composition_places_shard_ij_on_device_2i_plus_j():
     b = Builder(num_devices=4)
     b.input("a", [4, 1])
@@ -202,7 +192,7 @@ def test_proposal_0007_broadcast_composition_places_shard_ij_on_device_2i_plus_j
         "Add",
         ["a", "b"],
         ["c"],
-        [on_groups("a", 0, [(0, 1), (2, 3)]), on_groups("b", 1, [(0, 2), (1, 3)]), ShardingSpec.split("c", {0: 2, 1: 2}, range(4))],
+        [ShardingSpec.split("a", {0: 2}, [(0, 1), (2, 3)]), ShardingSpec.split("b", {1: 2}, [(0, 2), (1, 3)]), ShardingSpec.split("c", {0: 2, 1: 2}, range(4))],
     )
     a = np.arange(4, dtype=np.float32).reshape(4, 1)
     bb = 10 * np.arange(6, dtype=np.float32).reshape(1, 6)
@@ -222,7 +212,7 @@ def test_replication_groups_of_proposal_0006():
     b = Builder(num_devices=4)
     b.input("x", [2, 2])
     b.output("y", [2, 2])
-    spec = on_groups("y", 0, [(0, 1), (2, 3)])
+    spec = ShardingSpec.split("y", {0: 2}, [(0, 1), (2, 3)])
     b.node("Identity", ["x"], ["y"], [spec])
     x = np.array([[1, 2], [3, 4]], np.float32)
     compiled, _ = run_and_count(b.model(), x)
@@ -250,11 +240,8 @@ def test_user_mesh_data_and_model_parallel():
     b.output("y", [4, 16])
     b.weight("w1", (16, 32))
     b.weight("w2", (32, 16))
-    batch = lambda name: on_groups(name, 0, [(0, 1, 2, 3), (4, 5, 6, 7)])  # noqa: E731
-    model_axis = lambda name, axis: ShardingSpec(  # noqa: E731
-        name, (ShardedDim(axis, (SimpleShardedDim(4),)),), devices=(-1, -2, -3, -4),
-        groups=((-4, (3, 7)), (-3, (2, 6)), (-2, (1, 5)), (-1, (0, 4))),
-    )
+    batch = lambda name: ShardingSpec.split(name, {0: 2}, [(0, 1, 2, 3), (4, 5, 6, 7)])  # noqa: E731
+    model_axis = lambda name, axis: ShardingSpec.split(name, {axis: 4}, [(0, 4), (1, 5), (2, 6), (3, 7)])  # noqa: E731
     both = lambda name: ShardingSpec(  # noqa: E731
         name, (ShardedDim(0, (SimpleShardedDim(2),)), ShardedDim(1, (SimpleShardedDim(4),))), devices=EIGHT
     )
@@ -298,7 +285,7 @@ def test_inexpressible_specs_are_named():
     b.input("x", [4])
     b.output("y", [4])
     b.node("Relu", ["x"], ["h"], [ShardingSpec.split("h", {0: 4}, range(4))])
-    b.node("Neg", ["h"], ["y"], [on_groups("y", 0, [(0, 3), (1, 2)])])
+    b.node("Neg", ["h"], ["y"], [ShardingSpec.split("y", {0: 2}, [(0, 3), (1, 2)])])
     with pytest.raises(MeshMappingError, match=r"(?s)node 'neg1' output 0 \('y'\).*\{0,3\}, \{1,2\}"):
         compile_model(b.model())
 

@@ -6,23 +6,12 @@ from onnx2jax.mesh import MeshMappingError, MeshPlan, layout_of, map_specs
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
 
-def on_groups(name, axis, groups):
-    """Axis ``axis`` split len(groups) ways, shard i replicated on groups[i]."""
-    keys = tuple(-(i + 1) for i in range(len(groups)))
-    return ShardingSpec(
-        name,
-        (ShardedDim(axis, (SimpleShardedDim(len(groups)),)),),
-        devices=keys,
-        groups=tuple(sorted((k, tuple(g)) for k, g in zip(keys, groups))),
-    )
-
-
 def test_proposal_0007_broadcast_composition():
     mapping = map_specs(
         {
             "out": layout_of(ShardingSpec.split("o", {0: 2, 1: 2}, [0, 1, 2, 3]), (4, 6)),
-            "in1": layout_of(on_groups("a", 0, [(0, 1), (2, 3)]), (4, 1)),
-            "in2": layout_of(on_groups("b", 1, [(0, 2), (1, 3)]), (1, 6)),
+            "in1": layout_of(ShardingSpec.split("a", {0: 2}, [(0, 1), (2, 3)]), (4, 1)),
+            "in2": layout_of(ShardingSpec.split("b", {1: 2}, [(0, 2), (1, 3)]), (1, 6)),
         },
         4,
     )
@@ -87,11 +76,8 @@ def test_partial_spec_reports_replica_devices():
 
 def test_user_mesh_row_major():
     plan = MeshPlan(("data", "model"), (2, 4), tuple(range(8)))
-    batch = on_groups("x", 0, [(0, 1, 2, 3), (4, 5, 6, 7)])
-    model = ShardingSpec(
-        "w", (ShardedDim(1, (SimpleShardedDim(4),)),), devices=(-1, -2, -3, -4),
-        groups=((-4, (3, 7)), (-3, (2, 6)), (-2, (1, 5)), (-1, (0, 4))),
-    )
+    batch = ShardingSpec.split("x", {0: 2}, [(0, 1, 2, 3), (4, 5, 6, 7)])
+    model = ShardingSpec.split("w", {1: 4}, [(0, 4), (1, 5), (2, 6), (3, 7)])
     mapping = map_specs({"x": layout_of(batch, (4, 16)), "w": layout_of(model, (16, 32))}, 8, plan)
     assert mapping.pspecs == {"x": (("data",), None), "w": (None, ("model",))}
 
@@ -101,7 +87,7 @@ def test_inexpressible_spec_is_named_with_its_devices():
         map_specs(
             {
                 "all": layout_of(ShardingSpec.split("a", {0: 4}, [0, 1, 2, 3]), (4,)),
-                "odd": layout_of(on_groups("b", 0, [(0, 3), (1, 2)]), (4,)),
+                "odd": layout_of(ShardingSpec.split("b", {0: 2}, [(0, 3), (1, 2)]), (4,)),
             },
             4,
         )
