@@ -29,7 +29,8 @@ import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 import onnx2jax  # noqa: E402
-from sharding.annotate import describe_plan, megatron_plan  # noqa: E402
+from sharding.annotate import describe_plan  # noqa: E402
+from sharding.megatron import megatron_plan  # noqa: E402
 
 
 class LogitsOnly(torch.nn.Module):

@@ -19,14 +19,8 @@ import argparse
 
 import onnx
 
-from sharding.annotate import (
-    add_configuration,
-    annotate_tensor,
-    describe_plan,
-    megatron_layout,
-    megatron_plan,
-    set_stage,
-)
+from sharding.annotate import add_configuration, annotate_tensor, describe_plan, set_stage
+from sharding.megatron import megatron_layout, megatron_plan
 from sharding.text import SpecSyntaxError, parse_spec
 from sharding.validate import validate_model
 

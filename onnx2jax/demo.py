@@ -45,7 +45,7 @@ def run_demo(console, model_path: str | os.PathLike | None = None, devices: int 
     import onnx
 
     import onnx2jax
-    from sharding.annotate import megatron_plan
+    from sharding.megatron import megatron_plan
 
     path = pathlib.Path(model_path) if model_path else default_model()
     if not path.is_file():

@@ -34,7 +34,9 @@ from .tiles import tile_assignment as tile_assignment
 from .validate import require_valid as require_valid
 from .validate import validate_model as validate_model
 from .visualize import render_tiles as render_tiles
-from .annotate import (add_configuration as add_configuration, annotate_tensor as annotate_tensor, describe_plan as describe_plan, megatron_layout as megatron_layout, megatron_plan as megatron_plan, set_spec as set_spec, set_stage as set_stage)  # noqa: E501
+from .annotate import (add_configuration as add_configuration, annotate_tensor as annotate_tensor, describe_plan as describe_plan, set_spec as set_spec, set_stage as set_stage)  # noqa: E501
+from .megatron import megatron_layout as megatron_layout
+from .megatron import megatron_plan as megatron_plan
 from .check import check as check
 from .infer import Inference as Inference
 from .infer import NodeShardings as NodeShardings

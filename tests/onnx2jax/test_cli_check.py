@@ -7,7 +7,7 @@ import onnx
 import pytest
 
 from onnx2jax.cli import main
-from sharding.annotate import megatron_plan
+from sharding.megatron import megatron_plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 

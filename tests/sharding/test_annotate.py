@@ -1,4 +1,4 @@
-"""sharding.annotate: builders on onnx.helper graphs, the Megatron plan on the torch fixtures."""
+"""sharding.annotate and sharding.megatron: builders on onnx.helper graphs, the Megatron plan on the torch fixtures."""
 
 from pathlib import Path
 
@@ -8,15 +8,8 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
-from sharding.annotate import (
-    add_configuration,
-    annotate_tensor,
-    describe_plan,
-    megatron_layout,
-    megatron_plan,
-    set_spec,
-    set_stage,
-)
+from sharding.annotate import add_configuration, annotate_tensor, describe_plan, set_spec, set_stage
+from sharding.megatron import megatron_layout, megatron_plan
 from sharding.spec import ShardingSpec, read_model_configs
 from sharding.text import format_spec, parse_spec
 from sharding.tiles import split

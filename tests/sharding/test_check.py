@@ -4,7 +4,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from sharding import check
-from sharding.annotate import megatron_plan
+from sharding.megatron import megatron_plan
 from sharding.spec import NodeConfig
 from sharding.text import parse_spec
 

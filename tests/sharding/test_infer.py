@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from sharding.annotate import megatron_plan
+from sharding.megatron import megatron_plan
 from sharding.infer import Inference, NodeShardings, completed_model, infer, topological_order
 from sharding.reshard import same_spec
 from sharding.spec import NodeConfig, ShardingSpec

@@ -2,7 +2,6 @@
 
 import numpy as np
 import onnx.helper as oh
-import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
