@@ -19,15 +19,23 @@ def spatial_pads(auto_pad, in_shape, kernel, strides, dilations, pads):
     SAME_UPPER puts the odd pixel at the end, SAME_LOWER at the beginning.
     E.g. in=5, kernel=3, stride=2: out=3, total=max(0, 4 + 3 - 5)=2 -> (1, 1).
     """
-    n = len(in_shape)
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
-        result = []
-        for size, k, s, d in zip(in_shape, kernel, strides, dilations):
-            out = -(-size // s)
-            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
-            small = total // 2
-            result.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
-        return result
+        totals = [
+            max(0, (-(-size // s) - 1) * s + (k - 1) * d + 1 - size)
+            for size, k, s, d in zip(in_shape, kernel, strides, dilations)
+        ]
+        return _split_totals(totals, auto_pad)
+    return _explicit_pads(auto_pad, pads, len(in_shape))
+
+
+def _split_totals(totals, auto_pad):
+    """Total padding per axis -> (begin, end); SAME_UPPER puts the odd pixel at the end."""
+    pairs = [(total // 2, total - total // 2) for total in totals]
+    return pairs if auto_pad == "SAME_UPPER" else [(end, begin) for begin, end in pairs]
+
+
+def _explicit_pads(auto_pad, pads, n):
+    """``pads`` as [(begin, end)] per axis (all zero for VALID or when absent)."""
     if auto_pad == "VALID" or pads is None:
         return [(0, 0)] * n
     pads = [int(p) for p in pads]
@@ -91,16 +99,8 @@ def _transpose_pads(auto_pad, in_shape, kernel, strides, dilations, pads, output
             target = [int(v) for v in output_shape][-n:]
         else:
             target = [size * s for size, s in zip(in_shape, strides)]
-        result = []
-        for f, t in zip(full, target):
-            total = f - t
-            small = total // 2
-            result.append((small, total - small) if auto_pad == "SAME_UPPER" else (total - small, small))
-        return result
-    if auto_pad == "VALID" or pads is None:
-        return [(0, 0)] * n
-    pads = [int(p) for p in pads]
-    return list(zip(pads[:n], pads[n:]))
+        return _split_totals([f - t for f, t in zip(full, target)], auto_pad)
+    return _explicit_pads(auto_pad, pads, n)
 
 
 @register("ConvTranspose", 1, 11, 22)
