@@ -154,19 +154,7 @@ def _attention(
     return y.astype(dtype), present_key, present_value, qk_output.astype(dtype)
 
 
-@register("Attention", 23)
-def attention_23(
-    q, k, v, attn_mask=None, past_key=None, past_value=None, *, is_causal, qk_matmul_output_mode, softcap,
-    scale=None, q_num_heads=None, kv_num_heads=None, softmax_precision=None,
-):
-    return _attention(
-        q, k, v, attn_mask, past_key, past_value, None, scale=scale, is_causal=is_causal,
-        q_num_heads=q_num_heads, kv_num_heads=kv_num_heads, softmax_precision=softmax_precision,
-        softcap=softcap, qk_matmul_output_mode=qk_matmul_output_mode,
-    )
-
-
-@register("Attention", 24)
+@register("Attention", 23, 24)  # 24 adds the optional nonpad_kv_seqlen input
 def attention_24(
     q, k, v, attn_mask=None, past_key=None, past_value=None, nonpad_kv_seqlen=None, *, is_causal,
     qk_matmul_output_mode, softcap, scale=None, q_num_heads=None, kv_num_heads=None, softmax_precision=None,
