@@ -7,9 +7,13 @@ The steps, in order:
    node input and output on the sharded path gets a spec;
 3. map every spec onto one jax ``Mesh`` (:mod:`onnx2jax.mesh`), or use the
    mesh the caller gives;
-4. place the initializers sharded, each device receiving only its slice;
-5. trace the graph with ``with_sharding_constraint`` on every node input and
-   output that has a spec, and jit it; XLA inserts the collectives.
+4. place the initializers sharded, each device receiving only its slice, once
+   per distinct layout their consumers ask for (:mod:`onnx2jax.parameters`);
+5. per input shape signature of a call: infer again at those concrete shapes
+   (a Reshape that fuses a sharded axis with a symbolic one needs them), map
+   the specs onto the mesh, trace the graph with ``with_sharding_constraint``
+   on every node input and output that has a spec, and jit it; XLA inserts
+   the collectives.
 """
 
 from __future__ import annotations
@@ -26,30 +30,16 @@ import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import sharding
-from onnx2jax.constraints import Placement, ShardingHooks, SpecKey, View
+from onnx2jax.constraints import Placement, ShardingHooks, SpecKey
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
+from onnx2jax.parameters import ParameterStore, padded_shape
 from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic, ShardingError
-from sharding.infer import tensor_shapes
 from sharding.spec import device_configurations
 from sharding.text import format_spec
 
 _COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
-
-
-@dataclasses.dataclass(frozen=True)
-class _ParamLayout:
-    """A parameter stored in another shape than ONNX's.
-
-    JAX holds a fused-axis parameter sharded only in its unfused shape, and an
-    array whose sharded axes do not divide evenly not at all: such a parameter
-    is stored unfused and zero-padded, and sliced and reshaped back when used.
-    """
-
-    logical_shape: tuple[int, ...]
-    unfused_shape: tuple[int, ...]
-    padded_shape: tuple[int, ...]
 
 
 def _concrete(shape: tuple) -> tuple[int, ...]:
@@ -57,18 +47,35 @@ def _concrete(shape: tuple) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) else 0 for d in shape)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Signature:
+    """What depends on one call's input shapes: inference, specs on the mesh, output shardings."""
+
+    inference: "sharding.Inference"
+    placements: dict[SpecKey, Placement]
+    out_shardings: tuple
+
+
 class Compiled:
     """A model compiled for a mesh. Call it like the model; see :func:`compile`.
+
+    Inference runs again with the concrete shapes of each call's shape
+    signature (a Reshape ``[B,H,S,D] -> [B*H,S,D]`` keeps its head split only
+    when B is known), and the program is specialised per signature; the mesh
+    and the parameters are fixed at compile time.
 
     Attributes:
       model: the translated :class:`~onnx2jax.translate.JaxModel`.
       mesh: the jax Mesh every sharding lives on.
-      inference: the completed annotations (None for an unannotated model).
-      params: the initializers as jax.Arrays, placed with their shardings.
-        A parameter with a fused-axis spec is held in its unfused shape (for
-        example a [H, 2F] gate/up weight as [H, 2, F]); one whose sharded axes
-        do not divide evenly is held zero-padded. ``logical_params`` gives the
-        ONNX shapes back.
+      inference: the completed annotations at the model's own (possibly
+        symbolic) shapes (None for an unannotated model).
+      params: the initializers as jax.Arrays, placed with the sharding of
+        their first annotated consumer. A parameter with a fused-axis spec is
+        held in its unfused shape (for example a [H, 2F] gate/up weight as
+        [H, 2, F]); one whose sharded axes do not divide evenly is held
+        zero-padded. ``logical_params`` gives the ONNX shapes back.
+      param_copies: further copies of parameters whose consumers want other
+        layouts (``"name#k"``), so that no call reshards a constant.
     """
 
     def __init__(
@@ -77,79 +84,71 @@ class Compiled:
         mesh: Mesh,
         inference: "sharding.Inference | None",
         placements: dict[SpecKey, Placement],
-        tensor_placements: dict[str, Placement],
         mapping: MeshMapping | None,
         configuration: str | None,
+        *,
+        check: bool = True,
     ):
         self.model = model
         self.mesh = mesh
         self.inference = inference
         self.configuration = configuration
         self._placements = placements
-        self._tensor_placements = tensor_placements
         self._mapping = mapping
-        self._param_layouts: dict[str, _ParamLayout] = {}
-        self.params = self._place_params(tensor_placements)
-        self._out_shardings = self._output_shardings(tensor_placements)
+        self._store = ParameterStore(mesh, model.params, placements)
+        self.params = self._store.arrays
+        self.param_copies = self._store.copies
+        self.check = check  # refuse a call whose shapes give the annotations errors
+        self._signatures: dict[tuple, _Signature] = {}
         self._jitted: dict[tuple, Any] = {}
         self._last_args: tuple | None = None
 
     # -- parameters -------------------------------------------------------
 
-    def _place_params(self, tensor_placements: dict[str, Placement]) -> dict[str, jax.Array]:
-        """Puts each parameter on the mesh; each device receives only its own slice from the host."""
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        placed = {}
-        for name, array in self.model.params.items():
-            placement = tensor_placements.get(name)
-            if placement is None:
-                placed[name] = jax.device_put(array, replicated)
-                continue
-            unfused = array.reshape(placement.expand(array.shape))
-            padded = _padded_shape(unfused.shape, placement.sharding)
-            if placement.fused or padded != unfused.shape:
-                self._param_layouts[name] = _ParamLayout(array.shape, unfused.shape, padded)
-            host = np.pad(unfused, [(0, p - s) for p, s in zip(padded, unfused.shape)]) if padded != unfused.shape else unfused
-            placed[name] = jax.device_put(host, placement.sharding)
-        return placed
-
     def _logical_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(params)
-        for name, layout in self._param_layouts.items():
-            value = params[name]
-            if layout.padded_shape != layout.unfused_shape:
-                value = value[tuple(slice(0, s) for s in layout.unfused_shape)]
-            out[name] = value.reshape(layout.logical_shape)
-        return out
+        return {name: self._store.logical(name, value) for name, value in params.items()}
 
     @property
     def logical_params(self) -> dict[str, jax.Array]:
         """The parameters in their ONNX shapes (fused views folded, padding removed)."""
         return self._logical_params(self.params)
 
-    # -- outputs ----------------------------------------------------------
+    # -- per shape signature ----------------------------------------------
 
-    def _output_shardings(self, tensor_placements: dict[str, Placement]) -> tuple:
-        shardings = []
-        for name in self.model.output_names:
-            placement = tensor_placements.get(name)
-            if placement is None or placement.fused:
-                shardings.append(None)
-            else:
-                shardings.append(placement.sharding)
-        return tuple(shardings)
+    def _signature(self, key: tuple, input_shapes: Mapping[str, tuple[int, ...]]) -> _Signature:
+        """Inference, placements and output shardings for one input shape signature (cached)."""
+        found = self._signatures.get(key)
+        if found is not None:
+            return found
+        if self.inference is None:
+            found = _Signature(None, {}, (None,) * len(self.model.output_names))
+        else:
+            proto = self.model.proto
+            inference = sharding.infer(proto, self.configuration, input_shapes=input_shapes)
+            errors = inference.errors()
+            if self.check and errors:
+                raise ShardingError(list(errors))
+            layouts = _layouts(inference, strict=True)
+            num_devices = self._mapping.plan.device_array().size
+            mapping = map_specs(layouts, num_devices, self._mapping.plan)
+            placements = _placements(mapping, layouts, self.mesh)
+            found = _Signature(inference, placements, _output_shardings(proto, placements))
+        self._signatures[key] = found
+        return found
 
-    # -- tracing ----------------------------------------------------------
+        # -- tracing ----------------------------------------------------------
 
-    def _evaluate(self, params: Mapping[str, Any], inputs: Mapping[str, Any]) -> tuple:
+    def _evaluate(self, signature: _Signature, stored: tuple, inputs: Mapping[str, Any]) -> tuple:
+        params, copies = stored
         views = {}
-        for name, layout in self._param_layouts.items():
-            placement = self._tensor_placements[name]
-            if len(placement.fused) == 1:
-                ((axis, sizes),) = placement.fused
-                stored = params[name][tuple(slice(0, s) for s in layout.unfused_shape)]
-                views[name] = View(stored, layout.logical_shape, axis, len(sizes))
-        hooks = ShardingHooks(self._placements, views)
+        for name, value in params.items():
+            view = self._store.view(name, value)
+            if view is not None:
+                views[name] = view
+        consumer_values = {}
+        for key, copy in self._store.consumer_copy.items():
+            consumer_values[key] = self._store.view(copy, copies[copy]) or self._store.logical(copy, copies[copy])
+        hooks = ShardingHooks(signature.placements, views, consumer_values)
         return self.model.evaluate(self._logical_params(params), inputs, hooks)
 
     def _program(self, inputs: Sequence[Any], named: Mapping[str, Any]):
@@ -161,19 +160,21 @@ class Compiled:
         replicated, with a warning, once per input signature.
         """
         dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
-        args = (self.params, dynamic)
+        args = ((self.params, self.param_copies), dynamic)
         shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
+        input_shapes = {k: tuple(np.shape(v)) for k, v in {**dynamic, **static}.items()}
+        signature = self._signature((key, shapes), input_shapes)
         jitted = self._jitted.get((key, shapes))
         if jitted is None:
-            evaluate = lambda params, values: self._evaluate(params, {**values, **static})  # noqa: E731
-            out_shardings = self._even_out_shardings(jax.eval_shape(evaluate, *args))
+            evaluate = lambda stored, values: self._evaluate(signature, stored, {**values, **static})  # noqa: E731
+            out_shardings = self._even_out_shardings(signature.out_shardings, jax.eval_shape(evaluate, *args))
             jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings)
-        return jitted, args
+        return jitted, args, signature
 
-    def _even_out_shardings(self, outputs: Sequence[jax.ShapeDtypeStruct]) -> tuple:
+    def _even_out_shardings(self, wanted: tuple, outputs: Sequence[jax.ShapeDtypeStruct]) -> tuple:
         shardings = []
-        for name, named, output in zip(self.model.output_names, self._out_shardings, outputs):
-            if named is not None and _padded_shape(output.shape, named) != tuple(output.shape):
+        for name, named, output in zip(self.model.output_names, wanted, outputs):
+            if named is not None and padded_shape(output.shape, named) != tuple(output.shape):
                 warnings.warn(
                     f"output {name!r} {list(output.shape)}: its sharding spec does not divide its shape "
                     "evenly, and JAX cannot hold an unevenly sharded array, so it comes back replicated",
@@ -187,19 +188,19 @@ class Compiled:
         """Runs the sharded program; returns jax.Arrays in ONNX output order."""
         with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
             self._last_args = (inputs, named)
-            jitted, args = self._program(inputs, named)
+            jitted, args, _ = self._program(inputs, named)
             return jitted(*args)
 
     def lower(self, *inputs: Any, **named: Any) -> jax.stages.Lowered:
         """The jax ``Lowered`` program for these inputs (``.as_text()``, ``.compile()``)."""
         with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
-            jitted, args = self._program(inputs, named)
+            jitted, args, _ = self._program(inputs, named)
             return jitted.lower(*args)
 
     def compiled_text(self, *inputs: Any, **named: Any) -> str:
         """The HLO text of the compiled, partitioned program."""
         with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
-            jitted, args = self._program(inputs, named)
+            jitted, args, _ = self._program(inputs, named)
             return jitted.lower(*args).compile().as_text()
 
     def report(self, *inputs: Any, **named: Any) -> "Report":
@@ -214,34 +215,21 @@ class Compiled:
             if self._last_args is None:
                 raise ValueError("report() needs example inputs, or call the model once first")
             inputs, named = self._last_args
-        compiled = self.lower(*inputs, **named).compile()
+        with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
+            jitted, args, signature = self._program(inputs, named)
+            compiled = jitted.lower(*args).compile()
         text = compiled.as_text()
         memory = compiled.memory_analysis()
         return Report(
             mesh=dict(self.mesh.shape),
             configuration=self.configuration,
             collectives=count_collectives(text),
-            param_bytes_per_device=param_bytes_per_device(self.params),
+            param_bytes_per_device=param_bytes_per_device({**self.params, **self.param_copies}),
             param_bytes_total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.model.params.values()),
             temp_bytes=getattr(memory, "temp_size_in_bytes", None),
-            node_specs=self._node_rows(),
+            node_specs=_node_rows(signature),
             notes=self._notes(),
         )
-
-    def _node_rows(self) -> list[tuple[str, str, str, str, str]]:
-        rows = []
-        if self.inference is None:
-            return rows
-        for name, node in self.inference.nodes.items():
-            for kind, specs, given in (("in", node.inputs, node.given_inputs), ("out", node.outputs, node.given_outputs)):
-                for position, spec in enumerate(specs):
-                    if spec is None:
-                        continue
-                    placement = self._placements.get(SpecKey(name, kind, position, spec.tensor_name))
-                    pspec = str(placement.sharding.spec) if placement else "-"
-                    origin = "given" if given[position] else "inferred"
-                    rows.append((f"{name} ({node.op_type})", f"{kind} {spec.tensor_name}", _short(format_spec(spec)), origin, pspec))
-        return rows
 
     def _notes(self) -> list[str]:
         notes = []
@@ -251,23 +239,24 @@ class Compiled:
                     f"{key}: the spec names only some devices; inside one SPMD "
                     f"program devices {sorted(extra)} hold replicas"
                 )
-        for name, layout in self._param_layouts.items():
-            notes.append(
-                f"parameter {name!r} {list(layout.logical_shape)} is stored as {list(layout.padded_shape)} "
-                "(unfused and/or padded to divide evenly; see Compiled.params)"
-            )
-        return notes
+        return notes + self._store.notes()
 
 
-def _padded_shape(shape: tuple[int, ...], named: NamedSharding) -> tuple[int, ...]:
-    """``shape`` rounded up so that every sharded axis divides evenly (the GSPMD ceil rule)."""
-    mesh_sizes = dict(named.mesh.shape)
-    padded = []
-    for size, entry in zip(shape, tuple(named.spec) + (None,) * (len(shape) - len(named.spec))):
-        axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
-        n = math.prod(mesh_sizes[a] for a in axes)
-        padded.append(-(-size // n) * n if n > 1 else size)
-    return tuple(padded)
+def _node_rows(signature: _Signature) -> list[tuple[str, str, str, str, str]]:
+    """Per node input and output with a spec: node, tensor, spec, given/inferred, PartitionSpec."""
+    rows = []
+    if signature.inference is None:
+        return rows
+    for name, node in signature.inference.nodes.items():
+        for kind, specs, given in (("in", node.inputs, node.given_inputs), ("out", node.outputs, node.given_outputs)):
+            for position, spec in enumerate(specs):
+                if spec is None:
+                    continue
+                placement = signature.placements.get(SpecKey(name, kind, position, spec.tensor_name))
+                pspec = str(placement.sharding.spec) if placement else "-"
+                origin = "given" if given[position] else "inferred"
+                rows.append((f"{name} ({node.op_type})", f"{kind} {spec.tensor_name}", _short(format_spec(spec)), origin, pspec))
+    return rows
 
 
 def count_collectives(hlo_text: str) -> dict[str, int]:
@@ -412,23 +401,14 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     config = _choose_configuration(proto, configuration)
     if config is None:
         mesh = mesh or Mesh(np.array(jax.devices()[:1]), ("d0",))
-        return Compiled(jax_model, mesh, None, {}, {}, None, None)
+        return Compiled(jax_model, mesh, None, {}, None, None)
     num_devices = device_configurations(proto)[config].num_devices
     inference = sharding.infer(proto, config)
-    errors = [d for d in inference.diagnostics if d.severity == "error"]
+    errors = inference.errors()
     if check and errors:
         raise ShardingError(list(errors))
-    shapes, _ = tensor_shapes(proto)  # diagnostics of failed inference are already in inference
-    layouts: dict[SpecKey, Layout] = {}
-    for name, node in inference.nodes.items():
-        for kind, values in (("in", node.inputs), ("out", node.outputs)):
-            for position, spec in enumerate(values):
-                if spec is None:
-                    continue
-                shape = shapes.get(spec.tensor_name)
-                if shape is None:
-                    raise ShardingError([_unknown_shape(name, node.op_type, spec.tensor_name)])
-                layouts[SpecKey(name, kind, position, spec.tensor_name)] = layout_of(spec, _concrete(shape))
+    # At the model's own shapes: a fused spec on a symbolic axis waits for the call's shapes.
+    layouts = _layouts(inference, strict=False)
     if mesh is None:
         if len(jax.devices()) < num_devices:
             raise ValueError(
@@ -441,12 +421,80 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         mesh = Mesh(array, mapping.plan.axis_names)
     else:
         mapping = map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices))
-    placements = {
+    placements = _placements(mapping, layouts, mesh)
+    return Compiled(jax_model, mesh, inference, placements, mapping, config, check=check)
+
+
+def _layouts(inference: "sharding.Inference", *, strict: bool) -> dict[SpecKey, Layout]:
+    """The layout of every spec of ``inference`` at its shapes.
+
+    Args:
+      strict: the shapes are a call's: every fused axis must have its size.
+        Otherwise (the model's own shapes) a spec that fuses an axis of
+        unknown size is left out, to be laid out per call.
+
+    Raises:
+      ShardingError: a spec has no shape, or its fused sub-axis sizes do not
+        match the axis (naming node, tensor and axis).
+    """
+    layouts: dict[SpecKey, Layout] = {}
+    for name, node in inference.nodes.items():
+        for kind, values in (("in", node.inputs), ("out", node.outputs)):
+            for position, spec in enumerate(values):
+                if spec is None:
+                    continue
+                shape = inference.shapes.get(spec.tensor_name)
+                if shape is None:
+                    raise ShardingError([_unknown_shape(name, node.op_type, spec.tensor_name)])
+                fused_unknown = [
+                    d.axis for d in spec.sharded_dims if len(d.parts) > 1 and not isinstance(shape[d.axis], int)
+                ]
+                if fused_unknown and not strict:
+                    continue
+                if fused_unknown:
+                    raise ShardingError([_fused_axis_error(name, node.op_type, spec.tensor_name, fused_unknown[0],
+                                                           "its size is not known even at the call's shapes")])
+                try:
+                    layouts[SpecKey(name, kind, position, spec.tensor_name)] = layout_of(spec, _concrete(shape))
+                except ValueError as e:
+                    axis = next((d.axis for d in spec.sharded_dims if len(d.parts) > 1), None)
+                    raise ShardingError([_fused_axis_error(name, node.op_type, spec.tensor_name, axis, str(e))]) from e
+    return layouts
+
+
+def _placements(mapping: MeshMapping, layouts: Mapping[SpecKey, Layout], mesh: Mesh) -> dict[SpecKey, Placement]:
+    return {
         key: Placement(NamedSharding(mesh, PartitionSpec(*pspec)), layouts[key].fused)
         for key, pspec in mapping.pspecs.items()
     }
-    tensor_placements = _tensor_placements(proto, placements, jax_model)
-    return Compiled(jax_model, mesh, inference, placements, tensor_placements, mapping, config)
+
+
+def _output_shardings(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> tuple:
+    """Each graph output's sharding from its producer's spec (None: replicated, or fused)."""
+    produced: dict[str, Placement] = {}
+    for node in proto.graph.node:
+        for position, name in enumerate(node.output):
+            placement = placements.get(SpecKey(node.name, "out", position, name))
+            if placement is not None:
+                produced[name] = placement
+    shardings = []
+    for output in proto.graph.output:
+        placement = produced.get(output.name)
+        shardings.append(None if placement is None or placement.fused else placement.sharding)
+    return tuple(shardings)
+
+
+def _fused_axis_error(node: str, op_type: str, tensor: str, axis: int | None, why: str) -> Diagnostic:
+    return Diagnostic(
+        code="fused-axis-size",
+        severity="error",
+        node=node,
+        op_type=op_type,
+        tensor=tensor,
+        axis=axis,
+        message=f"the spec fuses axis {axis} into sub-axes, but {why}",
+        hint="write sub-axis sizes (dim_value) whose product is the axis size at the shapes the model is called with",
+    )
 
 
 def _unknown_shape(node: str, op_type: str, tensor: str) -> Diagnostic:
@@ -459,20 +507,3 @@ def _unknown_shape(node: str, op_type: str, tensor: str) -> Diagnostic:
         message="the tensor has a sharding spec but ONNX shape inference gives it no shape",
         hint="add value_info with the tensor's shape to the model",
     )
-
-
-def _tensor_placements(
-    proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement], model: JaxModel
-) -> dict[str, Placement]:
-    """One placement per tensor: a parameter's from its first consumer, an output's from its producer."""
-    by_tensor: dict[str, Placement] = {}
-    for node in proto.graph.node:
-        for position, name in enumerate(node.input):
-            key = SpecKey(node.name, "in", position, name)
-            if name in model.params and key in placements and name not in by_tensor:
-                by_tensor[name] = placements[key]
-        for position, name in enumerate(node.output):
-            key = SpecKey(node.name, "out", position, name)
-            if key in placements:
-                by_tensor[name] = placements[key]
-    return by_tensor

@@ -98,19 +98,33 @@ class ShardingHooks:
       placements: by node input/output, where the value must live.
       views: tensors already held unfused (fused parameters, as stored);
         filled further as fused outputs are produced.
+      copies: node inputs that read their own copy of a parameter, already
+        placed as that input's spec asks (an array, or a View when fused).
     """
 
-    def __init__(self, placements: Mapping[SpecKey, Placement], views: Mapping[str, View]):
+    def __init__(
+        self,
+        placements: Mapping[SpecKey, Placement],
+        views: Mapping[str, View],
+        copies: Mapping[SpecKey, Any] | None = None,
+    ):
         self.placements = placements
         self.views = dict(views)
+        self.copies = dict(copies or {})
 
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
     ) -> list:
-        inputs = [
-            self._constrain(SpecKey(node.name, "in", i, name), v) for i, (name, v) in enumerate(zip(node.input, inputs))
-        ]
-        views = [self.views.get(name) if name else None for name in node.input]
+        inputs, views = list(inputs), []
+        for i, name in enumerate(node.input):
+            key = SpecKey(node.name, "in", i, name)
+            copy = self.copies.get(key)
+            if copy is None:
+                inputs[i] = self._constrain(key, inputs[i])
+                views.append(self.views.get(name) if name else None)
+            else:  # placed for this input already; the tensor's own view is left alone
+                inputs[i] = copy.fold() if isinstance(copy, View) else copy
+                views.append(copy if isinstance(copy, View) else None)
         out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
         if out_views is None:
             outputs = compute(inputs)

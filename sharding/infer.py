@@ -4,7 +4,9 @@ One topological walk over the main graph. At each node:
 
 1. Input specs: the one written on the node; else the spec the producer left
    (`Inference.tensors`); else, for a model input, an initializer or anything
-   not yet placed, unsharded: replicated on the node's devices. The node's
+   not yet placed, unsharded: replicated on the node's devices (an
+   initializer has no producer: another consumer's written spec is not
+   its spec, proposal 0007). The node's
    devices are those of its written specs, or else of its inputs' specs; a
    node with neither stays unplaced (its specs are None).
 2. The op's rule (`sharding.rules`) checks the inputs and infers the outputs.
@@ -94,7 +96,9 @@ class Inference:
         nodes: By node name (``"<op_type>#<index>"`` for unnamed nodes), in
             topological order.
         tensors: Each tensor's spec as its producer leaves it; model inputs
-            and initializers as first consumed.
+            and initializers as first consumed (an initializer's entry is
+            informative only: each consumer takes its own written spec, or
+            the initializer unsharded).
         diagnostics: Errors, warnings and notes (reshards, collectives).
         shapes: Tensor shapes known after shape inference (ints, symbols or
             None per axis).
@@ -426,6 +430,7 @@ def infer(
     tensors: dict[str, ShardingSpec] = {}
     nodes: dict[str, NodeShardings] = {}
     all_nodes = list(graph.node)
+    initializers = {init.name for init in graph.initializer}
     memo: dict[tuple, tuple] = {}
     for index in order:
         node = all_nodes[index]
@@ -433,7 +438,7 @@ def infer(
         key = node.name or f"{node.op_type}#{index}"
         annotation = annotations.get(index)
         given = {s.tensor_name: s for s in annotation.specs} if annotation else {}
-        known = [given.get(n) or tensors.get(n) for n in ins if n]
+        known = [given.get(n) or (None if n in initializers else tensors.get(n)) for n in ins if n]
         devices = node_devices(given.values()) or node_devices(known)
         in_specs: list[ShardingSpec | None] = []
         for name in ins:
@@ -441,7 +446,9 @@ def infer(
                 in_specs.append(None)
                 continue
             spec = given.get(name)
-            produced = tensors.get(name)
+            # An initializer has no producer: a spec written for one consumer is
+            # that consumer's, not the tensor's (exporters share one bias among many).
+            produced = None if name in initializers else tensors.get(name)
             if spec is not None and produced is not None:
                 kind = reshard_kind(produced, spec, shapes.get(name))
                 if kind is not None:
