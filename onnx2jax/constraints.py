@@ -157,32 +157,126 @@ class ShardingHooks:
 
     def _run_unfused(self, node: onnx.NodeProto, inputs: list, views: list, attrs: dict[str, Any], compute) -> list | None:
         """The node's outputs computed on unfused views, or None where it cannot be."""
-        if node.op_type in ELEMENTWISE:
+        op = node.op_type
+        if op in ELEMENTWISE:
             return _elementwise(inputs, views, compute)
-        if node.op_type == "Split":
+        if op == "Split":
             return _split(inputs, views, attrs, len(node.output))
-        if node.op_type in ("MatMul", "Gemm"):
-            return _product(node.op_type, inputs, views, attrs)
-        if node.op_type == "Reshape":
-            return _reshape_leading(inputs, views)
+        if op in ("MatMul", "Gemm"):
+            return _product(op, inputs, views, attrs) or (_batched(inputs, views, compute) if op == "MatMul" else None)
+        if op == "Reshape":
+            return _reshape_leading(inputs, views) or _reshape_from_view(inputs, views)
+        if op == "Transpose":
+            return _transpose(views, attrs, compute)
+        if op in ("Softmax", "LogSoftmax"):
+            return _along_other_axis(views, attrs, compute)
         return None
 
 
-def _elementwise(inputs: list, views: list, compute) -> list | None:
-    """Run the op on the views: every tensor input has one, aligned from the right (scalars may join)."""
+def _sub_sizes(view: View) -> tuple[int, ...]:
+    return tuple(view.array.shape[view.axis : view.axis + view.count])
+
+
+def _framed(value: Any, view: View) -> Any | None:
+    """A tensor without a view, broadcast against ``view`` from the right, in the view's frame.
+
+    Its axis facing the fused one must be 1 (it broadcasts: one 1 per
+    sub-axis) or the fused size (a replicated tensor, reshaped to the
+    sub-axes); an operand too short to reach the fused axis broadcasts as it is.
+    """
+    shape = tuple(np.shape(value))
+    position = len(shape) - (len(view.shape) - view.axis)
+    if position < 0:
+        return value
+    if shape[position] == 1:
+        subs = (1,) * view.count
+    elif shape[position] == view.shape[view.axis]:
+        subs = _sub_sizes(view)
+    else:
+        return None
+    new = shape[:position] + subs + shape[position + 1 :]
+    return np.reshape(value, new) if is_static(value) else jnp.reshape(value, new)
+
+
+def _common_frame(inputs: list, views: list) -> tuple[View, list, list] | None:
+    """Every input in the frame of the first view: (that view, arguments, ONNX shapes), or None.
+
+    Views must face each other (same position from the right, same sub-axes);
+    other inputs are framed by `_framed`.
+    """
     first = next(v for v in views if v is not None)
     from_right = len(first.shape) - first.axis
     args, shapes = [], []
     for value, view in zip(inputs, views):
-        if view is not None and len(view.shape) - view.axis == from_right and view.count == first.count:
+        if view is not None:
+            if len(view.shape) - view.axis != from_right or _sub_sizes(view) != _sub_sizes(first):
+                return None
             args.append(view.array)
             shapes.append(view.shape)
-        elif value is None or (is_static(value) and np.size(value) == 1):
-            args.append(None if value is None else np.reshape(value, ()))
+        elif value is None:
+            args.append(None)
         else:
-            return None
+            framed = _framed(value, first)
+            if framed is None:
+                return None
+            args.append(framed)
+            shapes.append(tuple(np.shape(value)))
+    return first, args, shapes
+
+
+def _elementwise(inputs: list, views: list, compute) -> list | None:
+    """The op on the views; the other inputs broadcast into their frame (scalars, biases, replicated tensors)."""
+    found = _common_frame(inputs, views)
+    if found is None:
+        return None
+    first, args, shapes = found
     shape = tuple(np.broadcast_shapes(*shapes))
+    from_right = len(first.shape) - first.axis
     return [View(out, shape, len(shape) - from_right, first.count) for out in compute(args)]
+
+
+def _batched(inputs: list, views: list, compute) -> list | None:
+    """A batched MatMul whose fused axis is a batch axis (Q·Kᵀ on [B*H, S, D]): batch axes broadcast."""
+    first = next(v for v in views if v is not None)
+    if len(first.shape) - first.axis <= 2 or any(np.ndim(x) < 3 for x in inputs):
+        return None
+    found = _common_frame(inputs, views)
+    if found is None:
+        return None
+    _, args, shapes = found
+    (out,) = compute(args)
+    batch = tuple(np.broadcast_shapes(*(s[:-2] for s in shapes)))
+    shape = batch + (shapes[0][-2], shapes[1][-1])
+    return [View(out, shape, len(shape) - (len(first.shape) - first.axis), first.count)]
+
+
+def _transpose(views: list, attrs: Mapping[str, Any], compute) -> list | None:
+    """A Transpose moves the fused axis's sub-axes together."""
+    view = views[0]
+    rank = len(view.shape)
+    perm = [int(p) % rank for p in (attrs.get("perm") or range(rank - 1, -1, -1))]
+    starts = [a if a <= view.axis else a + view.count - 1 for a in range(rank)]
+    widths = [view.count if a == view.axis else 1 for a in range(rank)]
+    expanded = [starts[a] + k for a in perm for k in range(widths[a])]
+    (out,) = compute([view.array], override={"perm": expanded})
+    return [View(out, tuple(view.shape[a] for a in perm), perm.index(view.axis), view.count)]
+
+
+def _along_other_axis(views: list, attrs: Mapping[str, Any], compute) -> list | None:
+    """Softmax/LogSoftmax along an axis other than the fused one: the same axis in the view.
+
+    Axes after the fused one shift by its extra sub-axes; whether the op
+    normalises one axis (opset 13) or all axes from it on (earlier), the
+    view's axes hold the same data.
+    """
+    view = views[0]
+    rank = len(view.shape)
+    axis = int(attrs["axis"]) % rank
+    if axis == view.axis:
+        return None
+    moved = axis if axis < view.axis else axis + view.count - 1
+    (out,) = compute([view.array], override={"axis": moved})
+    return [View(out, view.shape, view.axis, view.count)]
 
 
 def _split(inputs: list, views: list, attrs: Mapping[str, Any], count: int) -> list | None:
@@ -239,6 +333,14 @@ def _reshape_leading(inputs: list, views: list) -> list | None:
         return None
     subs = tuple(view.array.shape[view.axis :])
     return [View(jnp.reshape(view.array, new_shape[:-1] + subs), new_shape, len(new_shape) - 1, view.count)]
+
+
+def _reshape_from_view(inputs: list, views: list) -> list | None:
+    """Any other Reshape: from the unfused array straight to the target (the same data, row-major)."""
+    view, target = views[0], inputs[1]
+    if view is None or not is_static(target):
+        return None
+    return [jnp.reshape(view.array, tuple(int(d) for d in _resolve_reshape(view.shape, np.asarray(target))))]
 
 
 def _resolve_reshape(shape: tuple[int, ...], target: np.ndarray) -> list[int]:

@@ -70,7 +70,8 @@ class Hooks(Protocol):
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
     ) -> list:
-        """Returns the node's outputs; ``compute(inputs)`` runs its implementation."""
+        """Returns the node's outputs; ``compute(inputs)`` runs its implementation
+        (``compute(inputs, override={...})`` with some attributes replaced)."""
         ...
 
 
@@ -258,9 +259,22 @@ class GraphRunner:
                 env[name] = value
 
     def _compute(
-        self, node: onnx.NodeProto, impl: OpImpl, attrs: dict[str, Any], env: dict[str, Any], where: str, inputs: list
+        self,
+        node: onnx.NodeProto,
+        impl: OpImpl,
+        attrs: dict[str, Any],
+        env: dict[str, Any],
+        where: str,
+        inputs: list,
+        override: Mapping[str, Any] | None = None,
     ) -> list:
-        """Runs one node's implementation on ``inputs``; returns its outputs as a list."""
+        """Runs one node's implementation on ``inputs``; returns its outputs as a list.
+
+        ``override`` replaces attributes: a hook running the op on another
+        view of its inputs (an unfused axis) renumbers the axes it names.
+        """
+        if override:
+            attrs = {**attrs, **override}
         for position in impl.static_inputs:
             if position < len(inputs) and inputs[position] is not None and not is_static(inputs[position]):
                 raise NodeError(

@@ -147,8 +147,8 @@ def attention_core() -> onnx.ModelProto:
     q = _heads_to_batch(b, b.column("x", "wq", "q"), "q")
     k = _heads_to_batch(b, b.column("x", "wk", "k"), "k")
     v = _heads_to_batch(b, b.column("x", "wv", "v"), "v")
-    b.node("Transpose", [k], "kt", perm=[0, 2, 1])
-    b.node("MatMul", [q, "kt"], "scores")
+    b.node("Transpose", [k], "k_t", perm=[0, 2, 1])
+    b.node("MatMul", [q, "k_t"], "scores")
     # a scale computed at run time: a traced scalar
     b.node("ReduceMax", ["x"], "xmax", keepdims=0)
     b.node("Mul", ["xmax", "half"], "scale0")

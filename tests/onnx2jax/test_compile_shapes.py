@@ -110,3 +110,11 @@ def test_annotation_independence_on_the_fixtures(planned):
         counts.append(count_collectives(compiled.compiled_text(**inputs)))
     assert counts[1] == counts[0]
     assert counts[0]["all-gather"] == counts[0]["collective-permute"] == counts[0]["all-to-all"] == 0
+
+
+def test_cause2_attention_runs_on_the_unfused_batch_by_heads_view():
+    """Q·Kᵀ on [B*H,S,D], Transpose of K, a traced scalar scale, a broadcast bias and Softmax
+    all run on the [B,H,S,D] view (was +3 all-gathers)."""
+    model = mg.attention_core()
+    assert run(model) == _expect(all_reduce=1)
+    assert run(model, batch=1, seq=3) == _expect(all_reduce=1)
