@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
-from jax.sharding import NamedSharding
+from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.mesh import expand_shape
 from onnx2jax.translate import is_static
@@ -111,6 +111,7 @@ class ShardingHooks:
         self.placements = placements
         self.views = dict(views)
         self.copies = dict(copies or {})
+        self.gathered: dict[tuple, Any] = {}
 
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
@@ -125,6 +126,8 @@ class ShardingHooks:
             else:  # placed for this input already; the tensor's own view is left alone
                 inputs[i] = copy.fold() if isinstance(copy, View) else copy
                 views.append(copy if isinstance(copy, View) else None)
+        if node.op_type in ("Split", "Slice") and views and views[0] is None:
+            inputs = self._gather_before_cut(node, inputs, attrs)
         out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
         if out_views is None:
             outputs = compute(inputs)
@@ -138,6 +141,34 @@ class ShardingHooks:
         return [
             self._constrain(SpecKey(node.name, "out", i, name), v) for i, (name, v) in enumerate(zip(node.output, outputs))
         ]
+
+    def _gather_before_cut(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list:
+        """Split/Slice whose pieces come out whole along a sharded axis: gather the input once, first.
+
+        Left to itself XLA cuts the sharded input and reshards every piece
+        (collective-permutes and one all-gather per piece); a single
+        all-gather before the cut, then local slicing, is the minimum.
+        """
+        source = self.placements.get(SpecKey(node.name, "in", 0, node.input[0]))
+        if source is None or source.fused or not inputs or inputs[0] is None or is_static(inputs[0]):
+            return inputs
+        rank = len(np.shape(inputs[0]))
+        axes = _cut_axes(node.op_type, inputs, attrs, rank)
+        entries = list(source.sharding.spec) + [None] * (rank - len(source.sharding.spec))
+        whole = set()
+        for position, name in enumerate(node.output):
+            placement = self.placements.get(SpecKey(node.name, "out", position, name))
+            if placement is None or placement.fused:
+                return inputs
+            out = list(placement.sharding.spec) + [None] * (rank - len(placement.sharding.spec))
+            whole |= {a for a in axes if entries[a] is not None and out[a] is None}
+        if not whole:
+            return inputs
+        spec = PartitionSpec(*(None if a in whole else e for a, e in enumerate(entries)))
+        key = (node.input[0], spec)  # several Slices of one tensor share one gather
+        if key not in self.gathered:
+            self.gathered[key] = jax.lax.with_sharding_constraint(inputs[0], NamedSharding(source.sharding.mesh, spec))
+        return [self.gathered[key], *inputs[1:]]
 
     def _constrain(self, key: SpecKey, value: Any) -> Any:
         placement = self.placements.get(key)
@@ -171,6 +202,18 @@ class ShardingHooks:
         if op in ("Softmax", "LogSoftmax"):
             return _along_other_axis(views, attrs, compute)
         return None
+
+
+def _cut_axes(op_type: str, inputs: list, attrs: Mapping[str, Any], rank: int) -> set[int]:
+    """The axes a Split or Slice cuts (a Slice with runtime axes: all of them)."""
+    if op_type == "Split":
+        return {int(attrs.get("axis", 0)) % rank}
+    axes = inputs[3] if len(inputs) > 3 else None
+    if axes is None and attrs.get("axes") is not None:  # opset < 10
+        return {int(a) % rank for a in attrs["axes"]}
+    if axes is None or not is_static(axes):
+        return set(range(rank))
+    return {int(a) % rank for a in np.asarray(axes).reshape(-1)}
 
 
 def _sub_sizes(view: View) -> tuple[int, ...]:

@@ -118,3 +118,15 @@ def test_cause2_attention_runs_on_the_unfused_batch_by_heads_view():
     model = mg.attention_core()
     assert run(model) == _expect(all_reduce=1)
     assert run(model, batch=1, seq=3) == _expect(all_reduce=1)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [lambda: mg.qkv_split((16, 16, 16)), lambda: mg.qkv_slices((12, 6, 6)), lambda: mg.qkv_slices((16, 8, 8))],
+    ids=["split-16-16-16", "slices-12-6-6", "slices-16-8-8"],
+)
+def test_cause5_pieces_that_must_be_whole_cost_one_gather_before_the_cut(build):
+    """A column-split [E, 48] projection cut into q|k|v pieces that straddle its 8 shards: the
+    pieces come out whole, so the input is gathered once (was 3 all-gathers + 9 or 10
+    collective-permutes)."""
+    assert run(build()) == _expect(all_gather=1)
