@@ -45,16 +45,15 @@ import dataclasses
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
 import onnx.numpy_helper
 import onnx.shape_inference
 
-from .spec import ShardedDim, ShardingSpec, SimpleShardedDim
-
-_log = logging.getLogger(__name__)
 from .annotate import add_configuration, set_spec
+from .spec import ShardedDim, ShardingSpec, SimpleShardedDim, remap_spec
 
 _log = logging.getLogger(__name__)
 
@@ -788,7 +787,12 @@ def _name_nodes(model: onnx.ModelProto) -> None:
 
 
 def megatron_plan(
-    model: onnx.ModelProto, num_devices: int, configuration: str = "tp", *, gqa: str = "replicate"
+    model: onnx.ModelProto,
+    num_devices: int,
+    configuration: str = "tp",
+    *,
+    gqa: str = "replicate",
+    node_devices: Mapping[str, Sequence[int]] | None = None,
 ) -> onnx.ModelProto:
     """A copy of ``model`` annotated for Megatron tensor parallelism.
 
@@ -803,6 +807,12 @@ def megatron_plan(
         configuration: Name of the `DeviceConfigurationProto` to use.
         gqa: What to do with key/value projections that have fewer heads than
             the shard count; see `megatron_layout`.
+        node_devices: Tensor parallelism inside device groups (one per
+            pipeline stage, say): node -> the ``num_devices`` configuration
+            devices of its group. The plan is made for ``num_devices`` and
+            each node's specs are moved onto its group; the configuration
+            gets as many devices as the groups use. Default: every node on
+            devices ``0..num_devices-1``.
 
     Returns:
         The annotated copy. `describe_plan` lists what was written.
@@ -820,9 +830,20 @@ def megatron_plan(
     result = copy.deepcopy(model)
     _name_nodes(result)
     layout = megatron_layout(result, num_devices, gqa=gqa)
-    add_configuration(result, configuration, num_devices)
+    if node_devices is None:
+        add_configuration(result, configuration, num_devices)
+        for assignment in layout.assignments:
+            set_spec(result, assignment.node, assignment.spec, configuration)
+        return result
+    wrong = sorted({len(g) for g in node_devices.values()} - {num_devices})
+    if wrong:
+        raise ValueError(f"node_devices: every group must have num_devices={num_devices} devices, got sizes {wrong}")
+    add_configuration(result, configuration, max(d for g in node_devices.values() for d in g) + 1)
     for assignment in layout.assignments:
-        set_spec(result, assignment.node, assignment.spec, configuration)
+        if assignment.node not in node_devices:
+            raise ValueError(f"node_devices has no group for node {assignment.node!r}")
+        group = dict(enumerate(node_devices[assignment.node]))
+        set_spec(result, assignment.node, remap_spec(assignment.spec, group), configuration)
     return result
 
 

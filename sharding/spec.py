@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
@@ -450,6 +451,19 @@ def same_placement(a: ShardingSpec, b: ShardingSpec, shape: Sequence[int]) -> bo
         ValueError: One of the specs does not fit ``shape``.
     """
     return a.canonical(shape) == b.canonical(shape)
+
+
+def remap_spec(spec: ShardingSpec, devices: Mapping[int, int]) -> ShardingSpec:
+    """``spec`` with each device id ``d`` replaced by ``devices[d]`` (groups too).
+
+    Raises:
+        KeyError: the spec names a device the map lacks.
+    """
+    return dataclasses.replace(
+        spec,
+        devices=tuple(devices[d] if d >= 0 else d for d in spec.devices),
+        groups=tuple((k, tuple(devices[d] for d in g)) for k, g in spec.groups),
+    )
 
 
 @dataclass(frozen=True, slots=True)

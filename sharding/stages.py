@@ -1,0 +1,454 @@
+"""Pipeline stages: where they come from, which devices run them, writing them into a model.
+
+Three sources, one result (node -> stage, stage -> device group):
+
+* ``pipeline_stage`` fields of ``NodeDeviceConfigurationProto`` as written
+  (`read_stages`);
+* PopRT's sharding points (`stages_from_points`, `load_points_yaml`): the
+  two dicts of its ``Sharder`` (``sharding_info={node: device}``,
+  ``pipelining_info={node: stage}``), walked with PopRT's algorithm
+  (`walk_points`);
+* an automatic cut (`auto_stages`), balanced by parameter bytes and FLOPs,
+  made only where one activation crosses (the residual stream).
+
+A point's ``device`` is a *device group*: with N devices and G distinct
+groups each group is N/G consecutive configuration devices (`device_groups`),
+so tensor parallelism can run inside a stage. The groups are written into the
+model's ``metadata_props`` under ``onnx2jax.stage_devices.<configuration>``
+(JSON ``{stage: [devices]}``); a model without that key gets its groups from
+the devices its specs name, else an even split (`stage_devices`).
+
+Framework-neutral: onnx and numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from .annotate import add_configuration, set_stage
+from .partition import GraphIndex, Partition, node_inputs, partition, require_unique_names
+from .spec import read_model_configs
+
+METADATA_KEY = "onnx2jax.stage_devices"
+
+
+@dataclass(frozen=True)
+class StageAssignment:
+    """Which stage and which device group each node belongs to.
+
+    Attributes:
+        stage: node name -> pipeline stage (>= 0; ids need not be contiguous).
+        group: stage -> device group id (PopRT's ``device``), one per stage.
+    """
+
+    stage: Mapping[str, int]
+    group: Mapping[int, int]
+
+
+# ---------------------------------------------------------------------------
+# PopRT's sharding points
+# ---------------------------------------------------------------------------
+
+
+def walk_points(graph: onnx.GraphProto, points: Mapping[str, int]) -> dict[str, int]:
+    """PopRT's manual-sharding walk: a value (device or stage) for every node.
+
+    Points are taken in topological order. From each, walk towards the
+    graph's inputs; every node reached that has no value yet takes the
+    point's value; a branch stops at graph inputs (and initializers) and at
+    nodes that already have a value. Nodes left over take the largest value
+    given + 1. Several points may share a value.
+
+    Raises:
+        ValueError: duplicate node names, a point that names no node, or a
+            negative value.
+    """
+    require_unique_names(graph)
+    index = GraphIndex.of(graph)
+    position = {index.nodes[i].name: rank for rank, i in enumerate(index.topological_order())}
+    unknown = sorted(set(points) - set(position))
+    if unknown:
+        raise ValueError(f"sharding points name nodes that are not in the graph: {unknown}")
+    negative = sorted((n, v) for n, v in points.items() if _int(v, n) < 0)
+    if negative:
+        raise ValueError("negative device or stage at sharding points: " + ", ".join(f"{n}={v}" for n, v in negative))
+    by_name = {node.name: i for i, node in enumerate(index.nodes)}
+    value: dict[str, int] = {}
+    for point in sorted(points, key=position.__getitem__):
+        stack = [point]
+        while stack:
+            name = stack.pop()
+            if name in value:
+                continue
+            value[name] = int(points[point])
+            for tensor in node_inputs(index.nodes[by_name[name]]):
+                producer = index.producer.get(tensor)
+                if producer is not None and index.nodes[producer].name not in value:
+                    stack.append(index.nodes[producer].name)
+    leftover = max(value.values(), default=-1) + 1
+    return {n.name: value.get(n.name, leftover) for n in index.nodes}
+
+
+def _int(value: object, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"sharding point {where!r}: device and stage must be ints, got {value!r}")
+    return int(value)
+
+
+def stages_from_points(
+    graph: onnx.GraphProto,
+    sharding_info: Mapping[str, int],
+    pipelining_info: Mapping[str, int] | None = None,
+) -> StageAssignment:
+    """Stages and device groups from PopRT ``Sharder``'s two dicts.
+
+    ``sharding_info`` gives each point's device (group), ``pipelining_info``
+    its stage; each is walked with `walk_points`. Without
+    ``pipelining_info`` the stages are the devices (plain model parallelism,
+    run in device order).
+
+    Raises:
+        ValueError: as `walk_points`, or a stage whose nodes fall on
+            different device groups (a stage is one program on one group).
+    """
+    devices = walk_points(graph, sharding_info)
+    stages = walk_points(graph, pipelining_info) if pipelining_info else dict(devices)
+    group: dict[int, int] = {}
+    spans: dict[int, set[int]] = {}
+    for name, stage in stages.items():
+        spans.setdefault(stage, set()).add(devices[name])
+        group.setdefault(stage, devices[name])
+    split = {s: sorted(g) for s, g in spans.items() if len(g) > 1}
+    if split:
+        raise ValueError(
+            "each stage must run on one device group, but "
+            + "; ".join(f"stage {s} has nodes on devices {g}" for s, g in sorted(split.items()))
+            + " (give the points of a stage the same device)"
+        )
+    return StageAssignment(stages, group)
+
+
+def load_points_yaml(text: str) -> tuple[dict[str, int], dict[str, int]]:
+    """PopRT's shard.yaml (a list of ``{node, device, stage}``) as ``(sharding_info, pipelining_info)``.
+
+    Raises:
+        ValueError: not a list of mappings with a ``node`` and int ``device``/``stage``.
+    """
+    import yaml
+
+    data = yaml.safe_load(text)
+    if not isinstance(data, list):
+        raise ValueError("a sharding-points YAML is a list of {node, device, stage} entries")
+    sharding_info, pipelining_info = {}, {}
+    for position, entry in enumerate(data):
+        if not isinstance(entry, dict) or "node" not in entry:
+            raise ValueError(f"entry {position}: expected a mapping with 'node', got {entry!r}")
+        extra = set(entry) - {"node", "device", "stage"}
+        if extra:
+            raise ValueError(f"entry {position} ({entry['node']}): unknown keys {sorted(extra)}")
+        node = str(entry["node"])
+        if node in sharding_info or node in pipelining_info:
+            raise ValueError(f"node {node!r} is listed twice")
+        if "device" in entry:
+            sharding_info[node] = _int(entry["device"], node)
+        if "stage" in entry:
+            pipelining_info[node] = _int(entry["stage"], node)
+    if not sharding_info:
+        sharding_info = dict(pipelining_info)  # stages only: one group per stage
+    return sharding_info, pipelining_info
+
+
+# ---------------------------------------------------------------------------
+# Automatic cut
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An automatic cut: after which node, what crosses, and each stage's share."""
+
+    after: tuple[str, ...]
+    crossing: tuple[tuple[str, ...], ...]
+    param_bytes: tuple[int, ...]
+    flops: tuple[int, ...] | None
+
+    def describe(self) -> list[str]:
+        """One line per cut and per stage, for printing."""
+        lines = [f"cut after {node}: {', '.join(tensors)} cross" for node, tensors in zip(self.after, self.crossing)]
+        for stage, size in enumerate(self.param_bytes):
+            flops = f", {self.flops[stage]:,} FLOPs" if self.flops else ""
+            lines.append(f"stage {stage}: {size:,} parameter bytes{flops}")
+        return lines
+
+
+def auto_stages(model: onnx.ModelProto, num_stages: int) -> tuple[dict[str, int], Cut]:
+    """Cuts the graph into ``num_stages`` stages where only one activation crosses.
+
+    Candidate cuts are places in the topological order across which a single
+    data tensor (not shape-only, not a graph input) is live: the residual
+    stream between transformer layers or halves of a layer. Among them the
+    cut minimises the largest stage cost, the cost of a node being its share
+    of the parameter bytes it reads first plus its share of the FLOPs (when
+    the shapes of every MatMul/Gemm are known; else bytes alone).
+
+    Raises:
+        ValueError: fewer candidate places than ``num_stages - 1``.
+    """
+    if num_stages < 1:
+        raise ValueError(f"auto:S needs S >= 1, got {num_stages}")
+    graph = model.graph
+    require_unique_names(graph)
+    index = GraphIndex.of(graph)
+    order = index.topological_order()
+    shape_only = index.shape_only()
+    sizes = {i.name: _nbytes(i) for i in graph.initializer if i.data_type in _FLOAT_TYPES}
+    seen: set[str] = set()
+    param = []
+    for i in order:
+        own = [n for n in node_inputs(index.nodes[i]) if n in sizes and n not in seen]
+        seen.update(own)
+        param.append(sum(sizes[n] for n in own))
+    flops = _flops(model, [index.nodes[i] for i in order])
+    total_bytes = sum(param) or 1
+    cost = [b / total_bytes for b in param]
+    if flops is not None and sum(flops):
+        cost = [c + f / sum(flops) for c, f in zip(cost, flops)]
+    position = {i: rank for rank, i in enumerate(order)}
+    live: list[set[str]] = [set() for _ in order]  # data tensors live across the gap after rank r
+    for tensor, producer in index.producer.items():
+        if tensor in shape_only:
+            continue
+        last = max((position[c] for c in index.consumers.get(tensor, ())), default=position[producer])
+        if tensor in index.outputs:
+            last = len(order)
+        for rank in range(position[producer], min(last, len(order) - 1)):
+            live[rank].add(tensor)
+    candidates = []
+    prefix = np.cumsum(cost)
+    for rank in range(len(order) - 1):
+        if len(live[rank]) == 1 and (not candidates or prefix[rank] != prefix[candidates[-1]]):
+            candidates.append(rank)
+    if len(candidates) < num_stages - 1:
+        raise ValueError(
+            f"auto:{num_stages}: only {len(candidates)} place(s) in the graph where one activation crosses; "
+            f"cannot cut it into {num_stages} stages"
+        )
+    chosen = _best_cuts(prefix, candidates, num_stages)
+    stage_of, stage = {}, 0
+    bounds = set(chosen)
+    for rank, i in enumerate(order):
+        stage_of[index.nodes[i].name] = stage
+        if rank in bounds:
+            stage += 1
+    edges = [0] + [r + 1 for r in chosen] + [len(order)]
+    cut = Cut(
+        after=tuple(index.nodes[order[r]].name for r in chosen),
+        crossing=tuple(tuple(sorted(live[r])) for r in chosen),
+        param_bytes=tuple(sum(param[a:b]) for a, b in zip(edges, edges[1:])),
+        flops=None if flops is None else tuple(sum(flops[a:b]) for a, b in zip(edges, edges[1:])),
+    )
+    return stage_of, cut
+
+
+def _best_cuts(prefix: np.ndarray, candidates: list[int], stages: int) -> list[int]:
+    """The ``stages - 1`` candidates minimising the largest stage cost (dynamic programming)."""
+    total = float(prefix[-1])
+    points = [-1] + candidates
+    at = [float(prefix[c]) if c >= 0 else 0.0 for c in points]
+    # best[k][j]: smallest max cost of k stages ending at points[j]; back[k][j]: the previous point.
+    best = [[math.inf] * len(points) for _ in range(stages)]
+    back = [[-1] * len(points) for _ in range(stages)]
+    best[0][0] = 0.0
+    for k in range(1, stages):
+        for j in range(1, len(points)):
+            for i in range(j):
+                value = max(best[k - 1][i], at[j] - at[i])
+                if value < best[k][j] - 1e-12:
+                    best[k][j], back[k][j] = value, i
+    last = min(range(len(points)), key=lambda j: max(best[stages - 1][j], total - at[j]))
+    chosen = []
+    k, j = stages - 1, last
+    while k > 0:
+        chosen.append(points[j])
+        j, k = back[k][j], k - 1
+    return sorted(chosen)
+
+
+_FLOAT_TYPES = {
+    onnx.TensorProto.FLOAT,
+    onnx.TensorProto.FLOAT16,
+    onnx.TensorProto.BFLOAT16,
+    onnx.TensorProto.DOUBLE,
+}
+
+
+def _nbytes(init: onnx.TensorProto) -> int:
+    itemsize = onnx.helper.tensor_dtype_to_np_dtype(init.data_type).itemsize
+    return int(np.prod(init.dims, dtype=np.int64)) * itemsize
+
+
+def _flops(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> list[int] | None:
+    """2*M*K*N per MatMul/Gemm when every such shape is known, else None."""
+    from .infer import tensor_shapes
+
+    shapes, _ = tensor_shapes(model)
+    result = []
+    for node in nodes:
+        if node.op_type not in ("MatMul", "Gemm"):
+            result.append(0)
+            continue
+        a, b = shapes.get(node.input[0]), shapes.get(node.input[1])
+        out = shapes.get(node.output[0])
+        dims = [a, b, out]
+        if any(d is None or not all(isinstance(x, int) for x in d) for d in dims):
+            return None
+        k = a[-1] if node.op_type == "MatMul" or not _attr(node, "transA") else a[0]
+        result.append(2 * int(np.prod(out)) * int(k))
+    return result
+
+
+def _attr(node: onnx.NodeProto, name: str) -> int:
+    return next((a.i for a in node.attribute if a.name == name), 0)
+
+
+# ---------------------------------------------------------------------------
+# Device groups and reading/writing stages
+# ---------------------------------------------------------------------------
+
+
+def device_groups(groups: Sequence[int], num_devices: int | None) -> dict[int, tuple[int, ...]]:
+    """Configuration devices of each group id: N/G consecutive devices, groups in increasing id order.
+
+    Without ``num_devices`` each group is one device.
+
+    Raises:
+        ValueError: ``num_devices`` is not a multiple of the number of groups.
+    """
+    distinct = sorted(set(groups))
+    if num_devices is None:
+        return {g: (rank,) for rank, g in enumerate(distinct)}
+    if num_devices % len(distinct):
+        raise ValueError(
+            f"{num_devices} devices do not split evenly over {len(distinct)} device groups {distinct}"
+        )
+    size = num_devices // len(distinct)
+    return {g: tuple(range(rank * size, (rank + 1) * size)) for rank, g in enumerate(distinct)}
+
+
+def write_stages(
+    model: onnx.ModelProto,
+    stage_of: Mapping[str, int],
+    devices: Mapping[int, Sequence[int]],
+    configuration: str,
+) -> None:
+    """Writes ``pipeline_stage`` on every node and the stage -> devices map (in place).
+
+    Adds the configuration (as many devices as the groups use) when missing.
+
+    Raises:
+        ValueError: a negative stage, nodes without a stage, a backward edge
+            (see `sharding.partition.partition`), or a stage without devices.
+    """
+    partition(model.graph, stage_of)  # raises on every structural problem first
+    missing = sorted(set(stage_of.values()) - set(devices))
+    if missing:
+        raise ValueError(f"stages {missing} have no devices")
+    num_devices = max(d for group in devices.values() for d in group) + 1
+    add_configuration(model, configuration, num_devices)
+    for node, stage in stage_of.items():
+        set_stage(model, node, int(stage), configuration)
+    key = f"{METADATA_KEY}.{configuration}"
+    for prop in list(model.metadata_props):
+        if prop.key == key:
+            model.metadata_props.remove(prop)
+    value = json.dumps({str(s): list(map(int, devices[s])) for s in sorted(set(stage_of.values()))})
+    model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
+
+
+def read_stages(model: onnx.ModelProto, configuration: str) -> dict[str, int]:
+    """``pipeline_stage`` of the nodes that have one, for ``configuration``."""
+    configs = read_model_configs(model).get(configuration, {})
+    return {name: c.pipeline_stage for name, c in configs.items() if c.pipeline_stage is not None}
+
+
+def has_stages(model: onnx.ModelProto, configuration: str) -> bool:
+    """Whether any node has a ``pipeline_stage`` for ``configuration``."""
+    for node in model.graph.node:
+        for proto in node.device_configurations:
+            if proto.configuration_id == configuration and proto.HasField("pipeline_stage"):
+                return True
+    return False
+
+
+def stage_devices(model: onnx.ModelProto, configuration: str, stages: Sequence[int], num_devices: int) -> dict[int, tuple[int, ...]]:
+    """Configuration devices of each stage.
+
+    From the ``onnx2jax.stage_devices.<configuration>`` metadata if present;
+    else the union of the devices named by a stage's specs; else the stages
+    without specs split the devices evenly, in stage order.
+
+    Raises:
+        ValueError: the metadata is malformed or misses a stage, or the
+            devices do not split evenly over the stages that need a default.
+    """
+    key = f"{METADATA_KEY}.{configuration}"
+    for prop in model.metadata_props:
+        if prop.key == key:
+            try:
+                data = {int(k): tuple(int(d) for d in v) for k, v in json.loads(prop.value).items()}
+            except (ValueError, TypeError, AttributeError) as e:
+                raise ValueError(f"metadata {key!r} is not a JSON {{stage: [devices]}} map: {e}") from None
+            missing = sorted(set(stages) - set(data))
+            if missing:
+                raise ValueError(f"metadata {key!r} gives no devices for stages {missing}")
+            bad = sorted({d for s in stages for d in data[s] if not 0 <= d < num_devices})
+            if bad:
+                raise ValueError(f"metadata {key!r} names devices {bad} outside the configuration's {num_devices}")
+            return {s: data[s] for s in stages}
+    configs = read_model_configs(model).get(configuration, {})
+    named: dict[int, set[int]] = {}
+    stage_of = read_stages(model, configuration)
+    for node, config in configs.items():
+        for spec in config.specs:
+            if node in stage_of:
+                named.setdefault(stage_of[node], set()).update(spec.all_devices())
+    result = {s: tuple(sorted(named[s])) for s in stages if s in named}
+    rest = [s for s in stages if s not in result]
+    if rest:
+        if num_devices % len(rest):
+            raise ValueError(
+                f"stages {rest} name no devices and {num_devices} devices do not split evenly over them; "
+                f"write the stages' devices with `onnx2jax annotate --stages` (metadata {key!r})"
+            )
+        size = num_devices // len(rest)
+        for rank, s in enumerate(rest):
+            result[s] = tuple(range(rank * size, (rank + 1) * size))
+    return result
+
+
+def model_partition(model: onnx.ModelProto, configuration: str) -> Partition:
+    """The stage partition written in ``model`` (see `sharding.partition.partition`)."""
+    return partition(model.graph, read_stages(model, configuration))
+
+
+__all__ = [
+    "Cut",
+    "METADATA_KEY",
+    "StageAssignment",
+    "auto_stages",
+    "device_groups",
+    "has_stages",
+    "load_points_yaml",
+    "model_partition",
+    "read_stages",
+    "stage_devices",
+    "stages_from_points",
+    "walk_points",
+    "write_stages",
+]
