@@ -22,7 +22,7 @@ import dataclasses
 import math
 import re
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -37,7 +37,11 @@ from onnx2jax.parameters import ParameterStore, padded_shape
 from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.spec import device_configurations
+from sharding.stages import has_stages
 from sharding.text import format_spec
+
+if TYPE_CHECKING:
+    from onnx2jax.pipeline import PipelineCompiled
 
 _COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
 
@@ -368,7 +372,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     configuration: str | None = None,
     check: bool = True,
     devices: Sequence[int] | None = None,
-) -> Compiled:
+    microbatches: int = 1,
+) -> "Compiled | PipelineCompiled":
     """Compiles an annotated ONNX model for a device mesh.
 
     Args:
@@ -382,6 +387,9 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       check: run the sharding checker first and refuse a model with errors.
       devices: with a user ``mesh``, the flat mesh position of each configuration
         device (default: row-major, device i at position i).
+      microbatches: for a model with pipeline stages (``pipeline_stage``), the
+        number of micro-batches a call's batch is split into; such a model
+        compiles to a :class:`onnx2jax.pipeline.PipelineCompiled`.
 
     Returns:
       A :class:`Compiled`: call it like the model.
@@ -397,6 +405,33 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       >>> compiled.report().render()                              # doctest: +SKIP
     """
     proto, external_dir = open_model(model)
+    config = _choose_configuration(proto, configuration)
+    if config is not None and has_stages(proto, config):
+        from onnx2jax.pipeline import compile_pipeline  # it builds on this module
+
+        return compile_pipeline(proto, external_dir, config, mesh, microbatches=microbatches, check=check)
+    if microbatches != 1:
+        raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
+    return compile_proto(proto, external_dir, mesh, configuration=config, check=check, devices=devices)
+
+
+def compile_proto(
+    proto: onnx.ModelProto,
+    external_dir: str | None,
+    mesh: Mesh | None = None,
+    *,
+    configuration: str | None = None,
+    check: bool = True,
+    devices: Sequence[int] | None = None,
+    jax_devices: Sequence[jax.Device] | None = None,
+) -> Compiled:
+    """The SPMD compile of an opened model (see :func:`compile`).
+
+    Args:
+      jax_devices: without a ``mesh``, the jax device each configuration
+        device runs on (default ``jax.devices()``); a pipeline stage passes
+        its sub-mesh's devices.
+    """
     jax_model = JaxModel(proto, external_dir)
     config = _choose_configuration(proto, configuration)
     if config is None:
@@ -410,13 +445,13 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     # At the model's own shapes: a fused spec on a symbolic axis waits for the call's shapes.
     layouts = _layouts(inference, strict=False)
     if mesh is None:
-        if len(jax.devices()) < num_devices:
+        jax_devices = list(jax_devices) if jax_devices is not None else jax.devices()
+        if len(jax_devices) < num_devices:
             raise ValueError(
-                f"configuration {config!r} needs {num_devices} devices, jax has {len(jax.devices())} "
+                f"configuration {config!r} needs {num_devices} devices, jax has {len(jax_devices)} "
                 "(on CPU: jax.config.update('jax_num_cpu_devices', N) before jax starts)"
             )
         mapping = map_specs(layouts, num_devices)
-        jax_devices = jax.devices()
         array = np.array([jax_devices[d] for d in mapping.plan.device_order]).reshape(mapping.plan.axis_sizes)
         mesh = Mesh(array, mapping.plan.axis_names)
     else:

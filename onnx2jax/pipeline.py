@@ -1,0 +1,390 @@
+"""Pipeline execution: each stage its own SPMD program on its sub-mesh, micro-batches fill-drain.
+
+JAX (0.10) has no public jit across meshes, so a model with
+``pipeline_stage`` annotations runs as one program per stage:
+
+1. the stage partition is read from the model (`sharding.stages`) and each
+   stage extracted as its own ONNX model (`sharding.partition.extract_part`:
+   shape-only tensors such as masks and RoPE tables are recomputed, so the
+   residual stream is what crosses);
+2. each stage model, its specs moved onto its own device numbering, goes
+   through the ordinary SPMD compile (:func:`onnx2jax.compile.compile_proto`)
+   on the sub-mesh of its devices: tensor parallelism inside a stage is
+   exactly what :func:`onnx2jax.compile` does, and each stage's parameters
+   live only on its devices;
+3. a call splits the batch (axis 0 of every input) into M micro-batches and
+   issues stage k of micro-batch m at step m + k (fill-drain, GPipe);
+   activations move with ``jax.device_put`` to the consumer's sharding.
+   Nothing blocks until the outputs are joined, so JAX's asynchronous
+   dispatch lets stages on different devices overlap.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from onnx2jax.compile import Compiled, compile_proto, count_collectives, param_bytes_per_device
+from onnx2jax.constraints import SpecKey
+from sharding.partition import Partition, extract_part
+from sharding.spec import NodeConfig, device_configurations, remap_spec
+from sharding.stages import model_partition, stage_devices
+
+
+@dataclasses.dataclass
+class Stage:
+    """One pipeline stage.
+
+    Attributes:
+      stage: its ``pipeline_stage`` id.
+      nodes: its nodes, in graph order (recomputed shape-only nodes excluded).
+      devices: the configuration devices it runs on.
+      compiled: its SPMD program (a :class:`~onnx2jax.compile.Compiled`).
+      inputs: tensors it receives (graph inputs and earlier stages' outputs).
+      outputs: tensors it produces for later stages or the graph's outputs.
+    """
+
+    stage: int
+    nodes: tuple[str, ...]
+    devices: tuple[int, ...]
+    compiled: Compiled
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    input_shardings: dict[str, NamedSharding] = dataclasses.field(default_factory=dict)
+
+
+class PipelineCompiled:
+    """A model with pipeline stages, compiled one program per stage. Call it like the model.
+
+    Attributes:
+      stages: the :class:`Stage` list, in run order.
+      microbatches: how many micro-batches a call splits its batch into.
+      partition: the stage partition (what crosses between stages).
+      params: every stage's parameters as placed jax.Arrays, by name; each
+        lives only on its own stage's devices (a parameter two stages read is
+        held by both; this map shows the earlier stage's copy).
+    """
+
+    def __init__(
+        self,
+        stages: Sequence[Stage],
+        partition: Partition,
+        input_names: Sequence[str],
+        output_names: Sequence[str],
+        microbatches: int,
+        configuration: str,
+    ):
+        self.stages = list(stages)
+        self.partition = partition
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self.microbatches = microbatches
+        self.configuration = configuration
+        self.uses_64bit = any(s.compiled.model.uses_64bit for s in self.stages)
+        self._last_inputs: tuple | None = None
+        self._stage_args: dict[int, dict[str, Any]] = {}
+
+    @property
+    def params(self) -> dict[str, jax.Array]:
+        merged: dict[str, jax.Array] = {}
+        for stage in self.stages:
+            for name, array in stage.compiled.params.items():
+                merged.setdefault(name, array)
+        return merged
+
+    # -- running ----------------------------------------------------------
+
+    def _bind(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> dict[str, Any]:
+        if len(inputs) > len(self.input_names):
+            raise TypeError(f"model takes {len(self.input_names)} inputs {self.input_names}, got {len(inputs)}")
+        bound = dict(zip(self.input_names, inputs))
+        for name, value in named.items():
+            if name not in self.input_names or name in bound:
+                raise TypeError(f"unknown or repeated input {name!r}; the model's inputs are {self.input_names}")
+            bound[name] = value
+        absent = [n for n in self.input_names if n not in bound]
+        if absent:
+            raise TypeError(f"missing inputs {absent}")
+        return bound
+
+    def _split(self, bound: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """The inputs cut into ``microbatches`` equal slices along axis 0."""
+        m = self.microbatches
+        if m == 1:
+            return [dict(bound)]
+        slices: list[dict[str, Any]] = [{} for _ in range(m)]
+        for name, value in bound.items():
+            value = value if isinstance(value, jax.Array) else np.asarray(value)
+            if value.ndim == 0 or value.shape[0] % m:
+                raise ValueError(
+                    f"input {name!r} {list(np.shape(value))}: its axis 0 (the batch) must divide into "
+                    f"microbatches={m} equal parts"
+                )
+            size = value.shape[0] // m
+            for i in range(m):
+                slices[i][name] = value[i * size : (i + 1) * size]
+        return slices
+
+    def _run_stage(self, stage: Stage, env: dict[str, Any]) -> dict[str, Any]:
+        args = {name: jax.device_put(env[name], stage.input_shardings[name]) for name in stage.inputs}
+        outputs = stage.compiled(**args)
+        env.update(zip(stage.outputs, outputs))
+        return args
+
+    def __call__(self, *inputs: Any, **named: Any) -> tuple:
+        """Runs the pipeline; returns jax.Arrays in ONNX output order, micro-batches joined on axis 0."""
+        with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
+            self._last_inputs = (inputs, named)
+            envs = self._split(self._bind(inputs, named))
+            count = len(self.stages)
+            for step in range(len(envs) + count - 1):  # fill-drain: stage k runs micro-batch step - k
+                for k, stage in enumerate(self.stages):
+                    m = step - k
+                    if 0 <= m < len(envs):
+                        args = self._run_stage(stage, envs[m])
+                        if m == 0:
+                            self._stage_args[k] = args
+            if len(envs) == 1:
+                return tuple(envs[0][name] for name in self.output_names)
+            return tuple(jnp.concatenate([env[name] for env in envs], axis=0) for name in self.output_names)
+
+    # -- report -----------------------------------------------------------
+
+    def report(self, *inputs: Any, repeats: int = 3, **named: Any) -> "PipelineReport":
+        """Per stage: nodes, devices, parameter bytes, bytes sent, collectives, time; and the bubble.
+
+        Times the whole pipelined call (best of ``repeats``, after a warm-up)
+        and each stage alone on one micro-batch; the bubble fraction is
+        ``1 - sum(M * stage time) / (S * pipeline time)``, to compare with the
+        fill-drain bound ``(S-1)/(M+S-1)``. Uses the given inputs, else those
+        of the last call.
+
+        Raises:
+          ValueError: no inputs given and the model was never called.
+        """
+        if not inputs and not named:
+            if self._last_inputs is None:
+                raise ValueError("report() needs example inputs, or call the model once first")
+            inputs, named = self._last_inputs
+        jax.block_until_ready(self(*inputs, **named))  # compiles everything, records stage inputs
+        wall = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            jax.block_until_ready(self(*inputs, **named))
+            wall.append(time.perf_counter() - start)
+        crossing = {(t, f) for t, f, _ in self.partition.crossing}
+        rows = []
+        with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
+            for k, stage in enumerate(self.stages):
+                args = self._stage_args[k]
+                times = []
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    outputs = jax.block_until_ready(stage.compiled(**args))
+                    times.append(time.perf_counter() - start)
+                sent = sum(
+                    int(np.prod(out.shape)) * out.dtype.itemsize
+                    for name, out in zip(stage.outputs, outputs)
+                    if (name, stage.stage) in crossing
+                )
+                rows.append(
+                    StageReport(
+                        stage=stage.stage,
+                        nodes=len(stage.nodes),
+                        first_node=stage.nodes[0],
+                        last_node=stage.nodes[-1],
+                        devices=stage.devices,
+                        param_bytes_per_device=param_bytes_per_device(stage.compiled.params),
+                        sent_bytes=sent,
+                        collectives=count_collectives(stage.compiled.compiled_text(**args)),
+                        seconds=min(times),
+                    )
+                )
+        pipeline = min(wall)
+        busy = sum(self.microbatches * r.seconds for r in rows)
+        return PipelineReport(
+            stages=rows,
+            microbatches=self.microbatches,
+            seconds=pipeline,
+            bubble=1.0 - busy / (len(rows) * pipeline),
+            bound=(len(rows) - 1) / (self.microbatches + len(rows) - 1),
+        )
+
+
+@dataclasses.dataclass
+class StageReport:
+    """One stage's line of :meth:`PipelineCompiled.report`.
+
+    ``param_bytes_per_device`` is keyed by jax device id; ``sent_bytes`` is
+    what one micro-batch sends to later stages; ``seconds`` one micro-batch
+    of the stage alone.
+    """
+
+    stage: int
+    nodes: int
+    first_node: str
+    last_node: str
+    devices: tuple[int, ...]
+    param_bytes_per_device: dict[int, int]
+    sent_bytes: int
+    collectives: dict[str, int]
+    seconds: float
+
+
+@dataclasses.dataclass
+class PipelineReport:
+    """What :meth:`PipelineCompiled.report` measured."""
+
+    stages: list[StageReport]
+    microbatches: int
+    seconds: float
+    bubble: float
+    bound: float
+
+    def render(self, console=None) -> None:
+        """Prints the report as a table (rich)."""
+        from rich.console import Console
+        from rich.table import Table
+
+        console = console or Console()
+        table = Table(title=f"pipeline: {len(self.stages)} stages, {self.microbatches} micro-batches", box=None)
+        for column in ("stage", "nodes", "devices", "param bytes/device", "sent/micro-batch", "collectives", "time/micro-batch"):
+            table.add_column(column, no_wrap=True)
+        for row in self.stages:
+            per_device = sorted(row.param_bytes_per_device.values()) or [0]
+            collectives = ", ".join(f"{k} {v}" for k, v in row.collectives.items() if v) or "none"
+            table.add_row(
+                str(row.stage),
+                f"{row.nodes} ({row.first_node} .. {row.last_node})",
+                _devices(row.devices),
+                f"{per_device[-1]:,}",
+                f"{row.sent_bytes:,}",
+                collectives,
+                f"{row.seconds * 1e3:.2f} ms",
+            )
+        console.print(table)
+        console.print(
+            f"pipelined call {self.seconds * 1e3:.2f} ms; bubble fraction {self.bubble:.3f} "
+            f"(fill-drain bound (S-1)/(M+S-1) = {self.bound:.3f})"
+        )
+
+
+def _devices(devices: Sequence[int]) -> str:
+    if len(devices) > 2 and list(devices) == list(range(devices[0], devices[0] + len(devices))):
+        return f"{devices[0]}..{devices[-1]}"
+    return ",".join(map(str, devices))
+
+
+# ---------------------------------------------------------------------------
+# Compiling
+# ---------------------------------------------------------------------------
+
+
+def compile_pipeline(
+    proto: onnx.ModelProto,
+    external_dir: str | None,
+    configuration: str,
+    mesh: Mesh | None = None,
+    *,
+    microbatches: int = 1,
+    check: bool = True,
+) -> PipelineCompiled:
+    """Compiles each stage of a staged model on its devices (see the module docstring).
+
+    Args:
+      mesh: when given, its devices in row-major order are the
+        configuration's devices; else ``jax.devices()``.
+
+    Raises:
+      ValueError: bad stages (duplicate names, backward edges, negative
+        stages), too few devices, a spec naming a device outside its stage's
+        group, or ``microbatches`` < 1.
+    """
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches must be an int >= 1, got {microbatches!r}")
+    num_devices = device_configurations(proto)[configuration].num_devices
+    pool = list(mesh.devices.flat) if mesh is not None else jax.devices()
+    if len(pool) < num_devices:
+        raise ValueError(
+            f"configuration {configuration!r} needs {num_devices} devices, there are {len(pool)} "
+            "(on CPU: jax.config.update('jax_num_cpu_devices', N) before jax starts)"
+        )
+    part = model_partition(proto, configuration)
+    groups = stage_devices(proto, configuration, part.parts, num_devices)
+    stages = []
+    for stage_id in part.parts:
+        group = groups[stage_id]
+        sub, annotated = _stage_model(proto, part, stage_id, configuration, group)
+        devices = [pool[d] for d in group]
+        if annotated:
+            compiled = compile_proto(sub, external_dir, None, configuration=configuration, check=check, jax_devices=devices)
+        else:
+            compiled = compile_proto(sub, external_dir, Mesh(np.array(devices), ("d0",)))
+        stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
+        stage.input_shardings = _input_shardings(sub, compiled, stage.inputs)
+        stages.append(stage)
+    inputs = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
+    return PipelineCompiled(stages, part, inputs, [o.name for o in proto.graph.output], microbatches, configuration)
+
+
+def _stage_model(
+    proto: onnx.ModelProto, part: Partition, stage: int, configuration: str, group: Sequence[int]
+) -> tuple[onnx.ModelProto, bool]:
+    """The stage as a model whose specs use the group's own numbering 0..len(group)-1.
+
+    Returns the model and whether it keeps any spec.
+    """
+    sub = extract_part(proto, part, stage)
+    local = {d: i for i, d in enumerate(group)}
+    own = set(part.nodes[stage])
+    annotated = False
+    for node in sub.graph.node:
+        kept = []
+        for config_proto in node.device_configurations:
+            if config_proto.configuration_id != configuration or node.name not in own:
+                continue
+            config = NodeConfig.from_proto(config_proto)
+            specs = []
+            for spec in config.specs:
+                outside = sorted(set(spec.all_devices()) - set(local))
+                if outside:
+                    raise ValueError(
+                        f"node {node.name!r} (stage {stage}, devices {list(group)}): the spec of "
+                        f"{spec.tensor_name!r} names devices {outside} outside its stage's group"
+                    )
+                specs.append(remap_spec(spec, local))
+            if specs:
+                annotated = True
+                kept.append(NodeConfig(configuration, tuple(specs)).to_proto())
+        del node.device_configurations[:]
+        node.device_configurations.extend(kept)
+    del sub.configuration[:]
+    if annotated:
+        sub.configuration.append(onnx.DeviceConfigurationProto(name=configuration, num_devices=len(group)))
+    return sub, annotated
+
+
+def _input_shardings(sub: onnx.ModelProto, compiled: Compiled, names: Sequence[str]) -> dict[str, NamedSharding]:
+    """Where each stage input goes: the spec of its first reader in the stage, else replicated."""
+    replicated = NamedSharding(compiled.mesh, PartitionSpec())
+    result = {}
+    for name in names:
+        result[name] = replicated
+        for node in sub.graph.node:
+            if name not in node.input:
+                continue
+            placement = compiled._placements.get(SpecKey(node.name, "in", list(node.input).index(name), name))
+            if placement is not None and not placement.fused:
+                result[name] = placement.sharding
+            break
+    return result
+
+
+__all__ = ["PipelineCompiled", "PipelineReport", "Stage", "StageReport", "compile_pipeline"]
