@@ -5,6 +5,14 @@ Examples::
     onnx2jax annotate model.onnx --plan megatron --devices 8 -o out.onnx
     onnx2jax annotate llama.onnx --plan megatron --devices 8 --gqa groups -o out.onnx
     onnx2jax annotate model.onnx --devices 2 --spec "W=1:2 @ [0,1]" --stage mm=0 -o out.onnx
+    onnx2jax annotate llama.onnx --stages shard.yaml -o out.onnx              # PopRT sharding points
+    onnx2jax annotate llama.onnx --stages auto:2 --devices 8 --plan megatron -o out.onnx
+
+``--stages`` takes PopRT's sharding-points YAML (a list of ``{node, device,
+stage}``) or ``auto:S`` (S stages balanced by parameter bytes, cut where one
+activation crosses). Each distinct ``device`` is a group of N/G of the
+``--devices N`` devices (one device each without ``--devices``); with
+``--plan megatron`` the tensor-parallel plan runs inside each group.
 
 The plan (if any) is applied first, then each ``--spec`` (written where the
 tensor is defined: on its producer, or on every reader of a model input or
@@ -19,8 +27,9 @@ import argparse
 
 import onnx
 
-from sharding.annotate import add_configuration, annotate_tensor, describe_plan, set_stage
+from sharding.annotate import add_configuration, annotate_tensor, describe_plan, name_nodes, set_stage
 from sharding.megatron import megatron_layout, megatron_plan
+from sharding.stages import auto_stages, device_groups, load_points_yaml, stages_from_points, write_stages
 from sharding.text import SpecSyntaxError, parse_spec
 from sharding.validate import validate_model
 
@@ -56,6 +65,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--stage", action="append", default=[], metavar="NODE=INT", help="a pipeline stage (repeatable)"
     )
+    parser.add_argument(
+        "--stages",
+        metavar="YAML|auto:S",
+        help="pipeline stages: PopRT's sharding-points YAML, or auto:S for S balanced stages",
+    )
+    parser.add_argument(
+        "--name-nodes", action="store_true", help="give unnamed and duplicate-named nodes unique names first"
+    )
     parser.add_argument("-o", "--output", required=True, help="where to write the annotated model")
     parser.set_defaults(func=cmd_annotate)
     return parser
@@ -88,19 +105,15 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
             stages.append((node, int(value)))
         except ValueError:
             raise SystemExit(f"--stage expects NODE=INT, got {item!r}") from None
+    if args.name_nodes:
+        name_nodes(model)
+    if args.stages:
+        return _annotate_stages(args, model, specs, stages)
     if args.plan == "megatron":
         if args.devices is None:
             raise SystemExit("--plan megatron needs --devices N")
         model = megatron_plan(model, args.devices, config, gqa=args.gqa)
-        layout = megatron_layout(model, args.devices, gqa=args.gqa)
-        notes += layout.notes
-        roles = layout.roles()
-        kinds = [p.kind for p in layout.pairs if p.ways > 1]
-        notes.insert(
-            0,
-            f"{kinds.count('attention')} attention and {kinds.count('mlp')} MLP column/row pairs"
-            + (f", LM head {layout.lm_head}" if layout.lm_head else ""),
-        )
+        roles = _megatron_notes(model, args.devices, args.gqa, notes)
     if args.spec or args.stage:
         if config not in {c.name for c in model.configuration}:
             if args.devices is None:
@@ -112,6 +125,59 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
     for node, stage in stages:
         set_stage(model, node, stage, config)
         roles.setdefault(node, "--stage")
+    return model, notes, roles
+
+
+def _megatron_notes(model: onnx.ModelProto, ways: int, gqa: str, notes: list[str]) -> dict[str, str]:
+    """Appends the plan's summary and notes; returns node -> Megatron role."""
+    layout = megatron_layout(model, ways, gqa=gqa)
+    kinds = [p.kind for p in layout.pairs if p.ways > 1]
+    notes.append(
+        f"{kinds.count('attention')} attention and {kinds.count('mlp')} MLP column/row pairs"
+        + (f", LM head {layout.lm_head}" if layout.lm_head else "")
+    )
+    notes += layout.notes
+    return layout.roles()
+
+
+def _annotate_stages(
+    args: argparse.Namespace, model: onnx.ModelProto, specs: list, stages: list
+) -> tuple[onnx.ModelProto, list[str], dict[str, str]]:
+    """``--stages``: stages and device groups, then (with ``--plan megatron``) TP inside each group."""
+    if specs or stages:
+        raise SystemExit("--stages cannot be combined with --spec or --stage")
+    notes: list[str] = []
+    roles: dict[str, str] = {}
+    if args.stages.startswith("auto:"):
+        try:
+            count = int(args.stages[5:])
+        except ValueError:
+            raise SystemExit(f"--stages auto:S needs an integer S, got {args.stages!r}") from None
+        stage_of, cut = auto_stages(model, count)
+        group_of = {s: s for s in set(stage_of.values())}
+        notes += cut.describe()
+    else:
+        try:
+            with open(args.stages, encoding="utf-8") as f:
+                points = load_points_yaml(f.read())
+        except OSError as e:
+            raise SystemExit(f"--stages: cannot read {args.stages!r}: {e}") from None
+        assignment = stages_from_points(model.graph, *points)
+        stage_of, group_of = dict(assignment.stage), dict(assignment.group)
+    groups = device_groups(list(group_of.values()), args.devices)
+    devices = {s: groups[g] for s, g in group_of.items()}
+    if args.plan == "megatron":
+        if args.devices is None:
+            raise SystemExit("--plan megatron with --stages needs --devices N")
+        ways = len(next(iter(devices.values())))
+        model = megatron_plan(
+            model, ways, args.configuration, gqa=args.gqa, node_devices={n: devices[s] for n, s in stage_of.items()}
+        )
+        roles = _megatron_notes(model, ways, args.gqa, notes)
+    write_stages(model, stage_of, devices, args.configuration)
+    for stage in sorted(devices):
+        members = [n for n, s in stage_of.items() if s == stage]
+        notes.append(f"stage {stage}: {len(members)} nodes on devices {list(devices[stage])}")
     return model, notes, roles
 
 

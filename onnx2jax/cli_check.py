@@ -148,6 +148,13 @@ def _summary(counts: dict[str, int]) -> str:
     return f"{head}, {counts['warning']} warning(s), {counts['note']} note(s)"
 
 
+def _print_stages(console, diags: Sequence[Diagnostic]) -> None:
+    """One line per pipeline stage (nodes, devices, what it sends), for a staged model."""
+    for d in diags:
+        if d.code == "pipeline-stage":
+            console.print(d.message, markup=False)
+
+
 def cmd_check(args: argparse.Namespace) -> int:
     """Checks the annotations; prints a table or JSON; exit status 1 when there are errors."""
     model = _load(args.model)
@@ -170,6 +177,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         shown = [d for d in diags if args.notes or d.severity != "note"]
         if shown:
             console.print(diagnostics_table(shown, f"{args.model}: sharding annotations"))
+        _print_stages(console, diags)
         hidden = "" if args.notes or not counts["note"] else " (--notes lists the notes)"
         console.print(_summary(counts) + hidden)
     return 1 if counts["error"] else 0
@@ -309,6 +317,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             console.print(diagnostics_table(problems, "diagnostics (notes: collectives only)"))
         for name in args.tensor:
             console.print(_grid(inference, name, shapes), markup=False)
+        _print_stages(console, inference.diagnostics)
         console.print(_summary(_counts(inference.diagnostics)))
     if args.write:
         onnx.save(completed_model(model, inference), args.write)

@@ -33,8 +33,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.compile import Compiled, compile_proto, count_collectives, param_bytes_per_device
 from onnx2jax.constraints import SpecKey
-from sharding.partition import Partition, extract_part
+from sharding.partition import Partition
 from sharding.spec import NodeConfig, device_configurations, remap_spec
+from sharding.stage_infer import stage_model
 from sharding.stages import model_partition, stage_devices
 
 
@@ -341,18 +342,16 @@ def _stage_model(
 
     Returns the model and whether it keeps any spec.
     """
-    sub = extract_part(proto, part, stage)
+    sub = stage_model(proto, part, stage, configuration)
     local = {d: i for i, d in enumerate(group)}
-    own = set(part.nodes[stage])
     annotated = False
     for node in sub.graph.node:
         kept = []
         for config_proto in node.device_configurations:
-            if config_proto.configuration_id != configuration or node.name not in own:
+            if config_proto.configuration_id != configuration:
                 continue
-            config = NodeConfig.from_proto(config_proto)
             specs = []
-            for spec in config.specs:
+            for spec in NodeConfig.from_proto(config_proto).specs:
                 outside = sorted(set(spec.all_devices()) - set(local))
                 if outside:
                     raise ValueError(
@@ -360,9 +359,8 @@ def _stage_model(
                         f"{spec.tensor_name!r} names devices {outside} outside its stage's group"
                     )
                 specs.append(remap_spec(spec, local))
-            if specs:
-                annotated = True
-                kept.append(NodeConfig(configuration, tuple(specs)).to_proto())
+            annotated = True
+            kept.append(NodeConfig(configuration, tuple(specs)).to_proto())
         del node.device_configurations[:]
         node.device_configurations.extend(kept)
     del sub.configuration[:]

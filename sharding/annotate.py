@@ -215,6 +215,23 @@ def annotate_tensor(
     return [n.name for n in targets]
 
 
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Gives unnamed or duplicate-named nodes of the main graph unique names (in place)."""
+    used = {n.name for n in model.graph.node if n.name}
+    seen: set[str] = set()
+    for index, node in enumerate(model.graph.node):
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        base = node.name or f"{node.op_type}_{index}"
+        name, k = base, 1
+        while name in used or name in seen:
+            name, k = f"{base}_{k}", k + 1
+        node.name = name
+        used.add(name)
+        seen.add(name)
+
+
 class PlanRow(NamedTuple):
     """One written annotation: a spec (or a stage) of one node."""
 
@@ -258,4 +275,4 @@ def describe_plan(model: onnx.ModelProto) -> list[PlanRow]:
     return rows
 
 
-__all__ = ["PlanRow", "add_configuration", "annotate_tensor", "describe_plan", "set_spec", "set_stage"]
+__all__ = ["PlanRow", "add_configuration", "annotate_tensor", "describe_plan", "name_nodes", "set_spec", "set_stage"]

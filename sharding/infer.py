@@ -59,6 +59,7 @@ from onnx import numpy_helper
 from .diagnostics import Diagnostic, Severity
 from .reshard import reshard_kind
 from .rules import rule_for
+from .stages import has_stages
 from .rules._core import NodeContext, Shape, node_devices, renamed, replicated, sharded_dims, text
 from .spec import NodeConfig, ShardingSpec
 
@@ -420,6 +421,10 @@ def infer(
         raise ValueError(f"unsupported must be 'warning' or 'error', got {unsupported!r}")
     diags: list[Diagnostic] = []
     config = _choose_configuration(model, configuration, diags)
+    if config is not None and has_stages(model, config):  # stages are inferred one by one
+        from .stage_infer import infer_by_stage
+
+        return infer_by_stage(model, config, diags, input_shapes=input_shapes, unsupported=unsupported)
     order = topological_order(model.graph)
     shapes, shape_diags = tensor_shapes(model, input_shapes, order)
     diags += shape_diags

@@ -52,7 +52,7 @@ import onnx
 import onnx.numpy_helper
 import onnx.shape_inference
 
-from .annotate import add_configuration, set_spec
+from .annotate import add_configuration, name_nodes, set_spec
 from .spec import ShardedDim, ShardingSpec, SimpleShardedDim, remap_spec
 
 _log = logging.getLogger(__name__)
@@ -769,23 +769,6 @@ def megatron_layout(
     )
 
 
-def _name_nodes(model: onnx.ModelProto) -> None:
-    """Gives unnamed or duplicate-named nodes of the main graph unique names (in place)."""
-    used = {n.name for n in model.graph.node if n.name}
-    seen: set[str] = set()
-    for index, node in enumerate(model.graph.node):
-        if node.name and node.name not in seen:
-            seen.add(node.name)
-            continue
-        base = node.name or f"{node.op_type}_{index}"
-        name, k = base, 1
-        while name in used or name in seen:
-            name, k = f"{base}_{k}", k + 1
-        node.name = name
-        used.add(name)
-        seen.add(name)
-
-
 def megatron_plan(
     model: onnx.ModelProto,
     num_devices: int,
@@ -828,7 +811,7 @@ def megatron_plan(
     """
     _check_devices(num_devices)
     result = copy.deepcopy(model)
-    _name_nodes(result)
+    name_nodes(result)
     layout = megatron_layout(result, num_devices, gqa=gqa)
     if node_devices is None:
         add_configuration(result, configuration, num_devices)

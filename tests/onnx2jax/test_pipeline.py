@@ -1,0 +1,129 @@
+"""Pipeline stages on 8 fake CPU devices: tiny Llama in 2 and 4 stages, alone and with TP inside.
+
+References: onnxruntime (the stored outputs at batch 2; a batch-4 run made
+here) and the unsharded onnx2jax run. Collective counts are the Megatron
+minimum of each stage: one all-reduce for the vocabulary-split embedding and
+one per attention and per MLP pair; the column-parallel LM head none.
+"""
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import onnx2jax
+from onnx2jax.cli import main
+from onnx2jax.pipeline import PipelineCompiled
+from sharding.megatron import megatron_plan
+from sharding.stages import auto_stages, device_groups, write_stages
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+LLAMA = DATA / "tiny_llama.onnx"
+
+# all-reduces per stage: auto:2 cuts after layer 0 (embedding + 2 pairs | 2 pairs + head);
+# auto:4 after layer 0's attention, layer 0 and layer 1 (embedding + attention | MLP | 2 pairs | head).
+MEGATRON_ALL_REDUCES = {2: [3, 2], 4: [2, 1, 2, 0]}
+
+
+def _staged(stages: int, tp: int) -> onnx.ModelProto:
+    """tiny Llama cut by auto:S, on S groups of ``tp`` devices, Megatron inside each group."""
+    model = onnx.load(LLAMA)
+    stage_of, _ = auto_stages(model, stages)
+    groups = device_groups(list(range(stages)), stages * tp)
+    if tp > 1:
+        model = megatron_plan(model, tp, "pp", node_devices={n: groups[s] for n, s in stage_of.items()})
+    write_stages(model, stage_of, groups, "pp")
+    return model
+
+
+@pytest.fixture(scope="module")
+def batch4() -> tuple[dict, np.ndarray]:
+    """Batch-4 inputs and onnxruntime's logits for them."""
+    ids = np.random.default_rng(4).integers(0, 256, (4, 16)).astype(np.int64)
+    session = ort.InferenceSession(str(LLAMA), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, {"input_ids": ids})
+    return {"input_ids": ids}, logits
+
+
+@pytest.fixture(scope="module")
+def unsharded(batch4) -> np.ndarray:
+    (logits,) = onnx2jax.translate(str(LLAMA))(**batch4[0])
+    return np.asarray(logits)
+
+
+def _check_run(compiled: PipelineCompiled, batch4, unsharded, microbatches) -> None:
+    inputs, reference = batch4
+    for m in microbatches:
+        compiled.microbatches = m
+        (logits,) = compiled(**inputs)
+        np.testing.assert_allclose(np.asarray(logits), reference, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(logits), unsharded, rtol=0, atol=1e-5)
+
+
+def _check_placement(compiled: PipelineCompiled, stages: int, tp: int) -> None:
+    """Each stage's parameters live exactly on its own devices, and its collectives are Megatron's."""
+    devices = jax.devices()
+    assert [s.devices for s in compiled.stages] == [tuple(range(k * tp, (k + 1) * tp)) for k in range(stages)]
+    for stage in compiled.stages:
+        own = {devices[d] for d in stage.devices}
+        for name, array in stage.compiled.params.items():
+            assert array.sharding.device_set == own, (stage.stage, name, array.sharding)
+    report = compiled.report(repeats=1)
+    assert [r.collectives["all-reduce"] for r in report.stages] == (
+        MEGATRON_ALL_REDUCES[stages] if tp > 1 else [0] * stages
+    )
+    assert all(sum(r.collectives.values()) == r.collectives["all-reduce"] for r in report.stages)
+    # Only the residual stream crosses: [micro-batch, 16, 64] float32.
+    batch = 4 // compiled.microbatches
+    assert [r.sent_bytes for r in report.stages] == [batch * 16 * 64 * 4] * (stages - 1) + [0]
+    assert 0 <= report.bound == (stages - 1) / (compiled.microbatches + stages - 1)
+
+
+@pytest.mark.parametrize(("stages", "tp", "microbatches"), [(2, 1, (1, 2, 4)), (4, 2, (2,)), (2, 4, (4,))])
+def test_tiny_llama_pipeline(stages, tp, microbatches, batch4, unsharded):
+    compiled = onnx2jax.compile(_staged(stages, tp))
+    assert isinstance(compiled, PipelineCompiled) and len(compiled.stages) == stages
+    _check_run(compiled, batch4, unsharded, microbatches)
+    _check_placement(compiled, stages, tp)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stages", "tp"), [(2, 1), (2, 2), (2, 4), (4, 1), (4, 2)])
+def test_tiny_llama_pipeline_every_microbatch_count(stages, tp, batch4, unsharded):
+    compiled = onnx2jax.compile(_staged(stages, tp))
+    _check_run(compiled, batch4, unsharded, (1, 2, 4))
+    _check_placement(compiled, stages, tp)
+
+
+def test_stored_batch_matches_onnxruntime_through_the_cli(tmp_path: Path):
+    """PopRT YAML -> annotate -> compile; the stored batch-2 inputs in two micro-batches."""
+    shard = tmp_path / "shard.yaml"
+    shard.write_text("- node: node_add_444\n  device: 0\n  stage: 0\n- node: node_add_744\n  device: 1\n  stage: 1\n")
+    out = tmp_path / "staged.onnx"
+    assert main(["annotate", str(LLAMA), "--stages", str(shard), "--devices", "6", "--plan", "megatron", "-o", str(out)]) == 0
+    compiled = onnx2jax.compile(str(out), microbatches=2)
+    assert [s.devices for s in compiled.stages] == [(0, 1), (2, 3), (4, 5)]  # leftovers: group 2
+    inputs = dict(np.load(DATA / "tiny_llama.inputs.npz"))
+    expected = np.load(DATA / "tiny_llama.ort_outputs.npz")["logits"]
+    (logits,) = compiled(**inputs)
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=0, atol=1e-5)
+    assert main(["check", str(out)]) == 0
+
+
+def test_symbolic_batch_and_sequence(batch4):
+    compiled = onnx2jax.compile(_staged(2, 1), microbatches=3)
+    ids = np.random.default_rng(1).integers(0, 256, (3, 7)).astype(np.int64)
+    session = ort.InferenceSession(str(LLAMA), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"input_ids": ids})
+    (logits,) = compiled(ids)
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=0, atol=1e-5)
+    with pytest.raises(ValueError, match="'input_ids' \\[4, 16\\]: its axis 0 .* microbatches=3"):
+        compiled(**batch4[0])
+
+
+def test_microbatches_need_stages():
+    with pytest.raises(ValueError, match="microbatches=2 needs a model with pipeline stages"):
+        onnx2jax.compile(str(LLAMA), microbatches=2)
