@@ -27,6 +27,8 @@ import argparse
 
 import onnx
 
+from onnx2jax.cli_errors import CliError, UsageError
+from onnx2jax.loading import load_model
 from sharding.annotate import add_configuration, annotate_tensor, describe_plan, name_nodes, set_stage
 from sharding.megatron import megatron_layout, megatron_plan
 from sharding.stages import auto_stages, device_groups, load_points_yaml, stages_from_points, write_stages
@@ -81,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def _pair(item: str, option: str, what: str) -> tuple[str, str]:
     name, sep, value = item.partition("=")
     if not sep or not name.strip() or not value.strip():
-        raise SystemExit(f"{option} expects {what}, got {item!r}")
+        raise UsageError(f"{option} expects {what}, got {item!r}")
     return name.strip(), value.strip()
 
 
@@ -90,34 +92,34 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
     roles: dict[str, str] = {}
     config = args.configuration
     if args.devices is not None and args.devices < 1:
-        raise SystemExit(f"--devices must be >= 1, got {args.devices}")
+        raise UsageError(f"--devices must be >= 1, got {args.devices}")
     specs = []  # parsed before anything is written, so that typos fail fast
     for item in args.spec:
         tensor, text = _pair(item, "--spec", "TENSOR=TEXT")
         try:
             specs.append((tensor, parse_spec(text, tensor)))
         except SpecSyntaxError as e:
-            raise SystemExit(f"--spec {tensor}: {e}") from None
+            raise UsageError(f"--spec {tensor}: {e}") from None
     stages = []
     for item in args.stage:
         node, value = _pair(item, "--stage", "NODE=INT")
         try:
             stages.append((node, int(value)))
         except ValueError:
-            raise SystemExit(f"--stage expects NODE=INT, got {item!r}") from None
+            raise UsageError(f"--stage expects NODE=INT, got {item!r}") from None
     if args.name_nodes:
         name_nodes(model)
     if args.stages:
         return _annotate_stages(args, model, specs, stages)
     if args.plan == "megatron":
         if args.devices is None:
-            raise SystemExit("--plan megatron needs --devices N")
+            raise UsageError("--plan megatron needs --devices N")
         model = megatron_plan(model, args.devices, config, gqa=args.gqa)
         roles = _megatron_notes(model, args.devices, args.gqa, notes)
     if args.spec or args.stage:
         if config not in {c.name for c in model.configuration}:
             if args.devices is None:
-                raise SystemExit(f"configuration {config!r} is not in the model; pass --devices N")
+                raise UsageError(f"configuration {config!r} is not in the model; pass --devices N")
             add_configuration(model, config, args.devices)
     for tensor, spec in specs:
         for node in annotate_tensor(model, tensor, spec, config):
@@ -145,14 +147,14 @@ def _annotate_stages(
 ) -> tuple[onnx.ModelProto, list[str], dict[str, str]]:
     """``--stages``: stages and device groups, then (with ``--plan megatron``) TP inside each group."""
     if specs or stages:
-        raise SystemExit("--stages cannot be combined with --spec or --stage")
+        raise UsageError("--stages cannot be combined with --spec or --stage")
     notes: list[str] = []
     roles: dict[str, str] = {}
     if args.stages.startswith("auto:"):
         try:
             count = int(args.stages[5:])
         except ValueError:
-            raise SystemExit(f"--stages auto:S needs an integer S, got {args.stages!r}") from None
+            raise UsageError(f"--stages auto:S needs an integer S, got {args.stages!r}") from None
         stage_of, cut = auto_stages(model, count)
         group_of = {s: s for s in set(stage_of.values())}
         notes += cut.describe()
@@ -168,7 +170,7 @@ def _annotate_stages(
     devices = {s: groups[g] for s, g in group_of.items()}
     if args.plan == "megatron":
         if args.devices is None:
-            raise SystemExit("--plan megatron with --stages needs --devices N")
+            raise UsageError("--plan megatron with --stages needs --devices N")
         ways = len(next(iter(devices.values())))
         model = megatron_plan(
             model, ways, args.configuration, gqa=args.gqa, node_devices={n: devices[s] for n, s in stage_of.items()}
@@ -181,6 +183,22 @@ def _annotate_stages(
     return model, notes, roles
 
 
+def require_annotations(model: onnx.ModelProto, plan: str, devices: int, notes: list[str]) -> None:
+    """Fails when a plan wrote no annotation: a model that shards nothing is not what was asked for.
+
+    Raises:
+      CliError: naming the plan, the device count and the first reason the plan gave.
+    """
+    if describe_plan(model):
+        return
+    why = f": {notes[0]}" if notes else ""
+    more = f" (and {len(notes) - 1} more notes)" if len(notes) > 1 else ""
+    raise CliError(
+        f"the {plan} plan for {devices} devices shards nothing{why}{more}; "
+        "choose a --devices count that divides the heads and features, or annotate with --spec"
+    )
+
+
 def cmd_annotate(args: argparse.Namespace) -> int:
     """Annotates a model and writes it; prints the written annotations."""
     from rich.console import Console
@@ -188,11 +206,10 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
     console = Console(highlight=False)
     console = Console(highlight=False, width=max(console.width, 150))  # rows stay one line
-    model = onnx.load(args.model)
-    try:
-        model, notes, roles = _annotate(args, model)
-    except ValueError as e:
-        raise SystemExit(f"annotate: {e}") from None
+    model = load_model(args.model, inline=False)
+    model, notes, roles = _annotate(args, model)
+    if args.plan:
+        require_annotations(model, args.plan, args.devices, [n for n in notes[1:]])
     rows = describe_plan(model)
     table = Table(title=f"annotations of {args.model}")
     staged = any(row.stage is not None for row in rows)

@@ -22,6 +22,8 @@ from collections.abc import Sequence
 
 import onnx
 
+from onnx2jax.cli_errors import CliError, UsageError
+from onnx2jax.loading import load_model
 from sharding.check import check
 from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference, completed_model, infer
@@ -92,8 +94,35 @@ def _input_shapes(items: Sequence[str]) -> dict[str, list[int]]:
         except ValueError:
             sep = ""
         if not sep or not name:
-            raise SystemExit(f"--input-shape expects NAME=D0,D1,..., got {item!r}")
+            raise UsageError(f"--input-shape expects NAME=D0,D1,..., got {item!r}")
     return shapes
+
+
+def _require_names(model: onnx.ModelProto, shapes: dict, nodes: Sequence[str] = (), tensors: Sequence[str] = ()) -> None:
+    """Names given on the command line must exist in the model: a typo is a usage error, not an empty answer."""
+    graph = model.graph
+    initializers = {t.name for t in graph.initializer}
+    inputs = [i.name for i in graph.input if i.name not in initializers]
+    for name in shapes:
+        if name not in inputs:
+            raise UsageError(f"--input-shape {name}: the model has no input {name!r}; its inputs: {', '.join(inputs)}")
+    node_names = {n.name or f"{n.op_type}#{i}" for i, n in enumerate(graph.node)}
+    for name in nodes:
+        if name not in node_names:
+            raise UsageError(f"--node {name}: no node of that name in the model")
+    values = initializers | set(inputs) | {o for n in graph.node for o in n.output}
+    for name in tensors:
+        if name not in values:
+            raise UsageError(f"--tensor {name}: no tensor of that name in the model")
+
+
+def _require_annotations(model: onnx.ModelProto, path: str) -> None:
+    """A model without a device configuration has nothing to check or explain."""
+    if not len(model.configuration) and not any(n.device_configurations for n in model.graph.node):
+        raise CliError(
+            f"{path} has no sharding annotations (no device configuration): nothing to check; "
+            f"annotate it first (onnx2jax annotate {path} --plan megatron --devices N -o out.onnx)"
+        )
 
 
 def _console():
@@ -103,10 +132,7 @@ def _console():
 
 
 def _load(path: str) -> onnx.ModelProto:
-    try:
-        return onnx.load(path)
-    except Exception as e:  # OSError, protobuf DecodeError, onnx's own errors
-        raise SystemExit(f"cannot read {path}: {e}") from e
+    return load_model(path, inline=False)  # a ModelLoadError names the file; onnx2jax.cli prints it
 
 
 def _counts(diags: Sequence[Diagnostic]) -> dict[str, int]:
@@ -158,6 +184,8 @@ def _print_stages(console, diags: Sequence[Diagnostic]) -> None:
 def cmd_check(args: argparse.Namespace) -> int:
     """Checks the annotations; prints a table or JSON; exit status 1 when there are errors."""
     model = _load(args.model)
+    _require_names(model, _input_shapes(args.input_shape))
+    _require_annotations(model, args.model)
     diags = check(
         model,
         args.configuration,
@@ -279,6 +307,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     """Lists every placed node's written vs inferred specs and reshards; draws named tensors."""
     model = _load(args.model)
     shapes = _input_shapes(args.input_shape)
+    _require_names(model, shapes, args.node, args.tensor)
+    _require_annotations(model, args.model)
     inference = infer(
         model, args.configuration, input_shapes=shapes,
         unsupported="error" if args.strict else "warning",

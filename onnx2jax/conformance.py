@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Iterable
+import re
+from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
@@ -38,6 +39,24 @@ def node_cases() -> tuple[TestCase, ...]:
 def case_op_types(case: TestCase) -> tuple[str, ...]:
     """The op types a case's model uses (normally one)."""
     return tuple(sorted({n.op_type for n in case.model.graph.node}))
+
+
+def tested_ops(cases: Iterable[TestCase]) -> dict[str, str]:
+    """The op each case tests (case name -> op type), for cases where one op is under test.
+
+    A single-node case tests its node's op; an ``*_expanded`` case (the op's
+    function body) tests the op of the single-node case it expands. Other
+    multi-node cases test no single op and are left out.
+    """
+    cases = list(cases)
+    single = {c.name: c.model.graph.node[0].op_type for c in cases if len(c.model.graph.node) == 1}
+    tested = {}
+    for case in cases:
+        base = re.sub(r"_expanded(_ver\d+)?$", "", case.name)
+        op = single.get(case.name) or single.get(base)
+        if op is not None:
+            tested[case.name] = op
+    return tested
 
 
 def assert_outputs_match(expected: Any, actual: Any, rtol: float, atol: float, where: str = "") -> None:
@@ -96,8 +115,23 @@ class CaseResult:
     error: str = ""
 
 
-def run_cases(cases: Iterable[TestCase]) -> list[CaseResult]:
-    """Runs every case, catching failures, for the CLI's pass-rate report."""
+def expected_failures() -> dict[str, str]:
+    """The cases onnx2jax is known not to pass, with their reasons (case name -> reason).
+
+    Read from ``node_xfails.yaml``, the list the test suite holds strictly
+    (tests/onnx2jax/node_xfails.yaml; the package carries it as data).
+    """
+    import pathlib
+
+    import yaml
+
+    path = pathlib.Path(__file__).resolve().parent / "data" / "node_xfails.yaml"
+    grouped = yaml.safe_load(path.read_text()) or {}
+    return {case: reason for by_case in grouped.values() for case, reason in by_case.items()}
+
+
+def run_cases(cases: Iterable[TestCase], on_result: Callable[[CaseResult], None] | None = None) -> list[CaseResult]:
+    """Runs every case, catching failures, for the CLI's pass-rate report; ``on_result`` sees each result."""
     results = []
     for case in cases:
         try:
@@ -105,6 +139,8 @@ def run_cases(cases: Iterable[TestCase]) -> list[CaseResult]:
             results.append(CaseResult(case.name, case_op_types(case), True))
         except Exception as e:  # noqa: BLE001 - every failure is reported, none stops the run
             results.append(CaseResult(case.name, case_op_types(case), False, f"{type(e).__name__}: {e}"[:300]))
+        if on_result is not None:
+            on_result(results[-1])
         if len(results) % 200 == 0:
             jax.clear_caches()  # thousands of tiny programs otherwise pile up in memory
     return results

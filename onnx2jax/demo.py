@@ -21,8 +21,8 @@ TOLERANCE = 1e-4
 
 
 def default_model() -> pathlib.Path:
-    """The bundled fixture, next to the package in a source checkout."""
-    return pathlib.Path(__file__).resolve().parents[1] / "tests" / "data" / "tiny_llama.onnx"
+    """The tiny Llama that ships as package data (onnx2jax/data), so an installed wheel has it too."""
+    return pathlib.Path(__file__).resolve().parent / "data" / "tiny_llama.onnx"
 
 
 def ensure_devices(count: int) -> None:
@@ -34,8 +34,14 @@ def ensure_devices(count: int) -> None:
             jax.config.update("jax_num_cpu_devices", count)
         except RuntimeError:
             pass  # the backend already started; jax.devices() says how many there are
-    if len(jax.devices()) < count:
-        raise SystemExit(f"the demo needs {count} devices; jax has {len(jax.devices())}")
+    have = jax.devices()
+    if len(have) < count:
+        from onnx2jax.cli_errors import CliError
+
+        raise CliError(
+            f"{count} devices needed, JAX has {len(have)} ({have[0].platform}); pass --devices {len(have)}, "
+            "or set JAX_PLATFORMS=cpu to run on fake CPU devices"
+        )
 
 
 def run_demo(console, model_path: str | os.PathLike | None = None, devices: int = DEVICES) -> int:
@@ -45,14 +51,18 @@ def run_demo(console, model_path: str | os.PathLike | None = None, devices: int 
     import onnx
 
     import onnx2jax
-    from sharding.megatron import megatron_plan
+    from onnx2jax.cli_annotate import require_annotations
+    from sharding.megatron import megatron_layout, megatron_plan
+
+    from onnx2jax.cli_errors import CliError
 
     path = pathlib.Path(model_path) if model_path else default_model()
     if not path.is_file():
-        raise SystemExit(f"model {path} not found; pass --model PATH (the fixture ships in the source tree)")
+        raise CliError(f"model {path} not found; pass --model PATH")
     model = onnx.load(str(path))
     console.print(f"[bold]{path.name}[/bold]: {len(model.graph.node)} nodes; Megatron plan for {devices} devices")
     annotated = megatron_plan(model, devices)
+    require_annotations(annotated, "megatron", devices, list(megatron_layout(model, devices).notes))
     rng = np.random.default_rng(0)
     input_ids = rng.integers(0, 256, (2, 16)).astype(np.int64)
 

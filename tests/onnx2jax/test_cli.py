@@ -36,7 +36,7 @@ def test_run_sharded_annotated_model(tmp_path, capsys):
 
 
 def test_conformance_prints_passed_over_total(capsys):
-    assert main(["conformance", "--op", "test_relu"]) == 0
+    assert main(["conformance", "--op", "Relu"]) == 0
     out = capsys.readouterr().out.strip().splitlines()[-1]
     passed, total = out.split()[0].split("/")
     assert int(total) >= 1 and passed == total

@@ -88,6 +88,6 @@ def test_explain_write_completes_the_annotations(annotated, tmp_path, capsys):
     assert main(["check", str(out)]) == 0
 
 
-def test_bad_input_shape_option(annotated):
-    with pytest.raises(SystemExit):
-        main(["check", str(annotated), "--input-shape", "input_ids"])
+def test_bad_input_shape_option(annotated, capsys):
+    assert main(["check", str(annotated), "--input-shape", "input_ids"]) == 2
+    assert "--input-shape expects NAME=D0,D1,..." in capsys.readouterr().err

@@ -1,0 +1,116 @@
+"""How the ``onnx2jax`` command line turns exceptions into one line and an exit status.
+
+Every sub-command runs inside :func:`run_guarded`: an ordinary mistake (a
+missing file, a file that is not ONNX, a wrong input name, too few devices,
+an unsupported op, invalid annotations) is printed as one line on stderr,
+``onnx2jax run: error: ...``, naming the problem and what to do, with exit
+status 1; a malformed option value is a usage error, exit status 2.
+``--debug`` (or ``ONNX2JAX_DEBUG=1``) re-raises instead, so the traceback
+shows. Sub-commands raise :class:`CliError` / :class:`UsageError` for
+mistakes they detect themselves; the library's own exceptions are mapped
+here, so no sub-command needs its own ``try``/``except``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+
+USER_ERROR = 1
+USAGE_ERROR = 2
+
+
+class CliError(Exception):
+    """A mistake the user can fix: printed as one line, exit status 1."""
+
+    exit_code = USER_ERROR
+
+
+class UsageError(CliError):
+    """A malformed option or argument: printed as one line, exit status 2."""
+
+    exit_code = USAGE_ERROR
+
+
+def debug_requested(flag: bool = False) -> bool:
+    """True when ``--debug`` was given or ``ONNX2JAX_DEBUG`` is set to a true value."""
+    return flag or os.environ.get("ONNX2JAX_DEBUG", "").lower() in ("1", "true", "yes", "on")
+
+
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """The library's exceptions that describe the user's input, not a bug of onnx2jax."""
+    from google.protobuf.message import DecodeError
+    from onnx.checker import ValidationError
+
+    from onnx2jax.errors import ModelLoadError, NodeError, PrecisionError, UnsupportedOpError
+    from onnx2jax.mesh import MeshMappingError
+    from sharding.diagnostics import ShardingError
+    from sharding.text import SpecSyntaxError
+
+    return (
+        ModelLoadError, UnsupportedOpError, NodeError, PrecisionError, MeshMappingError,
+        ShardingError, SpecSyntaxError, DecodeError, ValidationError, OSError, ValueError,
+    )
+
+
+def describe(error: BaseException) -> str:
+    """The message printed for ``error``: what went wrong, and what to do where that is known."""
+    from onnx2jax.errors import ModelLoadError, UnsupportedOpError
+
+    if isinstance(error, FileNotFoundError) and error.filename is not None:
+        return f"no such file or directory: {error.filename}"
+    if isinstance(error, IsADirectoryError) and error.filename is not None:
+        return f"{error.filename} is a directory; give a file"
+    if isinstance(error, PermissionError) and error.filename is not None:
+        return f"permission denied: {error.filename}"
+    cause = error.__cause__
+    if isinstance(error, ModelLoadError) and isinstance(cause, FileNotFoundError) and cause.filename:
+        return f"no such file: {cause.filename}"
+    if isinstance(error, UnsupportedOpError):
+        return f"{error} (onnx2jax conformance lists what is implemented)"
+    text = str(error).strip() or type(error).__name__
+    return text
+
+
+def run_guarded(command: str, func: Callable[[], int], debug: bool = False) -> int:
+    """Runs one sub-command; maps its exceptions to one line on stderr and an exit status."""
+    debug = debug_requested(debug)
+    prefix = f"onnx2jax {command}: " if command else "onnx2jax: "
+    try:
+        return func()
+    except CliError as e:
+        if debug:
+            raise
+        hint = f" (onnx2jax {command} --help)" if isinstance(e, UsageError) and command else ""
+        _say(f"{prefix}error: {e}{hint}")
+        return e.exit_code
+    except SystemExit as e:  # argparse, and messages raised as SystemExit("...")
+        if isinstance(e.code, str):
+            if debug:
+                raise
+            _say(f"{prefix}error: {e.code}")
+            return USER_ERROR
+        raise
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        _say(f"{prefix}interrupted")
+        return 130
+    except BrokenPipeError:
+        raise  # handled by main(): the reader (| head) went away
+    except Exception as e:  # noqa: BLE001 - the one place that turns exceptions into messages
+        if debug:
+            raise
+        if isinstance(e, _user_error_types()):
+            _say(f"{prefix}error: {describe(e)}")
+        else:
+            _say(
+                f"{prefix}internal error: {type(e).__name__}: {describe(e)} "
+                "(rerun with --debug for the traceback and report it)"
+            )
+        return USER_ERROR
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

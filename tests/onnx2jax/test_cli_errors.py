@@ -1,0 +1,287 @@
+"""What a new user's mistakes give on the command line: one line naming the problem and what to do.
+
+Exit status 1 for a user error, 2 for a usage error; never a traceback unless
+``--debug``. And nothing reports success when it did nothing.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.helper as oh
+import onnx.numpy_helper as onh
+import pytest
+
+from onnx2jax.cli import main
+from onnx2jax.cli_errors import CliError
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _one_line_error(capsys, command: str) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "Traceback" not in err + captured.out
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"onnx2jax {command}: error: "), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def embedding(tmp_path_factory) -> Path:
+    """ids [batch, 3] (int64) -> Gather from a 4-row table -> MatMul: ids >= 4 are invalid."""
+    graph = oh.make_graph(
+        [
+            oh.make_node("Gather", ["table", "ids"], ["h"], name="embed"),
+            oh.make_node("MatMul", ["h", "W"], ["y"], name="mm"),
+        ],
+        "embedding",
+        [oh.make_tensor_value_info("ids", onnx.TensorProto.INT64, ["batch", 3])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["batch", 3, 2])],
+        [
+            onh.from_array(np.arange(20, dtype=np.float32).reshape(4, 5), "table"),
+            onh.from_array(np.ones((5, 2), np.float32), "W"),
+        ],
+    )
+    path = tmp_path_factory.mktemp("models") / "embedding.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def not_onnx(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("junk") / "notes.onnx"
+    path.write_text("this is not a model\n")
+    return path
+
+
+# --- 1. one line, exit 1 (user error) or 2 (usage error), no traceback ---
+
+@pytest.mark.parametrize("command", [["run"], ["check"], ["explain"], ["annotate", "--plan", "megatron", "--devices", "2", "-o", "x.onnx"]])
+def test_missing_model_file(command, capsys):
+    assert main([command[0], "nosuch.onnx", *command[1:]]) == 1
+    assert "nosuch.onnx" in _one_line_error(capsys, command[0])
+
+
+@pytest.mark.parametrize("command", ["run", "check", "annotate"])
+def test_file_that_is_not_onnx(command, not_onnx, tmp_path, capsys):
+    extra = ["--devices", "2", "--spec", "x=0:2 @ [0,1]", "-o", str(tmp_path / "o.onnx")] if command == "annotate" else []
+    assert main([command, str(not_onnx), *extra]) == 1
+    assert "not a valid ONNX model" in _one_line_error(capsys, command)
+
+
+def test_run_wrong_input_name(embedding, tmp_path, capsys):
+    np.save(tmp_path / "ids.npy", np.zeros((2, 3), np.int64))
+    assert main(["run", str(embedding), "--input", f"tokens={tmp_path / 'ids.npy'}"]) == 2
+    assert "no input 'tokens'; its inputs: ids" in _one_line_error(capsys, "run")
+
+
+def test_run_missing_npy(embedding, capsys):
+    assert main(["run", str(embedding), "--input", "ids=nosuch.npy"]) == 1
+    assert "no such file: nosuch.npy" in _one_line_error(capsys, "run")
+
+
+def test_run_output_folder_missing(embedding, capsys):
+    assert main(["run", str(embedding), "--output", "nosuch/out.npz"]) == 2
+    assert "does not exist" in _one_line_error(capsys, "run")
+
+
+def test_too_few_devices(annotated, capsys):
+    import jax
+
+    assert len(jax.devices()) == 8  # jax has started with 8 CPU devices: 16 cannot be had
+    assert main(["run", str(annotated), "--devices", "16"]) == 1
+    assert "16 devices needed, JAX has 8" in _one_line_error(capsys, "run")
+
+
+def test_unsupported_op(tmp_path, capsys):
+    graph = oh.make_graph(
+        [oh.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", name="bin")],
+        "ml",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+    )
+    path = tmp_path / "ml.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("ai.onnx.ml", 3)]), path)
+    assert main(["run", str(path)]) == 1
+    assert "ai.onnx.ml::Binarizer" in _one_line_error(capsys, "run")
+
+
+def test_debug_shows_the_traceback(embedding):
+    with pytest.raises(CliError):
+        main(["run", str(embedding), "--input", "ids=nosuch.npy", "--debug"])
+    with pytest.raises(CliError):
+        main(["--debug", "run", str(embedding), "--input", "ids=nosuch.npy"])
+
+
+def test_debug_environment_variable(embedding, monkeypatch):
+    monkeypatch.setenv("ONNX2JAX_DEBUG", "1")
+    with pytest.raises(CliError):
+        main(["run", str(embedding), "--input", "ids=nosuch.npy"])
+
+
+# --- 2. nothing reports success when nothing happened ---
+
+def test_demo_on_a_device_count_that_shards_nothing(capsys):
+    assert main(["demo", "--devices", "3"]) == 1
+    assert "megatron plan for 3 devices shards nothing" in _one_line_error(capsys, "demo")
+
+
+def test_annotate_plan_that_writes_nothing(tmp_path, capsys):
+    graph = oh.make_graph(  # a CNN: nothing the Megatron plan recognises
+        [oh.make_node("Conv", ["x", "w"], ["c"], name="conv"), oh.make_node("Relu", ["c"], ["y"], name="relu")],
+        "cnn",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4, 6, 6])],
+        [onh.from_array(np.ones((4, 3, 3, 3), np.float32), "w")],
+    )
+    cnn = tmp_path / "cnn.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]), cnn)
+    out = tmp_path / "out.onnx"
+    assert main(["annotate", str(cnn), "--plan", "megatron", "--devices", "2", "-o", str(out)]) == 1
+    assert "shards nothing" in _one_line_error(capsys, "annotate")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["check", "explain"])
+def test_check_an_unannotated_model(command, embedding, capsys):
+    assert main([command, str(embedding)]) == 1
+    assert "has no sharding annotations" in _one_line_error(capsys, command)
+
+
+def test_run_devices_on_an_unannotated_model(embedding, capsys):
+    assert main(["run", str(embedding), "--devices", "8"]) == 1
+    assert "has no sharding annotations, so --devices 8 has nothing to shard" in _one_line_error(capsys, "run")
+
+
+def test_dim_typo(embedding, capsys):
+    assert main(["run", str(embedding), "--dim", "btch=4"]) == 2
+    assert "no symbolic dim 'btch' (its symbolic dims: batch)" in _one_line_error(capsys, "run")
+
+
+@pytest.fixture(scope="module")
+def annotated(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("annotated") / "llama_tp2.onnx"
+    assert main(["annotate", str(DATA / "tiny_llama.onnx"), "--plan", "megatron", "--devices", "2", "-o", str(path)]) == 0
+    return path
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["check", "--input-shape", "nosuch=2,16"], "--input-shape nosuch: the model has no input 'nosuch'"),
+        (["explain", "--node", "nosuch"], "--node nosuch: no node of that name"),
+        (["explain", "--tensor", "nosuch"], "--tensor nosuch: no tensor of that name"),
+    ],
+)
+def test_names_that_do_not_exist(annotated, capsys, argv, message):
+    capsys.readouterr()
+    assert main([argv[0], str(annotated), *argv[1:]]) == 2
+    assert message in _one_line_error(capsys, argv[0])
+
+
+def test_conformance_unknown_op(capsys):
+    assert main(["conformance", "--op", "Nonexistent"]) == 2
+    assert "--op Nonexistent: no node case tests that op type" in _one_line_error(capsys, "conformance")
+
+
+def test_conformance_op_is_exact_and_known_failures_exit_0(capsys):
+    # Range's *_expanded cases fail (node_xfails.yaml): known, so exit 0; Relu inside them is not "Relu".
+    assert main(["conformance", "--op", "Range"]) == 0
+    out = capsys.readouterr().out
+    assert "4 known failures (node_xfails.yaml), 0 unexpected" in out
+    assert main(["conformance", "--op", "Relu"]) == 0
+    assert capsys.readouterr().out.startswith("2/2 node cases pass")
+
+
+# --- 5. run: inputs, outputs, timings ---
+
+def test_random_ids_stay_inside_the_embedding(embedding, tmp_path, capsys):
+    out = tmp_path / "out.npz"
+    assert main(["run", str(embedding), "--dim", "batch=64", "--output", str(out), "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert "random integers in [0, 4), the rows of 'table'" in printed
+    assert "first call" in printed and "per call (mean of" in printed
+    y = np.load(out)["y"]
+    assert y.shape == (64, 3, 2)
+    # independent reference: numpy on the drawn ids is not available, but every row sum is a table row's sum
+    assert set(np.unique(y[..., 0])) <= {float(r.sum()) for r in np.arange(20, dtype=np.float32).reshape(4, 5)}
+
+
+def test_symbolic_dim_default_is_said(embedding, capsys):
+    assert main(["run", str(embedding)]) == 0
+    assert "symbolic dim 'batch' = 2 (set it with --dim batch=N)" in capsys.readouterr().out
+
+
+def test_int32_input_is_converted_with_a_note(embedding, tmp_path, capsys):
+    ids = np.array([[0, 1, 2], [3, 2, 1]], np.int32)
+    np.save(tmp_path / "ids.npy", ids)
+    out = tmp_path / "out.npz"
+    assert main(["run", str(embedding), "--input", f"ids={tmp_path / 'ids.npy'}", "--output", str(out)]) == 0
+    assert "input 'ids': converted int32 -> int64" in capsys.readouterr().out
+    table = np.arange(20, dtype=np.float32).reshape(4, 5)
+    np.testing.assert_allclose(np.load(out)["y"], table[ids] @ np.ones((5, 2), np.float32))
+
+
+def test_fixture_npz_inputs_are_accepted(tmp_path, capsys):
+    out = tmp_path / "out.npz"
+    argv = ["run", str(DATA / "tiny_llama.onnx"), "--input", str(DATA / "tiny_llama.inputs.npz"), "--output", str(out)]
+    assert main(argv) == 0
+    expected = np.load(DATA / "tiny_llama.ort_outputs.npz")["logits"]
+    np.testing.assert_allclose(np.load(out)["logits"], expected, atol=1e-4)
+
+
+def test_check_prints_our_outputs_when_onnxruntime_cannot_run(tmp_path, capsys):
+    # A domain onnxruntime does not know, with a function we inline: we run it, onnxruntime cannot.
+    fn = oh.make_function("my.fns", "Twice", ["x"], ["y"], [oh.make_node("Add", ["x", "x"], ["y"])],
+                          [oh.make_opsetid("", 18)])
+    graph = oh.make_graph(
+        [oh.make_node("Twice", ["x"], ["y"], domain="my.fns", name="twice")], "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
+    )
+    model = oh.make_model(graph, functions=[fn], opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("my.fns", 1)])
+    model.ir_version = 99  # newer than onnxruntime reads
+    path = tmp_path / "twice.onnx"
+    onnx.save(model, path)
+    assert main(["run", str(path), "--check"]) == 1
+    out = capsys.readouterr().out
+    assert "y: shape (2,) dtype float32" in out
+    assert "not checked: onnxruntime cannot run this model" in out
+
+
+# --- 6. conventions ---
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == "onnx2jax 0.1.0"
+
+
+def test_every_option_has_help():
+    from onnx2jax.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    assert all(name in parser.description for name in sub.choices)
+    for name, child in sub.choices.items():
+        assert "``" not in (child.description or "") + (child.format_help()), name  # no raw reStructuredText
+        for action in child._actions:
+            assert action.help, f"{name} {action.option_strings or action.dest} has no help"
+
+
+def test_piped_output_that_stops_early_is_quiet():
+    code = "import sys; from onnx2jax.cli import main; sys.exit(main())"
+    reader = subprocess.Popen(
+        [sys.executable, "-c", code, "annotate", "--help"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
+    reader.stdout.close()  # the reader of `| head` went away before anything was written
+    err = reader.stderr.read().decode()
+    reader.wait(timeout=120)
+    assert "BrokenPipeError" not in err and "Traceback" not in err, err
