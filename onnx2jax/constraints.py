@@ -201,6 +201,8 @@ class ShardingHooks:
             return _transpose(views, attrs, compute)
         if op in ("Softmax", "LogSoftmax"):
             return _along_other_axis(views, attrs, compute)
+        if op == "Slice":
+            return _slice(inputs, views, compute)
         return None
 
 
@@ -338,6 +340,35 @@ def _split(inputs: list, views: list, attrs: Mapping[str, Any], count: int) -> l
         outputs.append(View(piece, shape, view.axis, view.count) if size // inner > 1 else jnp.reshape(piece, shape))
         start += size
     return outputs
+
+
+def _slice(inputs: list, views: list, compute) -> list | None:
+    """A Slice (opset >= 10, constant bounds) of a view: other axes renumbered, the fused axis cut
+    at boundaries of its outermost sub-axis (a slice of that sub-axis: local, no collective)."""
+    view = views[0]
+    if view is None or len(inputs) < 3 or any(x is not None and not is_static(x) for x in inputs[1:]):
+        return None
+    rank = len(view.shape)
+    starts, ends = np.asarray(inputs[1]).reshape(-1), np.asarray(inputs[2]).reshape(-1)
+    axes = np.asarray(inputs[3]).reshape(-1) if len(inputs) > 3 and inputs[3] is not None else np.arange(len(starts))
+    steps = np.asarray(inputs[4]).reshape(-1) if len(inputs) > 4 and inputs[4] is not None else np.ones(len(starts), np.int64)
+    bounds, shape, outer = [], list(view.shape), None
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        axis, (first, stop, stride) = int(axis) % rank, slice(int(start), int(end), int(step)).indices(view.shape[int(axis) % rank])
+        shape[axis] = len(range(first, stop, stride))
+        if axis != view.axis:
+            bounds.append((axis if axis < view.axis else axis + view.count - 1, int(start), int(end), int(step)))
+            continue
+        inner = view.inner()
+        if stride != 1 or first % inner or stop % inner or stop <= first:
+            return None
+        outer = (stop - first) // inner
+        bounds.append((axis, first // inner, stop // inner, 1))
+    column = lambda i: np.asarray([b[i] for b in bounds], np.int64)  # noqa: E731
+    (out,) = compute([view.array, column(1), column(2), column(0), column(3)])
+    if outer == 1:
+        return [jnp.reshape(out, tuple(shape))]
+    return [View(out, tuple(shape), view.axis, view.count)]
 
 
 def _product(op_type: str, inputs: list, views: list, attrs: Mapping[str, Any]) -> list | None:

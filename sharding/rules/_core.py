@@ -711,7 +711,12 @@ def regroup(
         elif outs[0] not in out_parts:
             sizes_in = [in_shape[a] if in_shape is not None else None for a in ins]
             sizes_out = [out_shape[a] if out_shape is not None else None for a in outs]
-            if any(not isinstance(s, int) for s in sizes_in + sizes_out):
+            symbolic = any(not isinstance(s, int) for s in sizes_in + sizes_out)
+            split = _symbolic_group(ins, outs, sizes_in, sizes_out, cut) if symbolic else None
+            if split is not None:
+                out_parts.update(split)
+                continue
+            if symbolic:
                 ctx.unknown(
                     f"axis {axis} of {spec.tensor_name!r} is sharded and reshaped together with "
                     f"axes of unknown size ({sizes_in} -> {sizes_out})",
@@ -754,6 +759,49 @@ def regroup(
     counts = [count[p] for p in in_order]
     devices = reorder(spec.devices, counts, [in_order.index(p) for p in out_order])
     return ShardingSpec(name, tuple(dims), devices, spec.groups)
+
+
+def _symbolic_group(ins, outs, sizes_in, sizes_out, cut):
+    """A group with symbolic sizes whose sharded sub-axes are static: pure fusion or pure unfusion.
+
+    ``[B, H] -> [B*H]`` with H sharded fuses into parts ``(?, 1), (H, n)``;
+    ``[B*H] -> [B, H]`` undoes it, each part landing on one output axis. At
+    most one part may be of unknown size (a fused axis infers one from its
+    size). None when the group is anything else.
+    """
+    atoms = []  # (size or None, shards, piece)
+    for axis, size in zip(ins, sizes_in, strict=True):
+        if axis in cut:
+            for j, (s, n) in enumerate(resolved_parts(cut[axis], size)):
+                if n > 1 and not isinstance(s, int):
+                    return None
+                atoms.append((s, n, (axis, j, 0) if n > 1 else None))
+        elif size != 1:
+            atoms.append((size if isinstance(size, int) else None, 1, None))
+    if len(outs) == 1:
+        merged: list = []
+        for size, n, piece in atoms:
+            if merged and n == 1 and merged[-1][1] == 1:
+                prev = merged[-1][0]
+                merged[-1] = (prev * size if prev is not None and size is not None else None, 1, None)
+            else:
+                merged.append((size, n, piece))
+        if sum(size is None for size, _, _ in merged) > 1:
+            return None
+        return {outs[0]: merged}
+    if len(ins) != 1:
+        return None
+    wanted = [(a, s) for a, s in zip(outs, sizes_out, strict=True) if s != 1]
+    if len(wanted) != len(atoms):
+        return None
+    result = {a: [] for a in outs}
+    for (axis, want), (size, n, piece) in zip(wanted, atoms, strict=True):
+        if isinstance(want, int) and size is not None and size != want:
+            return None
+        if n > 1 and not isinstance(want, int):
+            return None
+        result[axis] = [(want if isinstance(want, int) else None, n, piece)]
+    return result
 
 
 def _split_group(ins, outs, sizes_in, sizes_out, cut):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..spec import ShardingSpec
 from . import Rule
 from ._core import (
     Operand,
@@ -250,7 +251,7 @@ class Slice(Rule):
         axes = [a % rank for a in axes] if axes else list(range(len(starts)))
         steps = steps or [1] * len(starts)
         shape = ctx.in_shapes[0]
-        sliced = []
+        sliced, outer = [], {}
         for a, start, end, step in zip(axes, starts, ends, steps, strict=False):
             if a not in cut:
                 continue
@@ -258,11 +259,46 @@ class Slice(Rule):
             known = isinstance(size, int)
             from_start = start == 0 or start <= -(2**62) or (known and start <= -size)
             to_end = end >= 2**31 - 1 or (known and end >= size)
-            if not (step == 1 and from_start and to_end):
+            if step == 1 and from_start and to_end:
+                continue
+            pieces = _outer_pieces(cut[a], size, start, end) if step == 1 else None
+            if pieces is None:
                 sliced.append(a)
+            else:
+                outer[a] = pieces
         if sliced:
             _gather_note(ctx, name, sliced, spec)
-        return [unshard(spec, sliced, rank, name)]
+        out = unshard(spec, sliced, rank, name)
+        if outer:
+            dims = []
+            for d in out.sharded_dims:
+                a = d.axis % rank
+                if a in outer:
+                    parts = resolved_parts(d, shape[a])
+                    d = make_dim(d.axis, [(outer[a], 1)] + parts[1:])
+                dims.append(d)
+            out = ShardingSpec(name, tuple(dims), out.devices, out.groups)
+        return [out]
+
+
+def _outer_pieces(dim, size, start, end):
+    """A slice of a fused axis at boundaries of its unsharded outer sub-axis: the outer size it keeps.
+
+    ``[3*HD]`` as (3, 1 shard) x (HD, 8 shards) sliced at [HD, 2*HD) keeps one
+    step of the outer sub-axis, every device its own block of it: no data
+    moves. None for any other slice.
+    """
+    if not isinstance(size, int) or len(dim.parts) < 2:
+        return None
+    parts = resolved_parts(dim, size)
+    if parts[0][1] != 1 or any(not isinstance(s, int) for s, _ in parts):
+        return None
+    inner = size // parts[0][0]
+    start = max(0, start + size if start < 0 else start)
+    end = min(size, end + size if end < 0 else end)
+    if end <= start or start % inner or end % inner:
+        return None
+    return (end - start) // inner
 
 
 class Expand(Rule):

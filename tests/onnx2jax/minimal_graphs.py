@@ -231,3 +231,30 @@ def fused_spec_on_symbolic_axis(text: str) -> onnx.ModelProto:
     b.specs.append((b.nodes[-1].name, parse_spec(f"{text} @ [{','.join(map(str, DEVICES))}]", q)))
     b.row(_batch_to_heads(b, "act"), "wo", "y")
     return b.model([_x()], [_y()])
+
+
+def fused_qkv_slices(cut: str = "Slice") -> onnx.ModelProto:
+    """Cause 5, block-aligned: a q|k|v projection written with the fused spec
+    ``(3 x 1 shard, 16 x 8 shards)`` on its output axis, cut into q, k, v by Slices (or one
+    Split) at sub-axis boundaries, combined elementwise (q * k + v) and projected by a
+    row-parallel Linear. Every device holds its block of each piece: the cut is local, and
+    the minimum is the row-parallel all-reduce."""
+    b = _Builder()
+    width = EMBED
+    b.inits += [_weight("wqkv", EMBED, 3 * width), _ints("axes", [-1])]
+    b.node("MatMul", ["x", "wqkv"], "qkv")
+    name = b.nodes[-1].name
+    fused = f"1:(3x1,{width}x{N}) @ [{','.join(map(str, DEVICES))}]"
+    b.specs += [(name, _rep("x")), (name, parse_spec(fused, "wqkv")), (name, parse_spec(fused.replace("1:", "2:"), "qkv"))]
+    names = [f"part{i}" for i in range(3)]
+    if cut == "Split":
+        b.node("Split", ["qkv"], names, axis=-1, num_outputs=3)
+    for i in range(3):
+        if cut == "Slice":
+            b.inits += [_ints(f"s{i}", [i * width]), _ints(f"e{i}", [(i + 1) * width])]
+            b.node("Slice", ["qkv", f"s{i}", f"e{i}", "axes"], names[i])
+    b.node("Mul", names[:2], "qk")
+    b.node("Add", ["qk", names[2]], "mixed")
+    b.inits.append(_weight("wo", width, EMBED))
+    b.row("mixed", "wo", "y")
+    return b.model([_x()], [_y()])

@@ -130,3 +130,28 @@ def test_cause5_pieces_that_must_be_whole_cost_one_gather_before_the_cut(build):
     pieces come out whole, so the input is gathered once (was 3 all-gathers + 9 or 10
     collective-permutes)."""
     assert run(build()) == _expect(all_gather=1)
+
+
+@pytest.mark.parametrize("cut", ["Slice", "Split"])
+def test_cause5_a_cut_at_fused_sub_axis_boundaries_is_local(cut):
+    """q|k|v written as the fused (3 x 1, 16 x 8) and cut at its sub-axis boundaries: no collective
+    but the row-parallel all-reduce (Slices were +3 all-gathers)."""
+    assert run(mg.fused_qkv_slices(cut)) == _expect(all_reduce=1)
+
+
+def test_a_slice_at_fused_sub_axis_boundaries_keeps_the_split_without_shapes():
+    from sharding import infer
+    from sharding.text import format_spec
+
+    result = infer(mg.fused_qkv_slices("Slice"), "tp")
+    assert [format_spec(result.tensors[f"part{i}"]) for i in range(3)] == ["2:8 @ [0,1,2,3,4,5,6,7]"] * 3
+    assert not [d for d in result.diagnostics if d.expected == "all-gather"]
+
+
+def test_heads_fused_into_a_symbolic_batch_keep_a_spec_without_shapes():
+    """check/explain without shapes: [B, 8] -> [B*8] is the fused (?x1, 8x8), not unplaced."""
+    from sharding import infer
+    from sharding.text import format_spec
+
+    result = infer(mg.heads_into_batch(), "tp")
+    assert format_spec(result.tensors["q3"]) == "0:(?x1,8x8) @ [0,1,2,3,4,5,6,7]"
