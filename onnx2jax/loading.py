@@ -19,7 +19,34 @@ from google.protobuf.message import DecodeError
 
 from onnx2jax.errors import ModelLoadError
 
-ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto]
+ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, "onnx_ir.Model"]  # noqa: F821 - imported lazily
+
+
+def _from_ir(model: object) -> object:
+    """An ``onnx_ir.Model`` as a ModelProto (onnx_ir imported only when one is passed); anything else as is."""
+    if type(model).__module__.startswith("onnx_ir"):
+        import onnx_ir
+
+        if isinstance(model, onnx_ir.Model):
+            return ir_to_proto(model)
+    return model
+
+
+def ir_to_proto(model: "onnx_ir.Model") -> onnx.ModelProto:  # noqa: F821
+    """onnx_ir.to_proto, keeping the multi-device annotations of a model that says IR version < 11.
+
+    onnx_ir drops them for such a model (the fields exist from IR version 11);
+    the model's version is raised for the conversion only.
+    """
+    import onnx_ir
+
+    old = model.ir_version
+    if old is not None and old < 11:
+        model.ir_version = 11
+    try:
+        return onnx_ir.to_proto(model)
+    finally:
+        model.ir_version = old
 
 
 def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
@@ -28,7 +55,8 @@ def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
     For large models prefer :func:`open_model`, which leaves the weights on disk.
 
     Args:
-      model: a path to a .onnx file, its serialized bytes, or a ModelProto.
+      model: a path to a .onnx file, its serialized bytes, a ModelProto, or an
+        ``onnx_ir.Model`` (converted with ``onnx_ir.to_proto``).
         A ModelProto whose tensors still point at external data is resolved
         against the current directory only if it carries no such references.
       inline: inline the model-local FunctionProtos (``onnx.inliner``).
@@ -37,6 +65,7 @@ def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
       ModelLoadError: unreadable or truncated file, or external data that is
         missing, truncated, or outside the model's directory.
     """
+    model = _from_ir(model)
     if isinstance(model, onnx.ModelProto):
         proto = model
         if _external_tensors(proto):
@@ -48,7 +77,7 @@ def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
         proto = _parse(model, "<bytes>")
         if _external_tensors(proto):
             raise ModelLoadError("model bytes refer to external data; pass the model's path")
-    else:
+    elif isinstance(model, (str, os.PathLike)):
         path = os.fspath(model)
         try:
             with open(path, "rb") as f:
@@ -60,6 +89,10 @@ def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
             base = os.path.dirname(os.path.abspath(path))
             _check_external(proto, base)
             onnx.external_data_helper.load_external_data_for_model(proto, base)
+    else:
+        raise TypeError(
+            f"expected a path, bytes, an onnx.ModelProto or an onnx_ir.Model; got {type(model).__name__}"
+        )
     if inline and len(proto.functions):
         proto = onnx.inliner.inline_local_functions(proto)
     return proto
@@ -78,7 +111,7 @@ def open_model(model: ModelLike, *, inline: bool = True) -> tuple[onnx.ModelProt
       when it has none).
     """
     if not isinstance(model, (str, os.PathLike)):
-        return load_model(model, inline=inline), None
+        return load_model(model, inline=inline), None  # handles onnx_ir.Model too
     path = os.fspath(model)
     try:
         with open(path, "rb") as f:

@@ -463,20 +463,25 @@ class JaxModel:
 
     def evaluate(self, params: Mapping[str, Any], inputs: Mapping[str, Any], hooks: Hooks | None = None) -> tuple:
         """Traces the graph over ``params`` and named ``inputs``; returns the outputs in order."""
-        if self.uses_64bit and not jax.config.jax_enable_x64:
-            raise PrecisionError(
-                "this model has 64-bit tensors (int64/float64) and JAX's x64 mode is off, so they "
-                "would silently become 32-bit. Trace it inside `with jax.enable_x64(True):`, or call "
-                "the model object itself, which does that for the call only."
-            )
+        self._require_x64()
         env: dict[str, Any] = dict(self.constants)
         env.update(params)
         env.update(inputs)
         outputs = GraphRunner(self.opsets, hooks).run(self.proto.graph, env)
         return tuple(_to_jax(o) for o in outputs)
 
+    def _require_x64(self) -> None:
+        """Raises PrecisionError when this model's 64-bit tensors would silently become 32-bit."""
+        if self.uses_64bit and not jax.config.jax_enable_x64:
+            raise PrecisionError(
+                "this model has 64-bit tensors (int64/float64) and JAX's x64 mode is off, so they "
+                "would silently become 32-bit. Trace it inside `with jax.enable_x64(True):`, or call "
+                "the model object itself, which does that for the call only."
+            )
+
     def fn(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
         """The pure function: outputs (a tuple, in ONNX output order) of the graph."""
+        self._require_x64()  # before binding: without x64, jit hands int64 inputs over as int32
         return self.evaluate(params, self.bind_inputs(inputs, named))
 
     def split_static(self, bound: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, np.ndarray], tuple]:

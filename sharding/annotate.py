@@ -24,6 +24,9 @@ from .text import format_spec
 # ---------------------------------------------------------------------------
 
 
+MULTI_DEVICE_IR_VERSION = 11
+
+
 def add_configuration(model: onnx.ModelProto, name: str, num_devices: int) -> str:
     """Adds a `DeviceConfigurationProto` to ``model.configuration`` if missing (in place).
 
@@ -54,6 +57,9 @@ def add_configuration(model: onnx.ModelProto, name: str, num_devices: int) -> st
                 )
             return name
     model.configuration.append(onnx.DeviceConfigurationProto(name=name, num_devices=num_devices))
+    # The multi-device fields exist from IR version 11 (onnx 1.18): readers of an older IR
+    # version (onnx_ir, onnxruntime) drop them, so the model must say 11 or later.
+    model.ir_version = max(model.ir_version, MULTI_DEVICE_IR_VERSION)
     return name
 
 

@@ -16,11 +16,12 @@ import onnx
 
 from .diagnostics import Diagnostic
 from .infer import infer
+from .model_arg import ModelArg, as_model_proto
 from .validate import validate_model
 
 
 def check(
-    model: onnx.ModelProto,
+    model: ModelArg,
     configuration: str | None = None,
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -29,7 +30,7 @@ def check(
     """Every problem of the model's multi-device annotations, in one pass.
 
     Args:
-        model: The model; not modified.
+        model: The model (a ModelProto, a path, bytes or an onnx_ir.Model); not modified.
         configuration: The device configuration to check; by default the
             model's first.
         input_shapes: Concrete dims of model inputs, for rules that need sizes.
@@ -45,6 +46,7 @@ def check(
         >>> print(errors[0])  # doctest: +SKIP
         error[k-sharding-mismatch] node 'mm' (MatMul), tensor 'W', axis 0: ...
     """
+    model = as_model_proto(model)
     return merge(validate_model(model), infer(
         model, configuration, input_shapes=input_shapes, unsupported=unsupported
     ).diagnostics)

@@ -56,6 +56,7 @@ import onnx
 import onnx.shape_inference
 from onnx import numpy_helper
 
+from .model_arg import ModelArg, as_model_proto
 from .diagnostics import Diagnostic, Severity
 from .reshard import reshard_kind
 from .rules import rule_for
@@ -182,7 +183,7 @@ def tensor_shapes(
     """Shapes of the main graph's tensors after ONNX shape inference (``data_prop=True``).
 
     Args:
-        model: The model; not modified.
+        model: The model (a ModelProto, a path, bytes or an onnx_ir.Model); not modified.
         input_shapes: Concrete dims for model inputs, replacing symbolic ones.
         order: The nodes' topological order, if already known.
 
@@ -392,7 +393,7 @@ def _reshard_note(
 
 
 def infer(
-    model: onnx.ModelProto,
+    model: ModelArg,
     configuration: str | None = None,
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -417,6 +418,7 @@ def infer(
         >>> result.tensors["logits"]  # doctest: +SKIP
         ShardingSpec('logits', '2:4 @ [0,1,2,3]')
     """
+    model = as_model_proto(model)
     if unsupported not in ("warning", "error"):
         raise ValueError(f"unsupported must be 'warning' or 'error', got {unsupported!r}")
     diags: list[Diagnostic] = []
