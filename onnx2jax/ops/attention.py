@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import onnx.helper
 
+from onnx2jax.ops import _slices
 from onnx2jax.ops.registry import register
 
 _HIGHEST = jax.lax.Precision.HIGHEST
@@ -197,7 +198,8 @@ def rotary_embedding(x, cos_cache, sin_cache, position_ids=None, *, interleaved,
     cos = cos_cache[:, :, None, :]
     sin = sin_cache[:, :, None, :]
     if interleaved:
-        x1, x2 = rotate[..., 0::2], rotate[..., 1::2]
+        x1 = _slices.take(rotate, (slice(None),) * 3 + (slice(0, None, 2),))
+        x2 = _slices.take(rotate, (slice(None),) * 3 + (slice(1, None, 2),))
     else:
         x1, x2 = rotate[..., : dim // 2], rotate[..., dim // 2 :]
     real = cos * x1 - sin * x2

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from onnx2jax.ops import _slices
 from onnx2jax.ops.registry import register
 
 
@@ -224,7 +225,7 @@ def _split(x, sizes: list[int], axis: int):
     outputs = []
     for lo, hi in zip(offsets[:-1], offsets[1:]):
         index[axis] = slice(int(lo), int(hi))
-        outputs.append(x[tuple(index)])
+        outputs.append(_slices.take(x, index))
     return tuple(outputs)
 
 
@@ -263,12 +264,12 @@ def split_18(ctx, x, split=None, *, axis=0, num_outputs=None):
 
 @register("Slice", 1)
 def slice_1(x, *, starts, ends, axes=None):
-    return x[_slice_index(x.shape, starts, ends, axes, None)]
+    return _slices.take(x, _slice_index(x.shape, starts, ends, axes, None))
 
 
 @register("Slice", 10, 11, 13, static_inputs=(1, 2, 3, 4))
 def slice_(x, starts, ends, axes=None, steps=None):
-    return x[_slice_index(x.shape, starts, ends, axes, steps)]
+    return _slices.take(x, _slice_index(x.shape, starts, ends, axes, steps))
 
 
 @register("Pad", 1)

@@ -1,0 +1,78 @@
+"""Upstream bugs we work around: each reproducer in plain JAX, and our run beside it.
+
+Each ``..._is_still_there`` test fails once upstream fixes the bug, so that
+the workaround (see docs/known-issues.md) can go.
+"""
+
+import jax
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import onnx2jax
+from sharding.spec import ShardingSpec
+
+
+def test_xla_strided_slice_bug_is_still_there():
+    mesh = Mesh(np.array(jax.devices()[:2]), ("d0",))
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+
+    def f(x):
+        x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(None, "d0")))
+        return jax.lax.slice(x, (0, 1), (4, 2), (1, 3))
+
+    got = np.asarray(jax.jit(f)(x))
+    assert not np.array_equal(got, x[:, 1:2:3]), (
+        "upstream fixed it: remove the workaround (onnx2jax/ops/_slices.py canonical slices) "
+        "and its entry in docs/known-issues.md"
+    )
+    np.testing.assert_array_equal(got, x[:, 0:1])  # the known wrong answer, column 0
+
+
+def _sliced_model(shape, starts, ends, axes, steps, *specs):
+    node = oh.make_node("Slice", ["x", "starts", "ends", "axes", "steps"], ["y"], name="slice0")
+    config = node.device_configurations.add()
+    config.configuration_id = "tp"
+    for spec in specs:
+        config.sharding_spec.add().CopyFrom(spec.to_proto())
+    inits = [
+        oh.make_tensor(name, onnx.TensorProto.INT64, [len(values)], values)
+        for name, values in (("starts", starts), ("ends", ends), ("axes", axes), ("steps", steps))
+    ]
+    graph = oh.make_graph(
+        [node],
+        "g",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, list(shape))],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        inits,
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    num_devices = max(max(spec.devices) for spec in specs) + 1
+    model.configuration.add().CopyFrom(onnx.DeviceConfigurationProto(name="tp", num_devices=num_devices))
+    return model
+
+
+@pytest.mark.filterwarnings("ignore:output 'y'.*does not divide")
+def test_strided_slices_on_sharded_axes_take_the_right_elements():
+    """Each case was wrong (or an XLA verifier crash) before slices were canonical."""
+    cols2, cols8 = (ShardingSpec.split(t, {1: 2}, [0, 1]) for t in "xy"), (ShardingSpec.split(t, {1: 8}, range(8)) for t in "xy")
+    cols2, cols8 = list(cols2), list(cols8)
+    rows8 = [ShardingSpec.split(t, {0: 8}, [7, 6, 5, 4, 3, 2, 1, 0]) for t in "xy"]
+    cases = [
+        ((4, 2), [1], [2], [1], [3], cols2),  # the reproducer's slice: was column 0
+        ((4, 2), [1], [2], [1], [5], cols8),  # was column 0
+        ((4, 4), [3], [4], [1], [3], cols8),  # was an XLA verifier crash
+        ((4, 6), [5], [6], [1], [5], cols8),  # was an XLA verifier crash
+        ((4, 8), [1], [8], [1], [5], cols8),
+        ((6, 4), [5], [0], [0], [-2], [ShardingSpec.split("x", {0: 2}, [1, 0])]),
+        ((8, 4), [-1], [-9], [0], [-3], rows8),
+    ]
+    for shape, starts, ends, axes, steps, specs in cases:
+        model = _sliced_model(shape, starts, ends, axes, steps, *specs)
+        x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+        (got,) = onnx2jax.compile(model)(x)
+        index = [slice(None)] * len(shape)
+        index[axes[0]] = slice(starts[0], ends[0] if ends[0] >= -shape[axes[0]] else None, steps[0])
+        np.testing.assert_array_equal(np.asarray(got), x[tuple(index)], err_msg=f"{shape} {starts}:{ends}:{steps}")
