@@ -114,8 +114,8 @@ def inputs_for(model: onnx.ModelProto, batch: int = 2, seq: int = 5) -> dict[str
     rng = np.random.default_rng(1)
     out = {}
     for info in model.graph.input:
-        dims = [batch if d.dim_param == "B" else seq if d.dim_param == "S" else d.dim_value
-                for d in info.type.tensor_type.shape.dim]
+        sizes = {"B": batch, "S": seq, "BH": batch * HEADS}
+        dims = [sizes.get(d.dim_param, d.dim_value) for d in info.type.tensor_type.shape.dim]
         out[info.name] = rng.standard_normal(dims).astype(np.float32)
     return out
 
@@ -135,8 +135,8 @@ def heads_into_batch() -> onnx.ModelProto:
 
 
 def attention_core() -> onnx.ModelProto:
-    """Cause 2: Q·Kᵀ on the fused batch×heads axis, scaled by a traced scalar, plus an
-    ALiBi-like replicated bias [H, 1, S] broadcast over the batch, softmax, ·V.
+    """Cause 2: Q·Kᵀ on the fused batch×heads axis, scaled by a traced scalar, plus a mask
+    [1, 1, S] that broadcasts and an ALiBi bias [B*H, 1, S] given replicated, softmax, ·V.
 
     Minimum: the row-parallel MatMul's all-reduce.
     """
@@ -154,12 +154,14 @@ def attention_core() -> onnx.ModelProto:
     b.node("Mul", ["xmax", "half"], "scale0")
     b.node("Sigmoid", ["scale0"], "scale")
     b.node("Mul", ["scores", "scale"], "scaled")
-    b.node("Add", ["scaled", "bias"], "biased")
+    b.node("Add", ["scaled", "bias"], "masked")
+    b.node("Add", ["masked", "alibi"], "biased")
     b.node("Softmax", ["biased"], "probs", axis=-1)
     b.node("MatMul", ["probs", v], "ctx")
     b.row(_batch_to_heads(b, "ctx"), "wo", "y")
     bias = helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 1, "S"])
-    return b.model([_x(), bias], [_y()])
+    alibi = helper.make_tensor_value_info("alibi", TensorProto.FLOAT, ["BH", 1, "S"])
+    return b.model([_x(), bias, alibi], [_y()])
 
 
 def shared_bias() -> onnx.ModelProto:

@@ -102,13 +102,16 @@ def test_annotation_independence_on_the_fixtures(planned):
     reference = np.load(DATA / f"{name}.ort_outputs.npz")
     stripped = weights_only(full)
     assert spec_count(stripped) <= spec_count(full)
+    # tiny_llama's plan writes specs on weight nodes only: the stripped model is the same
+    # model, so it is compiled once (its collectives are the full plan's by construction).
+    same = stripped.SerializeToString() == full.SerializeToString()
     counts = []
-    for model in (full, stripped):
+    for model in (full,) if same else (full, stripped):
         compiled = onnx2jax.compile(model)
         for output_name, value in zip(compiled.model.output_names, compiled(**inputs)):
             np.testing.assert_allclose(np.asarray(value), reference[output_name], rtol=2e-5, atol=2e-5)
         counts.append(count_collectives(compiled.compiled_text(**inputs)))
-    assert counts[1] == counts[0]
+    assert counts[-1] == counts[0]
     assert counts[0]["all-gather"] == counts[0]["collective-permute"] == counts[0]["all-to-all"] == 0
 
 
