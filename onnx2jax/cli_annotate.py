@@ -31,7 +31,14 @@ from onnx2jax.cli_errors import CliError, UsageError
 from onnx2jax.loading import load_model
 from sharding.annotate import add_configuration, annotate_tensor, describe_plan, name_nodes, set_stage
 from sharding.megatron import megatron_layout, megatron_plan
-from sharding.stages import auto_stages, device_groups, load_points_yaml, stages_from_points, write_stages
+from sharding.stages import (
+    StageAssignment,
+    annotate_stages,
+    auto_stages,
+    device_groups,
+    load_points_yaml,
+    stages_from_points,
+)
 from sharding.text import SpecSyntaxError, parse_spec
 from sharding.validate import validate_model
 
@@ -156,27 +163,26 @@ def _annotate_stages(
         except ValueError:
             raise UsageError(f"--stages auto:S needs an integer S, got {args.stages!r}") from None
         stage_of, cut = auto_stages(model, count)
-        group_of = {s: s for s in set(stage_of.values())}
+        assignment = StageAssignment.one_group_per_stage(stage_of)
         notes += cut.describe()
     else:
         try:
             with open(args.stages, encoding="utf-8") as f:
                 points = load_points_yaml(f.read())
         except OSError as e:
-            raise SystemExit(f"--stages: cannot read {args.stages!r}: {e}") from None
+            raise UsageError(f"--stages: cannot read {args.stages!r}: {e}") from None
         assignment = stages_from_points(model.graph, *points)
-        stage_of, group_of = dict(assignment.stage), dict(assignment.group)
-    groups = device_groups(list(group_of.values()), args.devices)
-    devices = {s: groups[g] for s, g in group_of.items()}
-    if args.plan == "megatron":
-        if args.devices is None:
-            raise UsageError("--plan megatron with --stages needs --devices N")
-        ways = len(next(iter(devices.values())))
-        model = megatron_plan(
-            model, ways, args.configuration, gqa=args.gqa, node_devices={n: devices[s] for n, s in stage_of.items()}
-        )
-        roles = _megatron_notes(model, ways, args.gqa, notes)
-    write_stages(model, stage_of, devices, args.configuration)
+    megatron = args.plan == "megatron"
+    if megatron and args.devices is None:
+        raise UsageError("--plan megatron with --stages needs --devices N")
+    model = annotate_stages(
+        model, assignment, args.devices, args.configuration, tensor_parallel=megatron, gqa=args.gqa
+    )
+    groups = device_groups(list(assignment.group.values()), args.devices)
+    devices = {s: groups[g] for s, g in assignment.group.items()}
+    if megatron:
+        roles = _megatron_notes(model, len(next(iter(devices.values()))), args.gqa, notes)
+    stage_of = assignment.stage
     for stage in sorted(devices):
         members = [n for n, s in stage_of.items() if s == stage]
         notes.append(f"stage {stage}: {len(members)} nodes on devices {list(devices[stage])}")

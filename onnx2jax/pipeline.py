@@ -158,11 +158,12 @@ class PipelineCompiled:
 
     # -- report -----------------------------------------------------------
 
-    def report(self, *inputs: Any, repeats: int = 3, **named: Any) -> "PipelineReport":
+    def report(self, *inputs: Any, repeats: int = 5, **named: Any) -> "PipelineReport":
         """Per stage: nodes, devices, parameter bytes, bytes sent, collectives, time; and the bubble.
 
-        Times the whole pipelined call (best of ``repeats``, after a warm-up)
-        and each stage alone on one micro-batch; the bubble fraction is
+        Times the whole pipelined call and each stage alone on one
+        micro-batch, alternately, best of ``repeats`` after a warm-up; the
+        bubble fraction is
         ``1 - sum(M * stage time) / (S * pipeline time)``, to compare with the
         fill-drain bound ``(S-1)/(M+S-1)``. Uses the given inputs, else those
         of the last call.
@@ -175,24 +176,25 @@ class PipelineCompiled:
                 raise ValueError("report() needs example inputs, or call the model once first")
             inputs, named = self._last_inputs
         jax.block_until_ready(self(*inputs, **named))  # compiles everything, records stage inputs
-        wall = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            jax.block_until_ready(self(*inputs, **named))
-            wall.append(time.perf_counter() - start)
-        crossing = {(t, f) for t, f, _ in self.partition.crossing}
-        rows = []
+        wall: list[float] = []
+        alone: list[list[float]] = [[] for _ in self.stages]
+        outputs: list[tuple] = [()] * len(self.stages)
         with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
+            for _ in range(repeats):  # alternated, so that machine noise hits both alike
+                start = time.perf_counter()
+                jax.block_until_ready(self(*inputs, **named))
+                wall.append(time.perf_counter() - start)
+                for k, stage in enumerate(self.stages):
+                    start = time.perf_counter()
+                    outputs[k] = jax.block_until_ready(stage.compiled(**self._stage_args[k]))
+                    alone[k].append(time.perf_counter() - start)
+            crossing = {(t, f) for t, f, _ in self.partition.crossing}
+            rows = []
             for k, stage in enumerate(self.stages):
                 args = self._stage_args[k]
-                times = []
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    outputs = jax.block_until_ready(stage.compiled(**args))
-                    times.append(time.perf_counter() - start)
                 sent = sum(
                     int(np.prod(out.shape)) * out.dtype.itemsize
-                    for name, out in zip(stage.outputs, outputs)
+                    for name, out in zip(stage.outputs, outputs[k])
                     if (name, stage.stage) in crossing
                 )
                 rows.append(
@@ -205,7 +207,7 @@ class PipelineCompiled:
                         param_bytes_per_device=param_bytes_per_device(stage.compiled.params),
                         sent_bytes=sent,
                         collectives=count_collectives(stage.compiled.compiled_text(**args)),
-                        seconds=min(times),
+                        seconds=min(alone[k]),
                     )
                 )
         pipeline = min(wall)
@@ -254,7 +256,9 @@ class PipelineReport:
         from rich.console import Console
         from rich.table import Table
 
-        console = console or Console()
+        if console is None:
+            console = Console()
+            console = Console(width=max(console.width, 150))  # rows stay one line
         table = Table(title=f"pipeline: {len(self.stages)} stages, {self.microbatches} micro-batches", box=None)
         for column in ("stage", "nodes", "devices", "param bytes/device", "sent/micro-batch", "collectives", "time/micro-batch"):
             table.add_column(column, no_wrap=True)

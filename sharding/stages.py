@@ -50,6 +50,11 @@ class StageAssignment:
     stage: Mapping[str, int]
     group: Mapping[int, int]
 
+    @classmethod
+    def one_group_per_stage(cls, stage: Mapping[str, int]) -> StageAssignment:
+        """Stages each on their own device group (as `auto_stages` cuts them)."""
+        return cls(dict(stage), {s: s for s in set(stage.values())})
+
 
 # ---------------------------------------------------------------------------
 # PopRT's sharding points
@@ -371,6 +376,49 @@ def write_stages(
     model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
 
 
+def annotate_stages(
+    model: onnx.ModelProto,
+    assignment: StageAssignment,
+    num_devices: int | None = None,
+    configuration: str = "pp",
+    *,
+    tensor_parallel: bool = False,
+    gqa: str = "replicate",
+) -> onnx.ModelProto:
+    """A copy of ``model`` with its stages written, optionally Megatron inside each device group.
+
+    Args:
+        model: The model (node names unique); not modified.
+        assignment: From `stages_from_points`, or
+            ``StageAssignment.one_group_per_stage(auto_stages(...)[0])``.
+        num_devices: Devices of the configuration, split evenly over the
+            device groups (`device_groups`); None: one device per group.
+        configuration: Name of the configuration to write.
+        tensor_parallel: Apply `sharding.megatron.megatron_plan` inside each
+            group (needs ``num_devices``).
+        gqa: As for `megatron_plan`.
+
+    Raises:
+        ValueError: as `write_stages` and `device_groups`; ``tensor_parallel``
+            without ``num_devices``.
+    """
+    from .megatron import megatron_plan
+
+    groups = device_groups(list(assignment.group.values()), num_devices)
+    devices = {s: groups[g] for s, g in assignment.group.items()}
+    if tensor_parallel:
+        if num_devices is None:
+            raise ValueError("tensor parallelism inside stages needs num_devices")
+        ways = len(next(iter(devices.values())))
+        node_devices = {n: devices[s] for n, s in assignment.stage.items()}
+        result = megatron_plan(model, ways, configuration, gqa=gqa, node_devices=node_devices)
+    else:
+        result = onnx.ModelProto()
+        result.CopyFrom(model)
+    write_stages(result, assignment.stage, devices, configuration)
+    return result
+
+
 def read_stages(model: onnx.ModelProto, configuration: str) -> dict[str, int]:
     """``pipeline_stage`` of the nodes that have one, for ``configuration``."""
     configs = read_model_configs(model).get(configuration, {})
@@ -439,6 +487,7 @@ def model_partition(model: onnx.ModelProto, configuration: str) -> Partition:
 
 __all__ = [
     "Cut",
+    "annotate_stages",
     "METADATA_KEY",
     "StageAssignment",
     "auto_stages",

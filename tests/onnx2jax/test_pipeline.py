@@ -17,8 +17,8 @@ import pytest
 import onnx2jax
 from onnx2jax.cli import main
 from onnx2jax.pipeline import PipelineCompiled
-from sharding.megatron import megatron_plan
-from sharding.stages import auto_stages, device_groups, write_stages
+from sharding.annotate import add_configuration, set_stage
+from sharding.stages import StageAssignment, annotate_stages, auto_stages
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 LLAMA = DATA / "tiny_llama.onnx"
@@ -29,14 +29,20 @@ MEGATRON_ALL_REDUCES = {2: [3, 2], 4: [2, 1, 2, 0]}
 
 
 def _staged(stages: int, tp: int) -> onnx.ModelProto:
-    """tiny Llama cut by auto:S, on S groups of ``tp`` devices, Megatron inside each group."""
+    """tiny Llama cut by auto:S, on S groups of ``tp`` devices, Megatron inside each group.
+
+    Without TP only ``pipeline_stage`` is written, as another tool would: no
+    device map, so stage k of a k-device configuration runs on device k.
+    """
     model = onnx.load(LLAMA)
     stage_of, _ = auto_stages(model, stages)
-    groups = device_groups(list(range(stages)), stages * tp)
-    if tp > 1:
-        model = megatron_plan(model, tp, "pp", node_devices={n: groups[s] for n, s in stage_of.items()})
-    write_stages(model, stage_of, groups, "pp")
-    return model
+    if tp == 1:
+        add_configuration(model, "pp", stages)
+        for node, stage in stage_of.items():
+            set_stage(model, node, stage, "pp")
+        return model
+    assignment = StageAssignment.one_group_per_stage(stage_of)
+    return annotate_stages(model, assignment, stages * tp, "pp", tensor_parallel=True)
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +88,7 @@ def _check_placement(compiled: PipelineCompiled, stages: int, tp: int) -> None:
     assert 0 <= report.bound == (stages - 1) / (compiled.microbatches + stages - 1)
 
 
-@pytest.mark.parametrize(("stages", "tp", "microbatches"), [(2, 1, (1, 2, 4)), (4, 2, (2,)), (2, 4, (4,))])
+@pytest.mark.parametrize(("stages", "tp", "microbatches"), [(2, 1, (1, 4)), (4, 2, (2,)), (2, 4, (4,))])
 def test_tiny_llama_pipeline(stages, tp, microbatches, batch4, unsharded):
     compiled = onnx2jax.compile(_staged(stages, tp))
     assert isinstance(compiled, PipelineCompiled) and len(compiled.stages) == stages
@@ -98,7 +104,7 @@ def test_tiny_llama_pipeline_every_microbatch_count(stages, tp, batch4, unsharde
     _check_placement(compiled, stages, tp)
 
 
-def test_stored_batch_matches_onnxruntime_through_the_cli(tmp_path: Path):
+def test_stored_batch_matches_onnxruntime_through_the_cli(tmp_path: Path, capsys):
     """PopRT YAML -> annotate -> compile; the stored batch-2 inputs in two micro-batches."""
     shard = tmp_path / "shard.yaml"
     shard.write_text("- node: node_add_444\n  device: 0\n  stage: 0\n- node: node_add_744\n  device: 1\n  stage: 1\n")
@@ -110,7 +116,30 @@ def test_stored_batch_matches_onnxruntime_through_the_cli(tmp_path: Path):
     expected = np.load(DATA / "tiny_llama.ort_outputs.npz")["logits"]
     (logits,) = compiled(**inputs)
     np.testing.assert_allclose(np.asarray(logits), expected, rtol=0, atol=1e-5)
+    capsys.readouterr()
     assert main(["check", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "stage 0: 122 nodes on devices [0, 1]; sends add_444" in printed
+    assert "stage 2: 8 nodes on devices [4, 5]" in printed and "no errors" in printed
+
+
+def test_annotate_auto_prints_the_cut(tmp_path: Path, capsys):
+    out = tmp_path / "auto.onnx"
+    assert main(["annotate", str(LLAMA), "--stages", "auto:2", "--devices", "8", "--plan", "megatron", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "cut after node_add_444: add_444 cross" in printed
+    assert "stage 1: 68 nodes on devices [4, 5, 6, 7]" in printed
+    assert main(["annotate", str(LLAMA), "--stages", "auto:20", "-o", str(out)]) == 1
+    assert "auto:20: only 6 place(s) in the graph where one activation crosses" in capsys.readouterr().err
+
+
+def test_example_runs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pipeline_llama", Path(__file__).resolve().parents[2] / "examples" / "pipeline_llama.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(["--stages", "2", "--tp", "2", "--microbatches", "2", "--batch", "4"]) < 1e-5
 
 
 def test_symbolic_batch_and_sequence(batch4):
