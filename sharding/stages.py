@@ -216,6 +216,9 @@ def auto_stages(model: onnx.ModelProto, num_stages: int) -> tuple[dict[str, int]
     seen: set[str] = set()
     param = []
     for i in order:
+        if all(o in shape_only for o in index.nodes[i].output if o):  # recomputed where read: free
+            param.append(0)
+            continue
         own = [n for n in node_inputs(index.nodes[i]) if n in sizes and n not in seen]
         seen.update(own)
         param.append(sum(sizes[n] for n in own))
