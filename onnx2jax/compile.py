@@ -53,11 +53,11 @@ def _concrete(shape: tuple) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class _Signature:
-    """What depends on one call's input shapes: inference, specs on the mesh, output shardings."""
+    """What depends on one call's input shapes: inference, specs on the mesh, output placements."""
 
     inference: "sharding.Inference"
     placements: dict[SpecKey, Placement]
-    out_shardings: tuple
+    out_placements: tuple  # per graph output, its producer's placement or None
 
 
 class Compiled:
@@ -136,7 +136,7 @@ class Compiled:
             num_devices = self._mapping.plan.device_array().size
             mapping = map_specs(layouts, num_devices, self._mapping.plan)
             placements = _placements(mapping, layouts, self.mesh)
-            found = _Signature(inference, placements, _output_shardings(proto, placements))
+            found = _Signature(inference, placements, _output_placements(proto, placements))
         self._signatures[key] = found
         return found
 
@@ -171,20 +171,34 @@ class Compiled:
         jitted = self._jitted.get((key, shapes))
         if jitted is None:
             evaluate = lambda stored, values: self._evaluate(signature, stored, {**values, **static})  # noqa: E731
-            out_shardings = self._even_out_shardings(signature.out_shardings, jax.eval_shape(evaluate, *args))
+            out_shardings = self._output_shardings(signature.out_placements, jax.eval_shape(evaluate, *args))
             jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings)
         return jitted, args, signature
 
-    def _even_out_shardings(self, wanted: tuple, outputs: Sequence[jax.ShapeDtypeStruct]) -> tuple:
+    def _output_shardings(self, wanted: tuple, outputs: Sequence[jax.ShapeDtypeStruct]) -> tuple:
+        """The sharding each output comes back with: never left to XLA.
+
+        An output whose producer has a spec comes back in it; one without a
+        spec comes back replicated on the mesh. A spec JAX cannot hold (its
+        sharded axes do not divide the shape, or it fuses an axis, which is
+        not a tile of the ONNX tensor) comes back replicated, with a warning
+        naming the output.
+        """
+        replicated = NamedSharding(self.mesh, PartitionSpec())
         shardings = []
-        for name, named, output in zip(self.model.output_names, wanted, outputs):
-            if named is not None and padded_shape(output.shape, named) != tuple(output.shape):
-                warnings.warn(
-                    f"output {name!r} {list(output.shape)}: its sharding spec does not divide its shape "
-                    "evenly, and JAX cannot hold an unevenly sharded array, so it comes back replicated",
-                    stacklevel=4,
-                )
-                named = None
+        for name, placement, output in zip(self.model.output_names, wanted, outputs):
+            why = None
+            if placement is None:
+                named = replicated
+            elif placement.fused:
+                why = "its sharding spec fuses an axis, so its shards are not tiles of the ONNX tensor"
+            elif padded_shape(output.shape, placement.sharding) != tuple(output.shape):
+                why = "its sharding spec does not divide its shape evenly, and JAX cannot hold an unevenly sharded array"
+            else:
+                named = placement.sharding
+            if why is not None:
+                warnings.warn(f"output {name!r} {list(output.shape)}: {why}, so it comes back replicated", stacklevel=4)
+                named = replicated
             shardings.append(named)
         return tuple(shardings)
 
@@ -504,8 +518,8 @@ def _placements(mapping: MeshMapping, layouts: Mapping[SpecKey, Layout], mesh: M
     }
 
 
-def _output_shardings(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> tuple:
-    """Each graph output's sharding from its producer's spec (None: replicated, or fused)."""
+def _output_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> tuple:
+    """Each graph output's placement from its producer's spec (None: no spec)."""
     produced: dict[str, Placement] = {}
     for node in proto.graph.node:
         for position, name in enumerate(node.output):
@@ -515,7 +529,7 @@ def _output_shardings(proto: onnx.ModelProto, placements: Mapping[SpecKey, Place
     shardings = []
     for output in proto.graph.output:
         placement = produced.get(output.name)
-        shardings.append(None if placement is None or placement.fused else placement.sharding)
+        shardings.append(placement)
     return tuple(shardings)
 
 
