@@ -9,11 +9,17 @@ A *fused* axis (several simple_shardings on one axis) is not a tile of the
 ONNX tensor: device 0 of a [B, 2F] gate/up output split as
 [{2, 1 shard}, {F, 2 shards}] holds columns [0, F/2) and [F, 3F/2). XLA can
 only shard the unfused [B, 2, F] view. So a tensor with a fused spec is kept
-alive in that view, and the consumers that can work on it do: elementwise ops
-whose inputs share the view, Split along the fused axis at sub-axis
-boundaries, and MatMul by a weight whose output axis is fused. Only other
-consumers see the fused ONNX shape (a reshape XLA drops when nobody uses it).
-The collectives are then those of the unfused model.
+alive in that view from its producer to its consumers, and every op whose
+rule keeps the sharded sub-axis runs on it: elementwise ops (other operands
+framed into the view: scalars, broadcast or replicated tensors), Transpose
+(the sub-axes move together), MatMul by a weight whose output axis is fused,
+a batched MatMul whose fused axis is a batch axis, Softmax and reductions
+along other axes, Reshape, and Split/Slice at boundaries of the outermost
+sub-axis. Only other consumers see the fused ONNX shape (a reshape XLA drops
+when nobody uses it). The collectives are then those of the unfused model.
+
+A Split or Slice whose pieces must come out whole along a sharded axis
+gathers its input once before the cut (`ShardingHooks._gather_before_cut`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,12 @@ ELEMENTWISE = frozenset(
     Celu Clip Cos Cosh Div Elu Equal Erf Exp Floor Gelu Greater GreaterOrEqual HardSigmoid HardSwish Identity
     IsInf IsNaN LeakyRelu Less LessOrEqual Log Max Min Mish Mod Mul Neg Not Or Pow Reciprocal Relu Round
     Selu Sigmoid Sign Sin Sinh Softplus Softsign Sqrt Sub Sum Tan Tanh Where Xor""".split()
+)
+
+
+REDUCTIONS = frozenset(
+    "ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum "
+    "ReduceSumSquare".split()
 )
 
 
@@ -203,6 +215,8 @@ class ShardingHooks:
             return _along_other_axis(views, attrs, compute)
         if op == "Slice":
             return _slice(inputs, views, compute)
+        if op in REDUCTIONS:
+            return _reduce(inputs, views, attrs, compute)
         return None
 
 
@@ -283,7 +297,7 @@ def _elementwise(inputs: list, views: list, compute) -> list | None:
 def _batched(inputs: list, views: list, compute) -> list | None:
     """A batched MatMul whose fused axis is a batch axis (Q·Kᵀ on [B*H, S, D]): batch axes broadcast."""
     first = next(v for v in views if v is not None)
-    if len(first.shape) - first.axis <= 2 or any(np.ndim(x) < 3 for x in inputs):
+    if len(first.shape) - first.axis <= 2 or any(np.ndim(x) < 2 for x in inputs):
         return None
     found = _common_frame(inputs, views)
     if found is None:
@@ -369,6 +383,32 @@ def _slice(inputs: list, views: list, compute) -> list | None:
     if outer == 1:
         return [jnp.reshape(out, tuple(shape))]
     return [View(out, tuple(shape), view.axis, view.count)]
+
+
+def _reduce(inputs: list, views: list, attrs: Mapping[str, Any], compute) -> list | None:
+    """A reduction over axes other than the fused one (a manual softmax's max and sum): the same axes in the view."""
+    view = views[0]
+    rank = len(view.shape)
+    given = inputs[1] if len(inputs) > 1 else None
+    if given is not None and not is_static(given):
+        return None
+    axes = np.asarray(given).reshape(-1) if given is not None else attrs.get("axes")
+    if axes is None or len(axes) == 0:
+        return None  # all axes (or none, by noop_with_empty_axes): the fused one too
+    axes = sorted({int(a) % rank for a in axes})
+    if view.axis in axes:
+        return None
+    moved = [a if a < view.axis else a + view.count - 1 for a in axes]
+    if given is not None:
+        (out,) = compute([view.array, np.asarray(moved, np.int64)])
+    else:
+        (out,) = compute([view.array], override={"axes": moved})
+    keep = attrs.get("keepdims", 1)
+    shape = tuple(1 if a in axes else d for a, d in enumerate(view.shape)) if keep else tuple(
+        d for a, d in enumerate(view.shape) if a not in axes
+    )
+    axis = view.axis if keep else view.axis - sum(a < view.axis for a in axes)
+    return [View(out, shape, axis, view.count)]
 
 
 def _product(op_type: str, inputs: list, views: list, attrs: Mapping[str, Any]) -> list | None:

@@ -134,9 +134,10 @@ def heads_into_batch() -> onnx.ModelProto:
     return b.model([_x()], [_y()])
 
 
-def attention_core() -> onnx.ModelProto:
+def attention_core(manual_softmax: bool = False) -> onnx.ModelProto:
     """Cause 2: Q·Kᵀ on the fused batch×heads axis, scaled by a traced scalar, plus a mask
-    [1, 1, S] that broadcasts and an ALiBi bias [B*H, 1, S] given replicated, softmax, ·V.
+    [1, 1, S] that broadcasts and an ALiBi bias [B*H, 1, S] given replicated, softmax (or
+    its max/exp/sum/divide by hand), ·V.
 
     Minimum: the row-parallel MatMul's all-reduce.
     """
@@ -156,7 +157,15 @@ def attention_core() -> onnx.ModelProto:
     b.node("Mul", ["scores", "scale"], "scaled")
     b.node("Add", ["scaled", "bias"], "masked")
     b.node("Add", ["masked", "alibi"], "biased")
-    b.node("Softmax", ["biased"], "probs", axis=-1)
+    if manual_softmax:  # max, subtract, exp, sum, divide: reductions along the last axis
+        b.inits.append(_ints("last", [-1]))
+        b.node("ReduceMax", ["biased", "last"], "top", keepdims=1)
+        b.node("Sub", ["biased", "top"], "shifted")
+        b.node("Exp", ["shifted"], "e")
+        b.node("ReduceSum", ["e", "last"], "total", keepdims=1)
+        b.node("Div", ["e", "total"], "probs")
+    else:
+        b.node("Softmax", ["biased"], "probs", axis=-1)
     b.node("MatMul", ["probs", v], "ctx")
     b.row(_batch_to_heads(b, "ctx"), "wo", "y")
     bias = helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 1, "S"])

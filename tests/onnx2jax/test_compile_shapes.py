@@ -116,11 +116,16 @@ def test_annotation_independence_on_the_fixtures(planned):
 
 
 def test_cause2_attention_runs_on_the_unfused_batch_by_heads_view():
-    """Q·Kᵀ on [B*H,S,D], Transpose of K, a traced scalar scale, a broadcast bias and Softmax
-    all run on the [B,H,S,D] view (was +3 all-gathers)."""
+    """Q·Kᵀ on [B*H,S,D], Transpose of K, a traced scalar scale, a broadcast mask, a replicated
+    ALiBi bias and Softmax all run on the [B,H,S,D] view (was +3 all-gathers)."""
     model = mg.attention_core()
     assert run(model) == _expect(all_reduce=1)
     assert run(model, batch=1, seq=3) == _expect(all_reduce=1)
+
+
+def test_cause2_reductions_along_other_axes_run_on_the_view():
+    """A softmax written out (ReduceMax, Sub, Exp, ReduceSum, Div) on [B*H,S,S]."""
+    assert run(mg.attention_core(manual_softmax=True)) == _expect(all_reduce=1)
 
 
 @pytest.mark.parametrize(
