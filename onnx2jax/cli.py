@@ -13,13 +13,9 @@ import numpy as np
 
 
 def _console():
-    """Rich on a terminal; plain, unwrapped lines when piped (rich drops colours there itself)."""
-    from rich.console import Console
+    from onnx2jax.cli_console import make_console
 
-    console = Console(highlight=False)
-    if not console.is_terminal:
-        console.soft_wrap = True
-    return console
+    return make_console()
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -207,11 +207,11 @@ def require_annotations(model: onnx.ModelProto, plan: str, devices: int, notes: 
 
 def cmd_annotate(args: argparse.Namespace) -> int:
     """Annotates a model and writes it; prints the written annotations."""
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
-    console = Console(highlight=False, width=max(console.width, 150))  # rows stay one line
+    from onnx2jax.cli_console import make_console
+
+    console = make_console()
     model = load_model(args.model, inline=False)
     model, notes, roles = _annotate(args, model)
     if args.plan:
@@ -221,7 +221,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     staged = any(row.stage is not None for row in rows)
     columns = ("node", "op", "tensor", "spec") + (("stage",) if staged else ()) + ("role",)
     for column in columns:
-        table.add_column(column, no_wrap=column != "role")
+        table.add_column(column, overflow="fold")
     for row in rows:
         cells = [row.node, row.op_type, row.tensor, row.spec]
         if staged:

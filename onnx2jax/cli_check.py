@@ -126,9 +126,9 @@ def _require_annotations(model: onnx.ModelProto, path: str) -> None:
 
 
 def _console():
-    from rich.console import Console
+    from onnx2jax.cli_console import make_console
 
-    return Console(highlight=False)
+    return make_console()
 
 
 def _load(path: str) -> onnx.ModelProto:

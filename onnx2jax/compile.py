@@ -323,7 +323,7 @@ class Report:
         title = "sharding specs" + ("" if every_spec else f" written in the model (+{inferred} inferred, not shown)")
         table = Table(title=title, box=None, pad_edge=False)
         for column in ("node", "tensor", "spec", "from", "PartitionSpec"):
-            table.add_column(column, no_wrap=True)
+            table.add_column(column, overflow="fold")  # at 80 columns a long name folds, nothing is cut
         for row in rows:
             table.add_row(*row)
         console.print(table)

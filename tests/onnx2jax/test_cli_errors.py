@@ -285,3 +285,24 @@ def test_piped_output_that_stops_early_is_quiet():
     err = reader.stderr.read().decode()
     reader.wait(timeout=120)
     assert "BrokenPipeError" not in err and "Traceback" not in err, err
+
+
+def test_piped_tables_are_whole_lines(annotated, capsys):
+    # Not a terminal (pytest captures): no cell is cut with an ellipsis or folded over lines.
+    assert main(["explain", str(annotated), "--node", "node_linear_6"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out and "\x1b[" not in out
+    assert any("node_linear_6" in line and "MatMul" in line and "mul_390" in line for line in out.splitlines())
+
+
+def test_terminal_tables_fit_80_columns(annotated, monkeypatch):
+    from rich.console import Console
+
+    import onnx2jax.cli_console
+
+    console = Console(width=80, force_terminal=True, record=True)
+    monkeypatch.setattr(onnx2jax.cli_console, "make_console", lambda: console)
+    assert main(["explain", str(annotated), "--node", "node_linear_6"]) == 0
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= 80
+    assert "mul_390" in text
