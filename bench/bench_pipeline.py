@@ -35,8 +35,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 import onnx2jax  # noqa: E402
-from sharding.megatron import megatron_plan  # noqa: E402
-from sharding.stages import auto_stages, device_groups, write_stages  # noqa: E402
+from sharding.stages import StageAssignment, annotate_stages, auto_stages  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 LLAMA = ROOT / "tests" / "data" / "tiny_llama.onnx"
@@ -44,12 +43,8 @@ LLAMA = ROOT / "tests" / "data" / "tiny_llama.onnx"
 
 def staged(stages: int, tp: int) -> onnx.ModelProto:
     model = onnx.load(LLAMA)
-    stage_of, _ = auto_stages(model, stages)
-    groups = device_groups(list(range(stages)), stages * tp)
-    if tp > 1:
-        model = megatron_plan(model, tp, "pp", node_devices={n: groups[s] for n, s in stage_of.items()})
-    write_stages(model, stage_of, groups, "pp")
-    return model
+    assignment = StageAssignment.one_group_per_stage(auto_stages(model, stages)[0])
+    return annotate_stages(model, assignment, stages * tp, "pp", tensor_parallel=tp > 1)
 
 
 def alternate(fns, repeat: int) -> list[float]:

@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.compile import Compiled, compile_proto, count_collectives, param_bytes_per_device
 from onnx2jax.constraints import SpecKey
+from onnx2jax.translate import InputInfo, input_info
 from sharding.partition import Partition
 from sharding.spec import NodeConfig, device_configurations, remap_spec
 from sharding.stage_infer import stage_model
@@ -61,6 +62,25 @@ class Stage:
     input_shardings: dict[str, NamedSharding] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class PipelineModel:
+    """The whole model's interface (what the stages together take and give), without parameters.
+
+    Attributes:
+      proto: the whole ModelProto.
+      inputs: its runtime inputs (name, dtype, shape), in order.
+      output_names: its outputs, in order.
+    """
+
+    proto: onnx.ModelProto
+    inputs: tuple[InputInfo, ...]
+    output_names: tuple[str, ...]
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i.name for i in self.inputs]
+
+
 class PipelineCompiled:
     """A model with pipeline stages, compiled one program per stage. Call it like the model.
 
@@ -68,6 +88,7 @@ class PipelineCompiled:
       stages: the :class:`Stage` list, in run order.
       microbatches: how many micro-batches a call splits its batch into.
       partition: the stage partition (what crosses between stages).
+      model: the whole model's inputs and outputs (a :class:`PipelineModel`).
       params: every stage's parameters as placed jax.Arrays, by name; each
         lives only on its own stage's devices (a parameter two stages read is
         held by both; this map shows the earlier stage's copy).
@@ -77,15 +98,15 @@ class PipelineCompiled:
         self,
         stages: Sequence[Stage],
         partition: Partition,
-        input_names: Sequence[str],
-        output_names: Sequence[str],
+        model: PipelineModel,
         microbatches: int,
         configuration: str,
     ):
         self.stages = list(stages)
         self.partition = partition
-        self.input_names = list(input_names)
-        self.output_names = list(output_names)
+        self.model = model
+        self.input_names = model.input_names
+        self.output_names = list(model.output_names)
         self.microbatches = microbatches
         self.configuration = configuration
         self.uses_64bit = any(s.compiled.model.uses_64bit for s in self.stages)
@@ -260,21 +281,22 @@ class PipelineReport:
             console = Console()
             console = Console(width=max(console.width, 150))  # rows stay one line
         table = Table(title=f"pipeline: {len(self.stages)} stages, {self.microbatches} micro-batches", box=None)
-        for column in ("stage", "nodes", "devices", "param bytes/device", "sent/micro-batch", "collectives", "time/micro-batch"):
-            table.add_column(column, no_wrap=True)
+        for column in ("stage", "nodes", "devices", "param B/device", "sent B/mb", "collectives", "ms/mb"):
+            table.add_column(column, overflow="fold")
         for row in self.stages:
             per_device = sorted(row.param_bytes_per_device.values()) or [0]
             collectives = ", ".join(f"{k} {v}" for k, v in row.collectives.items() if v) or "none"
             table.add_row(
                 str(row.stage),
-                f"{row.nodes} ({row.first_node} .. {row.last_node})",
+                f"{row.nodes} ({row.first_node}..{row.last_node})",
                 _devices(row.devices),
                 f"{per_device[-1]:,}",
                 f"{row.sent_bytes:,}",
                 collectives,
-                f"{row.seconds * 1e3:.2f} ms",
+                f"{row.seconds * 1e3:.2f}",
             )
         console.print(table)
+        console.print("(mb: one micro-batch; ms/mb: the stage alone on one micro-batch)")
         console.print(
             f"pipelined call {self.seconds * 1e3:.2f} ms; bubble fraction {self.bubble:.3f} "
             f"(fill-drain bound (S-1)/(M+S-1) = {self.bound:.3f})"
@@ -335,8 +357,13 @@ def compile_pipeline(
         stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
         stage.input_shardings = _input_shardings(sub, compiled, stage.inputs)
         stages.append(stage)
-    inputs = [i.name for i in proto.graph.input if i.name not in {t.name for t in proto.graph.initializer}]
-    return PipelineCompiled(stages, part, inputs, [o.name for o in proto.graph.output], microbatches, configuration)
+    initialized = {t.name for t in proto.graph.initializer}
+    model = PipelineModel(
+        proto,
+        tuple(input_info(i) for i in proto.graph.input if i.name not in initialized),
+        tuple(o.name for o in proto.graph.output),
+    )
+    return PipelineCompiled(stages, part, model, microbatches, configuration)
 
 
 def _stage_model(
@@ -389,4 +416,4 @@ def _input_shardings(sub: onnx.ModelProto, compiled: Compiled, names: Sequence[s
     return result
 
 
-__all__ = ["PipelineCompiled", "PipelineReport", "Stage", "StageReport", "compile_pipeline"]
+__all__ = ["PipelineCompiled", "PipelineModel", "PipelineReport", "Stage", "StageReport", "compile_pipeline"]

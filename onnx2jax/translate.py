@@ -373,7 +373,8 @@ class InputInfo:
     shape: tuple[int | str | None, ...] | None
 
 
-def _input_info(info: onnx.ValueInfoProto) -> InputInfo:
+def input_info(info: onnx.ValueInfoProto) -> InputInfo:
+    """A graph input's name, numpy dtype and shape (ints, dim_param strings or None) from its ValueInfo."""
     tt = info.type.tensor_type
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
     shape = None
@@ -426,7 +427,7 @@ class JaxModel:
         for sparse in graph.sparse_initializer:
             self.params[sparse.values.name] = _densify(sparse)
         initialized = set(self.params) | set(self.constants)
-        self.inputs = [_input_info(i) for i in graph.input if i.name not in initialized]
+        self.inputs = [input_info(i) for i in graph.input if i.name not in initialized]
         self.output_names = [o.name for o in graph.output]
         self.uses_64bit = _uses_wide_types(graph)
         strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}

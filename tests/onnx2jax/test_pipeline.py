@@ -156,3 +156,12 @@ def test_symbolic_batch_and_sequence(batch4):
 def test_microbatches_need_stages():
     with pytest.raises(ValueError, match="microbatches=2 needs a model with pipeline stages"):
         onnx2jax.compile(str(LLAMA), microbatches=2)
+
+
+@pytest.mark.slow
+def test_cli_run_on_a_staged_model(tmp_path: Path, capsys):
+    out = tmp_path / "auto.onnx"
+    assert main(["annotate", str(LLAMA), "--stages", "auto:4", "--devices", "8", "--plan", "megatron", "-o", str(out)]) == 0
+    assert main(["run", str(out), "--devices", "8", "--check"]) == 0
+    printed = capsys.readouterr().out
+    assert "pipeline: 4 stages, 1 micro-batches" in printed and "vs onnxruntime" in printed
