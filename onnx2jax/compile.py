@@ -113,6 +113,11 @@ class Compiled:
         return {name: self._store.logical(name, value) for name, value in params.items()}
 
     @property
+    def stored_params(self) -> dict[str, jax.Array]:
+        """Every array placed for the parameters: ``params`` and ``param_copies`` together."""
+        return {**self.params, **self.param_copies}
+
+    @property
     def logical_params(self) -> dict[str, jax.Array]:
         """The parameters in their ONNX shapes (fused views folded, padding removed)."""
         return self._logical_params(self.params)
@@ -242,7 +247,7 @@ class Compiled:
             mesh=dict(self.mesh.shape),
             configuration=self.configuration,
             collectives=count_collectives(text),
-            param_bytes_per_device=param_bytes_per_device({**self.params, **self.param_copies}),
+            param_bytes_per_device=param_bytes_per_device(self.stored_params),
             param_bytes_total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.model.params.values()),
             temp_bytes=getattr(memory, "temp_size_in_bytes", None),
             node_specs=_node_rows(signature),

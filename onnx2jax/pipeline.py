@@ -225,7 +225,7 @@ class PipelineCompiled:
                         first_node=stage.nodes[0],
                         last_node=stage.nodes[-1],
                         devices=stage.devices,
-                        param_bytes_per_device=param_bytes_per_device(stage.compiled.params),
+                        param_bytes_per_device=param_bytes_per_device(stage.compiled.stored_params),
                         sent_bytes=sent,
                         collectives=count_collectives(stage.compiled.compiled_text(**args)),
                         seconds=min(alone[k]),
