@@ -31,6 +31,7 @@ import onnx.numpy_helper
 
 from onnx2jax import ops as _ops  # noqa: F401  (fills the registry)
 from onnx2jax.errors import NodeError, PrecisionError, UnsupportedOpError
+from onnx2jax.hostvalues import is_host_value, to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
 from onnx2jax.ops.registry import OpImpl, lookup
 
@@ -281,6 +282,13 @@ class GraphRunner:
                     f"{where}: input {position} ({node.input[position]!r}) must be known while "
                     "tracing (it sets a shape), but it depends on runtime data"
                 )
+        if not impl.host_values:
+            for name, value in zip(node.input, inputs):
+                if is_host_value(value):
+                    raise NodeError(
+                        f"{where}: input {name!r} is {value.describe()}; its values exist only after the "
+                        "run (JAX has no strings or maps), so only a graph output or Identity can take it"
+                    )
         args: list[Any] = list(inputs)
         if impl.needs_context:
             ctx = OpContext(
@@ -314,7 +322,7 @@ class GraphRunner:
 def _as_static(result: Any) -> Any:
     if isinstance(result, (tuple, list)):
         return type(result)(_as_static(r) for r in result)
-    if result is None or isinstance(result, list):
+    if result is None or isinstance(result, list) or is_host_value(result):
         return result
     return np.asarray(result)
 
@@ -337,7 +345,13 @@ def _elem_types(type_proto: onnx.TypeProto):
         yield from _elem_types(type_proto.optional_type.elem_type)
 
 
-_INT64_RESULTS = frozenset({"ArgMax", "ArgMin", "TopK", "NonZero", "Unique", "NonMaxSuppression", "Shape", "Size"})
+_INT64_RESULTS = frozenset(
+    {
+        "ArgMax", "ArgMin", "TopK", "NonZero", "Unique", "NonMaxSuppression", "Shape", "Size",
+        # ai.onnx.ml: int64 labels, categories and one-hot indices
+        "LinearClassifier", "TreeEnsembleClassifier", "SVMClassifier", "CategoryMapper", "LabelEncoder",
+    }
+)
 """Ops whose outputs (or one of them) are int64 whatever their inputs."""
 
 
@@ -500,8 +514,13 @@ class JaxModel:
         """Runs the model jitted, with 64-bit types on for this call only.
 
         One compile per input-shape signature, and per distinct value of the
-        inputs that set shapes.
+        inputs that set shapes. Outputs that the host finishes (string labels
+        chosen at run time, ZipMap's maps: :mod:`onnx2jax.hostvalues`) come
+        back finished, as onnxruntime returns them.
         """
+        return tuple(to_host(o) for o in self._call(inputs, named))
+
+    def _call(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple:
         with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
             dynamic, static, key = self.split_static(self.bind_inputs(inputs, named))
             if static and not dynamic:

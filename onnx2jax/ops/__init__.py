@@ -24,3 +24,7 @@ from onnx2jax.ops import losses as losses
 from onnx2jax.ops import strings as strings
 from onnx2jax.ops import training as training
 from onnx2jax.ops import detection as detection
+from onnx2jax.ops import ml_linear as ml_linear
+from onnx2jax.ops import ml_preprocessing as ml_preprocessing
+from onnx2jax.ops import ml_encoders as ml_encoders
+from onnx2jax.ops import ml_trees as ml_trees

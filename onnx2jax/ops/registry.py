@@ -38,11 +38,15 @@ class OpImpl:
         arrays and refuses to trace otherwise.
       needs_context: whether ``fn`` takes an :class:`OpContext` as its first
         argument (subgraphs, node names, opset).
+      host_values: whether ``fn`` passes on values that the host finishes
+        after the run (:mod:`onnx2jax.hostvalues`: run-time strings, maps);
+        every other op is refused such an input by name.
     """
 
     fn: Callable
     static_inputs: frozenset[int] = frozenset()
     needs_context: bool = False
+    host_values: bool = False
 
 
 _REGISTRY: dict[OpKey, OpImpl] = {}
@@ -54,6 +58,7 @@ def register(
     domain: str = "",
     static_inputs: Iterable[int] = (),
     context: bool = False,
+    host_values: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Registers ``fn`` for the given schema versions of ``op_type``.
 
@@ -64,7 +69,7 @@ def register(
         raise ValueError(f"register({op_type!r}) needs at least one since_version")
 
     def decorate(fn: Callable) -> Callable:
-        impl = OpImpl(fn, frozenset(static_inputs), context)
+        impl = OpImpl(fn, frozenset(static_inputs), context, host_values)
         for version in since_versions:
             key = OpKey(domain, op_type, version)
             if key in _REGISTRY:

@@ -344,7 +344,7 @@ def center_crop_pad(x, shape, *, axes=None):
     return _xp(x).pad(x[tuple(crop)], grow)
 
 
-@register("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25)
+@register("Identity", 1, 13, 14, 16, 19, 21, 23, 24, 25, host_values=True)
 def identity(x):
     # A tuple, so that a sequence (a list) stays one output.
     return (x,)
