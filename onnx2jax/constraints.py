@@ -13,8 +13,8 @@ alive in that view from its producer to its consumers, and every op whose
 rule keeps the sharded sub-axis runs on it: elementwise ops (other operands
 framed into the view: scalars, broadcast or replicated tensors), Transpose
 (the sub-axes move together), MatMul by a weight whose output axis is fused,
-a batched MatMul whose fused axis is a batch axis, Softmax and reductions
-along other axes, Reshape, and Split/Slice at boundaries of the outermost
+a batched MatMul whose fused axis is a batch axis, Softmax, reductions and
+Concat along other axes, Reshape, and Split/Slice at boundaries of the outermost
 sub-axis. Only other consumers see the fused ONNX shape (a reshape XLA drops
 when nobody uses it). The collectives are then those of the unfused model.
 
@@ -217,6 +217,8 @@ class ShardingHooks:
             return _slice(inputs, views, compute)
         if op in REDUCTIONS:
             return _reduce(inputs, views, attrs, compute)
+        if op == "Concat":
+            return _concat(inputs, views, attrs, compute)
         return None
 
 
@@ -383,6 +385,24 @@ def _slice(inputs: list, views: list, compute) -> list | None:
     if outer == 1:
         return [jnp.reshape(out, tuple(shape))]
     return [View(out, tuple(shape), view.axis, view.count)]
+
+
+def _concat(inputs: list, views: list, attrs: Mapping[str, Any], compute) -> list | None:
+    """Concat along another axis than the fused one (a key cache along the sequence): in the view."""
+    first = next(v for v in views if v is not None)
+    rank = len(first.shape)
+    axis = int(attrs["axis"]) % rank
+    if axis == first.axis or any(
+        x is not None and (np.ndim(x) != rank or np.shape(x)[first.axis] != first.shape[first.axis]) for x in inputs
+    ):
+        return None
+    found = _common_frame(inputs, views)
+    if found is None:
+        return None
+    _, args, shapes = found
+    (out,) = compute(args, override={"axis": axis if axis < first.axis else axis + first.count - 1})
+    shape = tuple(sum(s[a] for s in shapes) if a == axis else d for a, d in enumerate(first.shape))
+    return [View(out, shape, first.axis, first.count)]
 
 
 def _reduce(inputs: list, views: list, attrs: Mapping[str, Any], compute) -> list | None:

@@ -114,7 +114,7 @@ def inputs_for(model: onnx.ModelProto, batch: int = 2, seq: int = 5) -> dict[str
     rng = np.random.default_rng(1)
     out = {}
     for info in model.graph.input:
-        sizes = {"B": batch, "S": seq, "BH": batch * HEADS}
+        sizes = {"B": batch, "S": seq, "BH": batch * HEADS, "P": 3, "T": seq + 3}
         dims = [sizes.get(d.dim_param, d.dim_value) for d in info.type.tensor_type.shape.dim]
         out[info.name] = rng.standard_normal(dims).astype(np.float32)
     return out
@@ -134,10 +134,11 @@ def heads_into_batch() -> onnx.ModelProto:
     return b.model([_x()], [_y()])
 
 
-def attention_core(manual_softmax: bool = False) -> onnx.ModelProto:
+def attention_core(manual_softmax: bool = False, past: bool = False) -> onnx.ModelProto:
     """Cause 2: Q·Kᵀ on the fused batch×heads axis, scaled by a traced scalar, plus a mask
     [1, 1, S] that broadcasts and an ALiBi bias [B*H, 1, S] given replicated, softmax (or
-    its max/exp/sum/divide by hand), ·V.
+    its max/exp/sum/divide by hand), ·V; with ``past``, keys and values are concatenated
+    after a replicated cache along the sequence.
 
     Minimum: the row-parallel MatMul's all-reduce.
     """
@@ -148,6 +149,10 @@ def attention_core(manual_softmax: bool = False) -> onnx.ModelProto:
     q = _heads_to_batch(b, b.column("x", "wq", "q"), "q")
     k = _heads_to_batch(b, b.column("x", "wk", "k"), "k")
     v = _heads_to_batch(b, b.column("x", "wv", "v"), "v")
+    if past:  # a key/value cache [B*H, P, D] given replicated, concatenated along the sequence
+        b.node("Concat", ["past_k", k], "k_all", axis=1)
+        b.node("Concat", ["past_v", v], "v_all", axis=1)
+        k, v = "k_all", "v_all"
     b.node("Transpose", [k], "k_t", perm=[0, 2, 1])
     b.node("MatMul", [q, "k_t"], "scores")
     # a scale computed at run time: a traced scalar
@@ -168,9 +173,11 @@ def attention_core(manual_softmax: bool = False) -> onnx.ModelProto:
         b.node("Softmax", ["biased"], "probs", axis=-1)
     b.node("MatMul", ["probs", v], "ctx")
     b.row(_batch_to_heads(b, "ctx"), "wo", "y")
-    bias = helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 1, "S"])
-    alibi = helper.make_tensor_value_info("alibi", TensorProto.FLOAT, ["BH", 1, "S"])
-    return b.model([_x(), bias, alibi], [_y()])
+    total = "T" if past else "S"
+    alibi = helper.make_tensor_value_info("alibi", TensorProto.FLOAT, ["BH", 1, total])
+    bias = helper.make_tensor_value_info("bias", TensorProto.FLOAT, [1, 1, total])
+    caches = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["BH", "P", HEAD_DIM]) for n in ("past_k", "past_v")]
+    return b.model([_x(), bias, alibi] + (caches if past else []), [_y()])
 
 
 def shared_bias() -> onnx.ModelProto:

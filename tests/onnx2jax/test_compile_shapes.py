@@ -123,6 +123,10 @@ def test_cause2_attention_runs_on_the_unfused_batch_by_heads_view():
     assert run(model, batch=1, seq=3) == _expect(all_reduce=1)
 
 
+def test_cause2_a_key_value_cache_is_concatenated_on_the_view():
+    assert run(mg.attention_core(past=True)) == _expect(all_reduce=1)
+
+
 def test_cause2_reductions_along_other_axes_run_on_the_view():
     """A softmax written out (ReduceMax, Sub, Exp, ReduceSum, Div) on [B*H,S,S]."""
     assert run(mg.attention_core(manual_softmax=True)) == _expect(all_reduce=1)
