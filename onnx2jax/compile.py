@@ -58,6 +58,7 @@ class _Signature:
     inference: "sharding.Inference"
     placements: dict[SpecKey, Placement]
     out_placements: tuple  # per graph output, its producer's placement or None
+    in_placements: dict[str, Placement]  # per graph input, its first annotated reader's placement
 
 
 class Compiled:
@@ -130,7 +131,7 @@ class Compiled:
         if found is not None:
             return found
         if self.inference is None:
-            found = _Signature(None, {}, (None,) * len(self.model.output_names))
+            found = _Signature(None, {}, (None,) * len(self.model.output_names), {})
         else:
             proto = self.model.proto
             inference = sharding.infer(proto, self.configuration, input_shapes=input_shapes)
@@ -141,7 +142,9 @@ class Compiled:
             num_devices = self._mapping.plan.device_array().size
             mapping = map_specs(layouts, num_devices, self._mapping.plan)
             placements = _placements(mapping, layouts, self.mesh)
-            found = _Signature(inference, placements, _output_placements(proto, placements))
+            found = _Signature(
+                inference, placements, _output_placements(proto, placements), _input_placements(proto, placements)
+            )
         self._signatures[key] = found
         return found
 
@@ -169,16 +172,41 @@ class Compiled:
         replicated, with a warning, once per input signature.
         """
         dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
-        args = ((self.params, self.param_copies), dynamic)
         shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
         input_shapes = {k: tuple(np.shape(v)) for k, v in {**dynamic, **static}.items()}
         signature = self._signature((key, shapes), input_shapes)
+        args = ((self.params, self.param_copies), self._place_inputs(dynamic, signature))
         jitted = self._jitted.get((key, shapes))
         if jitted is None:
             evaluate = lambda stored, values: self._evaluate(signature, stored, {**values, **static})  # noqa: E731
             out_shardings = self._output_shardings(signature.out_placements, jax.eval_shape(evaluate, *args))
             jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings)
         return jitted, args, signature
+
+    def _place_inputs(self, values: Mapping[str, Any], signature: _Signature) -> dict[str, Any]:
+        """Every runtime input as a jax.Array on the mesh, so that XLA never picks an input layout.
+
+        A jax.Array already on the mesh's devices is used as it is. Anything
+        else is placed with its first reader's spec when JAX can hold it
+        (each device receives only its slice), else replicated; the reader's
+        constraint then reshards inside the program. (Left to XLA, an input
+        whose spec does not divide its shape got an uneven layout that jax
+        then refused with IndivisibleError.)
+        """
+        mesh_devices = set(self.mesh.devices.flat)
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        placed = {}
+        for name, value in values.items():
+            if isinstance(value, jax.Array) and value.sharding.device_set == mesh_devices:
+                placed[name] = value
+                continue
+            placement = signature.in_placements.get(name)
+            target = replicated
+            if placement is not None and not placement.fused:
+                if padded_shape(tuple(np.shape(value)), placement.sharding) == tuple(np.shape(value)):
+                    target = placement.sharding
+            placed[name] = jax.device_put(value, target)
+        return placed
 
     def _output_shardings(self, wanted: tuple, outputs: Sequence[jax.ShapeDtypeStruct]) -> tuple:
         """The sharding each output comes back with: never left to XLA.
@@ -536,6 +564,18 @@ def _output_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Plac
         placement = produced.get(output.name)
         shardings.append(placement)
     return tuple(shardings)
+
+
+def _input_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> dict[str, Placement]:
+    """Each graph input's placement from the first node input that reads it with a spec."""
+    names = {i.name for i in proto.graph.input}
+    found: dict[str, Placement] = {}
+    for node in proto.graph.node:
+        for position, name in enumerate(node.input):
+            placement = placements.get(SpecKey(node.name, "in", position, name))
+            if name in names and name not in found and placement is not None:
+                found[name] = placement
+    return found
 
 
 def _fused_axis_error(node: str, op_type: str, tensor: str, axis: int | None, why: str) -> Diagnostic:

@@ -1,11 +1,15 @@
-"""Outputs come back exactly as their spec says, or replicated with a warning; never in XLA's choice."""
+"""Graph inputs and outputs of a sharded run: inputs of any spec run, outputs come back as their spec says.
+
+Outputs come back exactly as their spec says, or replicated with a warning;
+never in a layout XLA chose.
+"""
 
 import warnings
 
 import numpy as np
 import pytest
 from placement import assert_placed
-from test_compile import Builder, compile_model
+from test_compile import Builder, compile_model, unsharded
 
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
@@ -52,4 +56,18 @@ def test_an_output_replicated_by_its_spec_is_replicated_on_every_device():
     x = np.random.default_rng(1).standard_normal((8, 4)).astype(np.float32)
     (y,), warned = _outputs(b.model(), x)
     assert_placed(y, None, -np.maximum(x, 0))
+    assert not warned
+
+
+@pytest.mark.parametrize("rows", [2, 12])
+def test_graph_input_split_unevenly_over_eight_devices_runs(rows):
+    b = Builder()
+    b.input("x", [rows, 4])
+    b.output("y", [rows, 4])
+    b.node("Relu", ["x"], ["h"], [ShardingSpec.split("x", {0: 8}, range(8))])
+    b.node("Neg", ["h"], ["y"], [ShardingSpec.replicated("y", range(8))])
+    x = np.random.default_rng(rows).standard_normal((rows, 4)).astype(np.float32)
+    model = b.model()
+    (y,), warned = _outputs(model, x)
+    assert_placed(y, None, unsharded(model, x)[0])
     assert not warned
