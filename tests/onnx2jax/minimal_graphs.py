@@ -276,3 +276,21 @@ def fused_qkv_slices(cut: str = "Slice") -> onnx.ModelProto:
     b.inits.append(_weight("wo", width, EMBED))
     b.row("mixed", "wo", "y")
     return b.model([_x()], [_y()])
+
+
+def view_op(op: str, extra_inputs: list[tuple[str, list[int]]] = (), **attrs) -> onnx.ModelProto:
+    """[B,S,E] -> column Linear -> [B*H, S, D] (heads fused into the batch) -> ``op`` -> graph output.
+
+    ``extra_inputs`` are int64 constants the op reads after the tensor (Slice bounds, axes).
+    The output has no spec, so it comes back replicated: one all-gather, and none before it
+    while the op runs on the unfused view.
+    """
+    b = _Builder()
+    b.inits += [_weight("wq", EMBED, EMBED)]
+    _attention_inits(b)
+    q = _heads_to_batch(b, b.column("x", "wq", "q"), "q")
+    for name, values in extra_inputs:
+        b.inits.append(_ints(name, values))
+    b.node(op, [q, *(n for n, _ in extra_inputs)], "y", **attrs)
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return b.model([_x()], [out])

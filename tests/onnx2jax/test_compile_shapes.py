@@ -167,3 +167,25 @@ def test_heads_fused_into_a_symbolic_batch_keep_a_spec_without_shapes():
 
     result = infer(mg.heads_into_batch(), "tp")
     assert format_spec(result.tensors["q3"]) == "0:(?x1,8x8) @ [0,1,2,3,4,5,6,7]"
+
+
+@pytest.mark.filterwarnings("ignore:output 'y'")  # a fused output comes back replicated, and says so
+@pytest.mark.parametrize(
+    "op, extra, attrs, gathers",
+    [
+        ("Transpose", [], {"perm": [1, 0, 2]}, 1),
+        ("Transpose", [], {}, 1),
+        ("ReduceSum", [("axes", [-1])], {"keepdims": 0}, 1),
+        ("ReduceMax", [("axes", [1])], {"keepdims": 1}, 1),
+        ("Slice", [("starts", [-1]), ("ends", [-100]), ("axes", [1]), ("steps", [-2])], {}, 1),
+        # the first batch row's 8 heads: a plain head split, which comes back sharded
+        ("Slice", [("starts", [0, 1]), ("ends", [8, 2]), ("axes", [0, 2])], {}, 0),
+        ("Softmax", [], {"axis": 1}, 1),
+        ("LogSoftmax", [], {"axis": -1}, 1),
+    ],
+    ids=lambda v: str(v) if isinstance(v, str) else None,
+)
+def test_ops_on_the_unfused_view_match_onnxruntime(op, extra, attrs, gathers):
+    """Each op on [B*H, S, D] with the heads split runs on the view: the only collective is the
+    all-gather of the output when it comes back replicated."""
+    assert run(mg.view_op(op, extra, **attrs)) == _expect(all_gather=gathers)
