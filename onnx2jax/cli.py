@@ -50,18 +50,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.output:
         np.savez(args.output, **dict(zip(model.output_names, outputs, strict=True)))
     reference, why_not = _onnxruntime_outputs(args.model, inputs) if args.check else (None, None)
-    worst = 0.0
+    worst, nonfinite = 0.0, []
     for index, (name, out) in enumerate(zip(model.output_names, outputs)):
         line = f"{name}: shape {out.shape} dtype {out.dtype}"
         if reference is not None:
             diff = _max_abs_diff(out, reference[index])
             worst = max(worst, diff)
             line += f"  max |diff| vs onnxruntime {diff:.3g}"
+            nonfinite += _nonfinite_where_finite(name, out, reference[index])
         console.print(line, markup=False)
     if args.output:
         console.print(f"wrote {args.output}: {', '.join(model.output_names)}", markup=False)
     if why_not is not None:
         console.print(f"not checked: onnxruntime cannot run this model: {why_not}", markup=False)
+        return 1
+    if nonfinite:
+        console.print(f"[red]{'; '.join(nonfinite)}[/red]")
         return 1
     if reference is not None and worst > args.tolerance:
         console.print(f"[red]max |diff| {worst:.3g} exceeds tolerance {args.tolerance:g}[/red]")
@@ -122,11 +126,27 @@ def _ms(seconds: float) -> str:
 
 
 def _max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest |a - b|; NaN in both or equal infinities count as equal, any other NaN as inf."""
     if a.shape != b.shape:
         return float("inf")
     if a.size == 0:
         return 0.0
-    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):  # inf - inf
+        diff = np.abs(a - b)
+    return float(np.max(np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf))))
+
+
+def _nonfinite_where_finite(name: str, out: np.ndarray, reference: np.ndarray) -> list[str]:
+    """One message if ``out`` has NaN or inf where onnxruntime's ``reference`` is finite."""
+    if out.shape != reference.shape or out.dtype.kind not in "fc":
+        return []
+    bad = ~np.isfinite(out) & np.isfinite(reference)
+    if not bad.any():
+        return []
+    nans, infs = int(np.isnan(out[bad]).sum()), int(np.isinf(out[bad]).sum())
+    return [f"{name}: {nans} NaN and {infs} inf where onnxruntime's output is finite"]
 
 
 def _onnxruntime_outputs(model_path: str, inputs: dict[str, np.ndarray]) -> tuple[list[np.ndarray] | None, str | None]:

@@ -35,6 +35,7 @@ from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.parameters import ParameterStore, padded_shape
 from onnx2jax.translate import JaxModel
+from onnx2jax.xla_options import compiler_options
 from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.spec import device_configurations
 from sharding.stages import has_stages
@@ -180,7 +181,8 @@ class Compiled:
         if jitted is None:
             evaluate = lambda stored, values: self._evaluate(signature, stored, {**values, **static})  # noqa: E731
             out_shardings = self._output_shardings(signature.out_placements, jax.eval_shape(evaluate, *args))
-            jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings)
+            options = compiler_options(self.mesh.devices.flat[0].platform)
+            jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings, compiler_options=options)
         return jitted, args, signature
 
     def _place_inputs(self, values: Mapping[str, Any], signature: _Signature) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from onnx2jax.errors import NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.hostvalues import is_host_value, to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
 from onnx2jax.ops.registry import OpImpl, lookup
+from onnx2jax.xla_options import compiler_options
 
 STATIC_INITIALIZER_LIMIT = 4096
 """Non-float initializers up to this many elements are folded as constants."""
@@ -531,7 +532,8 @@ class JaxModel:
             if jitted is None:
                 baked = self._baked_params
                 jitted = self._jitted[key] = jax.jit(
-                    lambda params, values: self.evaluate({**params, **baked}, {**values, **static})
+                    lambda params, values: self.evaluate({**params, **baked}, {**values, **static}),
+                    compiler_options=compiler_options(jax.default_backend()),
                 )
             if self._device_params is None:  # copied to the device once, not on every call
                 # All of them, so that jax.jit(model.evaluate) can take them too; the

@@ -13,6 +13,7 @@ import onnx.helper
 
 from onnx2jax.ops import _slices
 from onnx2jax.ops.registry import register
+from onnx2jax.ops.softmax import stable_softmax
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -141,7 +142,10 @@ def _attention(
     # Softmax that maps a fully masked row (all -inf) to zeros instead of NaN.
     row_max = jnp.max(scores, axis=-1, keepdims=True)
     safe_max = jnp.where(jnp.isneginf(row_max), jnp.zeros_like(row_max), row_max)
-    e = srnd_or_id(jnp.exp(srnd_or_id(scores - jax.lax.stop_gradient(safe_max))))
+    # Clamped at the max first so that XLA CPU cannot contract the subtraction into an FMA
+    # over unrounded scores (see onnx2jax.ops.softmax.shifted_by_max).
+    safe_max = jax.lax.stop_gradient(safe_max)
+    e = srnd_or_id(jnp.exp(srnd_or_id(jnp.where(scores > safe_max, safe_max, scores) - safe_max)))
     total = _sequential_sum(e, srnd) if srnd else jnp.sum(e, axis=-1, keepdims=True)
     probs = srnd_or_id(e / jnp.where(total == 0, jnp.ones_like(total), total))
     masked_row = jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True))
@@ -288,7 +292,7 @@ def flex_attention(ctx, q, k, v, *, scale=None, score_mod=None, prob_mod=None, s
     if score_mod is not None:
         (scores,) = ctx.run_graph(score_mod, [scores])
         scores = jnp.asarray(scores).astype(compute)
-    probs = jax.nn.softmax(scores, axis=-1)
+    probs = stable_softmax(scores, axis=-1)
     if prob_mod is not None:
         (probs,) = ctx.run_graph(prob_mod, [probs])
         probs = jnp.asarray(probs).astype(compute)

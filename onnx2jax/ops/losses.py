@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from onnx2jax.ops.registry import register
+from onnx2jax.ops.softmax import stable_log_softmax
 
 
 def _nll(log_prob, target, weight, reduction, ignore_index):
@@ -46,5 +47,5 @@ def negative_log_likelihood_loss(input, target, weight=None, *, reduction="mean"
 
 @register("SoftmaxCrossEntropyLoss", 12, 13)
 def softmax_cross_entropy_loss(scores, labels, weights=None, *, reduction="mean", ignore_index=None):
-    log_prob = jax.nn.log_softmax(scores, axis=1)
+    log_prob = stable_log_softmax(scores, axis=1)
     return _nll(log_prob, labels, weights, reduction, ignore_index), log_prob

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx2jax.ops.registry import register
+from onnx2jax.ops.softmax import stable_logsumexp
 
 _KEEP = object()  # "reduce nothing": noop_with_empty_axes with no axes
 
@@ -116,9 +117,9 @@ def _reduce_log_sum_exp(x, axes, keepdims):
     if _is_empty(x, axes):
         return _empty_fill(x, axes, keepdims, -jnp.inf)
     if _is_int(x.dtype):
-        out = jax.scipy.special.logsumexp(x.astype(_wide_float()), axis=axes, keepdims=keepdims)
+        out = stable_logsumexp(x.astype(_wide_float()), axes, keepdims)
         return out.astype(x.dtype)
-    return jax.scipy.special.logsumexp(x, axis=axes, keepdims=keepdims).astype(x.dtype)
+    return stable_logsumexp(x, axes, keepdims).astype(x.dtype)
 
 
 def _register_reduce(name, reduce, attribute_versions, input_versions):

@@ -20,12 +20,61 @@ def _coerced_2d(fn, x, axis):
     return fn(x.reshape(rows, -1), 1).reshape(x.shape)
 
 
+def shifted_by_max(x, axis, keepdims_max=None):
+    """``x - max(x)`` along ``axis``, guaranteed <= 0 and exactly 0 at a maximum.
+
+    Every exp-normalisation (Softmax, LogSoftmax, log-sum-exp, attention) relies
+    on that guarantee, and XLA CPU breaks it for plain ``x - max(x)``: when ``x``
+    is an elementwise product (a mean's ``sum * (1/n)``), XLA duplicates the
+    multiply into the fusion that takes the max and the one that subtracts, and
+    LLVM contracts the second into a fused multiply-add, so it subtracts the
+    rounded max from the *unrounded* product. The difference is up to half an
+    ulp of ``x``: over 88 once ``|x|`` exceeds about 1.5e9, and ``exp`` then
+    overflows to inf (or every term underflows to 0) and the result is NaN
+    (docs/known-issues.md). Clamping ``x`` at the max first makes the subtraction
+    read a rounded value (a select cannot be contracted) and costs one compare.
+
+    ``jnp.where(x > m, m, x)`` rather than ``jnp.minimum``: a NaN stays NaN, and
+    the gradient flows to ``x`` at ties too (``minimum`` splits it in half).
+
+    Returns:
+      (shifted, max) with the max keeping the reduced axis (gradient stopped).
+    """
+    x = jnp.asarray(x)
+    m = jax.lax.stop_gradient(jnp.max(x, axis=axis, keepdims=True))
+    return jnp.where(x > m, m, x) - m, m
+
+
+def stable_softmax(x, axis):
+    """Softmax along ``axis`` (jax.nn.softmax's values) that no FMA contraction can turn into NaN."""
+    shifted, _ = shifted_by_max(x, axis)
+    e = jnp.exp(shifted)
+    return e / jnp.sum(e, axis=axis, keepdims=True)
+
+
+def stable_log_softmax(x, axis):
+    """LogSoftmax along ``axis``; see :func:`shifted_by_max`."""
+    shifted, _ = shifted_by_max(x, axis)
+    return shifted - jnp.log(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True))
+
+
+def stable_logsumexp(x, axis, keepdims):
+    """log(sum(exp(x))) over ``axis`` (an int, a tuple or None for all); see :func:`shifted_by_max`."""
+    x = jnp.asarray(x)
+    axis = tuple(range(x.ndim)) if axis is None else axis
+    shifted, m = shifted_by_max(x, axis)
+    finite_max = jnp.where(jnp.isfinite(m), m, jnp.zeros_like(m))
+    shifted = jnp.where(jnp.isfinite(m), shifted, x - finite_max)
+    out = jnp.log(jnp.sum(jnp.exp(shifted), axis=axis, keepdims=True)) + finite_max
+    return out if keepdims else jnp.squeeze(out, axis=axis)
+
+
 def _softmax(x, axis):
-    return jax.nn.softmax(x, axis=axis)
+    return stable_softmax(x, axis)
 
 
 def _log_softmax(x, axis):
-    return jax.nn.log_softmax(x, axis=axis)
+    return stable_log_softmax(x, axis)
 
 
 def _hardmax(x, axis):

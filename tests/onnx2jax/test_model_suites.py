@@ -44,17 +44,6 @@ XFAILS: dict[str, str] = {
     "simple/test_gradient_of_add_and_mul": "Gradient (ai.onnx.preview.training) is a training op, not translated",
 }
 
-# Intermittently all-NaN softmax outputs on XLA CPU. These constant-weight CNNs drive the logits
-# to ~1e10 (one float32 ulp is 1024), so any inconsistency between the fused computations that read
-# them makes exp(x - max(x)) overflow or underflow. In a jitted run that also returns every
-# intermediate, the pooled logits are finite and equal, yet the Softmax node's output is NaN; the
-# same Softmax on the same values alone is finite. Not understood yet (XLA's YNNPACK fusions are
-# suspect); not strict, since they usually pass.
-FLAKY: dict[str, str] = {
-    "light/squeezenet": "XLA CPU YNNPACK fusions intermittently give non-finite logits (passes with them off)",
-    "light/resnet50": "XLA CPU YNNPACK fusions intermittently give non-finite logits (passes with them off)",
-}
-
 # 10-16 s each on 2 CPU cores (224x224 CNNs); the other light models take 4-8 s.
 SLOW: set[str] = {"light/vgg19", "light/densenet121", "light/inception_v1", "light/inception_v2"}
 
@@ -140,8 +129,6 @@ def _params():
         marks = []
         if case.id in XFAILS:
             marks.append(pytest.mark.xfail(reason=XFAILS[case.id], strict=True))
-        if case.id in FLAKY:
-            marks.append(pytest.mark.xfail(reason=FLAKY[case.id], strict=False))
         if case.id in SLOW:
             marks.append(pytest.mark.slow)
         yield pytest.param(case, id=case.id, marks=marks)
