@@ -24,9 +24,9 @@ import onnx
 
 from onnx2jax.cli_errors import CliError, UsageError
 from onnx2jax.loading import load_model
-from sharding.check import check
+from sharding.check import check, check_and_infer
 from sharding.diagnostics import Diagnostic
-from sharding.infer import Inference, completed_model, infer
+from sharding.infer import Inference, completed_model
 from sharding.rules._core import sharded_dims
 from sharding.text import format_spec
 from sharding.tiles import tile_assignment
@@ -309,13 +309,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     shapes = _input_shapes(args.input_shape)
     _require_names(model, shapes, args.node, args.tensor)
     _require_annotations(model, args.model)
-    inference = infer(
+    diagnostics, inference = check_and_infer(
         model, args.configuration, input_shapes=shapes,
         unsupported="error" if args.strict else "warning",
     )
     rows = list(_rows(inference, model, not args.placed, set(args.node)))
     problems = [
-        d for d in inference.diagnostics
+        d for d in diagnostics
         if (d.severity != "note" or d.code == "collective") and (not args.node or d.node in args.node)
     ]
     if args.json:
@@ -324,7 +324,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             "configuration": inference.configuration,
             "nodes": [dict(zip(("node", "op_type", "role", "tensor", "given", "inferred", "reshard"), r, strict=True))
                       for r in rows],
-            "diagnostics": [dataclasses.asdict(d) for d in inference.diagnostics],
+            "diagnostics": [dataclasses.asdict(d) for d in diagnostics],
             "tiles": {name: _grid(inference, name, shapes) for name in args.tensor},
         }, indent=2))
     else:
@@ -348,9 +348,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
         for name in args.tensor:
             console.print(_grid(inference, name, shapes), markup=False)
         _print_stages(console, inference.diagnostics)
-        console.print(_summary(_counts(inference.diagnostics)))
+        console.print(_summary(_counts(diagnostics)))
     if args.write:
         onnx.save(completed_model(model, inference), args.write)
         if not args.json:
             _console().print(f"wrote {args.write}")
-    return 1 if inference.errors() else 0
+    return 1 if any(d.severity == "error" for d in diagnostics) else 0

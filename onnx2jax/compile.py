@@ -18,6 +18,7 @@ The steps, in order:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
@@ -35,11 +36,13 @@ from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.parameters import ParameterStore, padded_shape
 from onnx2jax.translate import JaxModel
+from onnx2jax.user_mesh import auto_axes, auto_input, context_mesh, tracing
 from onnx2jax.xla_options import compiler_options
 from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.spec import device_configurations
 from sharding.stages import has_stages
 from sharding.text import format_spec
+from sharding.validate import require_valid
 
 if TYPE_CHECKING:
     from onnx2jax.pipeline import PipelineCompiled
@@ -94,6 +97,7 @@ class Compiled:
         configuration: str | None,
         *,
         check: bool = True,
+        structural: Sequence[Diagnostic] = (),
     ):
         self.model = model
         self.mesh = mesh
@@ -108,6 +112,8 @@ class Compiled:
         self._signatures: dict[tuple, _Signature] = {}
         self._jitted: dict[tuple, Any] = {}
         self._last_args: tuple | None = None
+        # Sizes written on symbolic axes are checked against each call's shapes.
+        self._sizes_at_call = any(d.code in ("size-unresolved", "fused-size-unresolved") for d in structural)
 
     # -- parameters -------------------------------------------------------
 
@@ -135,6 +141,8 @@ class Compiled:
             found = _Signature(None, {}, (None,) * len(self.model.output_names), {})
         else:
             proto = self.model.proto
+            if self._sizes_at_call:
+                require_valid(proto, input_shapes=input_shapes, strict=True)
             inference = sharding.infer(proto, self.configuration, input_shapes=input_shapes)
             errors = inference.errors()
             if self.check and errors:
@@ -173,6 +181,7 @@ class Compiled:
         replicated, with a warning, once per input signature.
         """
         dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
+        dynamic = {k: auto_input(v) for k, v in dynamic.items()}
         shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
         input_shapes = {k: tuple(np.shape(v)) for k, v in {**dynamic, **static}.items()}
         signature = self._signature((key, shapes), input_shapes)
@@ -239,20 +248,27 @@ class Compiled:
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """Runs the sharded program; returns jax.Arrays in ONNX output order."""
-        with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
+        with self._scope():
             self._last_args = (inputs, named)
             jitted, args, _ = self._program(inputs, named)
             return jitted(*args)
 
+    def _scope(self) -> contextlib.ExitStack:
+        """64-bit types for this call only, and this program's mesh whatever mesh the caller set."""
+        stack = contextlib.ExitStack()
+        stack.enter_context(jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64))
+        stack.enter_context(tracing(self.mesh))
+        return stack
+
     def lower(self, *inputs: Any, **named: Any) -> jax.stages.Lowered:
         """The jax ``Lowered`` program for these inputs (``.as_text()``, ``.compile()``)."""
-        with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
+        with self._scope():
             jitted, args, _ = self._program(inputs, named)
             return jitted.lower(*args)
 
     def compiled_text(self, *inputs: Any, **named: Any) -> str:
         """The HLO text of the compiled, partitioned program."""
-        with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
+        with self._scope():
             jitted, args, _ = self._program(inputs, named)
             return jitted.lower(*args).compile().as_text()
 
@@ -268,7 +284,7 @@ class Compiled:
             if self._last_args is None:
                 raise ValueError("report() needs example inputs, or call the model once first")
             inputs, named = self._last_args
-        with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
+        with self._scope():
             jitted, args, signature = self._program(inputs, named)
             compiled = jitted.lower(*args).compile()
         text = compiled.as_text()
@@ -428,12 +444,18 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     Args:
       model: a path, bytes or ModelProto carrying sharding annotations (or none:
         then it runs replicated).
-      mesh: the jax Mesh to run on. When None, one is built from the model's
-        device configuration over ``jax.devices()`` (configuration device i is
-        ``jax.devices()[i]``), with axes chosen so that every spec is a
-        NamedSharding on it.
+      mesh: the jax Mesh to run on, with Explicit or Auto axes (the program
+        runs on its devices and axis names with Auto axes: see
+        :mod:`onnx2jax.user_mesh`). When None, the mesh of an enclosing
+        ``with jax.set_mesh(mesh):``; outside one, a mesh is built from the
+        model's device configuration over ``jax.devices()`` (configuration
+        device i is ``jax.devices()[i]``), with axes chosen so that every spec
+        is a NamedSharding on it.
       configuration: which DeviceConfigurationProto to use, when there are several.
-      check: run the sharding checker first and refuse a model with errors.
+      check: refuse a model whose annotations break an op's sharding rule
+        (``sharding.infer``'s errors). Malformed annotations (axes, sizes,
+        devices, configurations, node names, stages: ``sharding.validate``)
+        are refused whatever ``check`` says, before anything is traced.
       devices: with a user ``mesh``, the flat mesh position of each configuration
         device (default: row-major, device i at position i).
       microbatches: for a model with pipeline stages (``pipeline_stage``), the
@@ -445,7 +467,9 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
 
     Raises:
       sharding.ShardingError: the annotations have errors (each diagnostic
-        names the node, tensor and axis).
+        names the node, tensor and axis); at a call, a size written on a
+        symbolic axis that the call's shapes contradict.
+      onnx2jax.errors.ModelLoadError: the file cannot be read safely.
       onnx2jax.mesh.MeshMappingError: a spec cannot be a NamedSharding on one mesh.
 
     Example:
@@ -454,6 +478,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       >>> compiled.report().render()                              # doctest: +SKIP
     """
     proto, external_dir = open_model(model)
+    structural = require_valid(proto, strict=True)
+    mesh = auto_axes(context_mesh() if mesh is None else mesh)
     config = _choose_configuration(proto, configuration)
     if config is not None and has_stages(proto, config):
         from onnx2jax.pipeline import compile_pipeline  # it builds on this module
@@ -461,7 +487,9 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         return compile_pipeline(proto, external_dir, config, mesh, microbatches=microbatches, check=check)
     if microbatches != 1:
         raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
-    return compile_proto(proto, external_dir, mesh, configuration=config, check=check, devices=devices)
+    return compile_proto(
+        proto, external_dir, mesh, configuration=config, check=check, devices=devices, structural=structural
+    )
 
 
 def compile_proto(
@@ -473,6 +501,7 @@ def compile_proto(
     check: bool = True,
     devices: Sequence[int] | None = None,
     jax_devices: Sequence[jax.Device] | None = None,
+    structural: Sequence[Diagnostic] = (),
 ) -> Compiled:
     """The SPMD compile of an opened model (see :func:`compile`).
 
@@ -480,6 +509,8 @@ def compile_proto(
       jax_devices: without a ``mesh``, the jax device each configuration
         device runs on (default ``jax.devices()``); a pipeline stage passes
         its sub-mesh's devices.
+      structural: what ``sharding.validate`` found (notes of sizes to check
+        at each call).
     """
     jax_model = JaxModel(proto, external_dir)
     config = _choose_configuration(proto, configuration)
@@ -506,7 +537,7 @@ def compile_proto(
     else:
         mapping = map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices))
     placements = _placements(mapping, layouts, mesh)
-    return Compiled(jax_model, mesh, inference, placements, mapping, config, check=check)
+    return Compiled(jax_model, mesh, inference, placements, mapping, config, check=check, structural=structural)
 
 
 def _layouts(inference: "sharding.Inference", *, strict: bool) -> dict[SpecKey, Layout]:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import onnx
 
 from .diagnostics import Diagnostic
-from .infer import infer
+from .infer import Inference, infer
 from .model_arg import ModelArg, as_model_proto
 from .validate import validate_model
 
@@ -46,10 +46,27 @@ def check(
         >>> print(errors[0])  # doctest: +SKIP
         error[k-sharding-mismatch] node 'mm' (MatMul), tensor 'W', axis 0: ...
     """
-    model = as_model_proto(model)
-    return merge(validate_model(model), infer(
+    return check_and_infer(
         model, configuration, input_shapes=input_shapes, unsupported=unsupported
-    ).diagnostics)
+    )[0]
+
+
+def check_and_infer(
+    model: ModelArg,
+    configuration: str | None = None,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    unsupported: str = "warning",
+) -> tuple[list[Diagnostic], Inference]:
+    """`check`'s diagnostics, and the `Inference` they come with (for ``explain``).
+
+    The structural validation (`sharding.validate.validate_model`, the same
+    one ``onnx2jax.compile`` runs) comes first, then the op rules.
+    """
+    model = as_model_proto(model)
+    inference = infer(model, configuration, input_shapes=input_shapes, unsupported=unsupported)
+    structural = validate_model(model, input_shapes=input_shapes)
+    return merge(structural, inference.diagnostics), inference
 
 
 def merge(structural: Sequence[Diagnostic], semantic: Sequence[Diagnostic]) -> list[Diagnostic]:

@@ -7,7 +7,7 @@ Every problem is reported in one pass, as a `Diagnostic`:
 =========================  ========  =========================================
 code                       severity  found
 =========================  ========  =========================================
-shape-inference-failed     note      ranks come only from the model's own types
+shape-inference-failed     warning   ranks come only from the model's own types
 configuration-invalid      error     a configuration without name, devices...
 configuration-repeated     error     two configurations (or one node's two
                                      annotations) with one name
@@ -27,14 +27,26 @@ dim-value-mismatch         error     dim_value differs from the axis size
 dim-param-mismatch         error     dim_param differs from the axis's dim
 fused-size-mismatch        error     sub-axis sizes do not multiply to the size
 fused-size-unknown         warning   two sub-axes without dim_value
+size-unresolved            note      a size written on a symbolic axis: checked
+                                     once the shapes are known (a call's)
+fused-size-unresolved      note      a fused symbolic axis with a sub-axis
+                                     without dim_value: laid out per call
+pipeline-stage-invalid     error     a negative pipeline_stage
 shard-count-mismatch       error     len(device) != product of num_shards
 device-out-of-range        error     a device id outside [0, num_devices)
 group-key-missing          error     a negative device entry with no group
 group-key-not-negative     error     a group key >= 0
 group-key-repeated         error     a group key defined twice
 group-empty                error     a group with no device
-device-repeated            warning   a device holding two shards of one tensor
+device-repeated            warning   a device holding two shards of one tensor,
+                                     or listed twice in a group (error when
+                                     strict)
 =========================  ========  =========================================
+
+``strict=True`` is what running needs (`onnx2jax.compile`): a layout that puts
+two shards of one tensor on one device, or a fused axis with two sub-axes of
+unknown size, has no NamedSharding, so they are errors there and warnings for
+`check`.
 
 Only the main graph is checked: annotations inside subgraphs (control flow)
 are outside the formalism.
@@ -43,14 +55,13 @@ are outside the formalism.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
-import onnx.checker
-import onnx.shape_inference
 
 from .diagnostics import Diagnostic, Severity, ShardingError
+from .infer import tensor_shapes
 
 Dim = int | str | None
 Shape = tuple[Dim, ...]
@@ -63,6 +74,8 @@ class _Node:
     proto: onnx.NodeProto
     config: str
     num_devices: int | None
+    strict: bool = False
+    key: str = ""
 
     def diag(
         self,
@@ -77,7 +90,7 @@ class _Node:
         return Diagnostic(
             code=code,
             severity=severity,
-            node=self.proto.name,
+            node=self.proto.name or self.key,
             op_type=self.proto.op_type,
             tensor=tensor,
             axis=axis,
@@ -85,50 +98,20 @@ class _Node:
             hint=hint,
         )
 
-
-def _shape_of(type_proto: onnx.TypeProto) -> Shape | None:
-    if type_proto.WhichOneof("value") != "tensor_type" or not type_proto.tensor_type.HasField(
-        "shape"
-    ):
-        return None
-    dims: list[Dim] = []
-    for dim in type_proto.tensor_type.shape.dim:
-        which = dim.WhichOneof("value")
-        dims.append(
-            dim.dim_value
-            if which == "dim_value"
-            else dim.dim_param
-            if which == "dim_param"
-            else None
-        )
-    return tuple(dims)
+    def running_needs(self, severity: Severity) -> Severity:
+        """``severity``, or ``error`` when validating for a run (`strict`)."""
+        return "error" if self.strict else severity
 
 
-def _tensor_shapes(model: onnx.ModelProto) -> tuple[dict[str, Shape], list[Diagnostic]]:
-    """Known shapes of the main graph's tensors, after shape inference."""
-    notes = []
-    try:
-        graph = onnx.shape_inference.infer_shapes(model).graph
-    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
-        graph = model.graph
-        notes.append(
-            Diagnostic(
-                code="shape-inference-failed",
-                severity="note",
-                message=f"shape inference failed ({str(e).splitlines()[0]}); "
-                "only the model's declared shapes are used",
-            )
-        )
-    shapes: dict[str, Shape] = {}
-    for info in (*graph.input, *graph.output, *graph.value_info):
-        shape = _shape_of(info.type)
-        if shape is not None:
-            shapes[info.name] = shape
-    for init in graph.initializer:
-        shapes[init.name] = tuple(init.dims)
-    for sparse in graph.sparse_initializer:
-        shapes[sparse.values.name] = tuple(sparse.dims)
-    return shapes, notes
+@dataclass(frozen=True)
+class _Shapes:
+    """Tensor shapes: as the model declares them (symbols kept), and with a call's input sizes."""
+
+    declared: Mapping[str, Shape]
+    sized: Mapping[str, Shape]
+
+    def rank_shape(self, tensor: str) -> Shape | None:
+        return self.declared.get(tensor) or self.sized.get(tensor)
 
 
 def _check_configurations(model: onnx.ModelProto) -> tuple[dict[str, int | None], list[Diagnostic]]:
@@ -183,6 +166,7 @@ def _check_node_names(model: onnx.ModelProto) -> Iterator[Diagnostic]:
             yield Diagnostic(
                 code="node-name-missing",
                 severity="error",
+                node=f"{node.op_type}#{index}",
                 op_type=node.op_type,
                 message=f"node #{index} ({node.op_type}) is annotated but has no name",
                 hint="give every annotated node a unique name",
@@ -259,8 +243,9 @@ def _axis_size(dim: onnx.ShardedDimProto, shape: Shape | None) -> Dim:
 
 
 def _check_sizes(
-    node: _Node, tensor: str, dim: onnx.ShardedDimProto, size: Dim
+    node: _Node, tensor: str, dim: onnx.ShardedDimProto, size: Dim, declared: Dim
 ) -> Iterator[Diagnostic]:
+    """Written sizes against the axis: ``size`` with the call's sizes, ``declared`` as the model says."""
     axis = dim.axis
     parts = dim.simple_sharding
     if len(parts) == 1:
@@ -274,18 +259,23 @@ def _check_sizes(
                 tensor=tensor,
                 axis=axis,
             )
-        if which == "dim_param" and size is not None and part.dim_param != size:
-            found = f"symbolic size {size!r}" if isinstance(size, str) else f"fixed size {size}"
+        elif which == "dim_value" and not isinstance(size, int):
+            yield _unresolved(node, tensor, axis, size, f"dim_value {part.dim_value}")
+        if which == "dim_param" and declared is not None and part.dim_param != declared:
+            found = (
+                f"symbolic size {declared!r}" if isinstance(declared, str) else f"fixed size {declared}"
+            )
             yield node.diag(
                 "dim-param-mismatch",
                 f"dim_param is {part.dim_param!r} but axis {axis} has {found}",
-                f"write {size!r} or leave the size out",
+                f"write {declared!r} or leave the size out",
                 tensor=tensor,
                 axis=axis,
             )
         return
     values = [p.dim_value if p.WhichOneof("dim") == "dim_value" else None for p in parts]
     unknown = values.count(None)
+    sizes = ["?" if v is None else v for v in values]
     if unknown > 1:
         yield node.diag(
             "fused-size-unknown",
@@ -294,13 +284,24 @@ def _check_sizes(
             "write dim_value on every sub-axis but at most one",
             tensor=tensor,
             axis=axis,
-            severity="warning",
+            severity=node.running_needs("warning"),
         )
         return
     if not isinstance(size, int):
+        if unknown:
+            yield node.diag(
+                "fused-size-unresolved",
+                f"fused axis {axis} has sub-axis sizes {sizes} but the axis size is "
+                f"{_size_text(size)}, so the missing sub-axis size cannot be known before a call",
+                "write dim_value on every sub-axis",
+                tensor=tensor,
+                axis=axis,
+                severity="note",
+            )
+        else:
+            yield _unresolved(node, tensor, axis, size, f"fused sub-axis sizes {sizes}")
         return
     product = math.prod(v for v in values if v is not None)
-    sizes = ["?" if v is None else v for v in values]
     if unknown == 0 and product != size:
         found = f"its sub-axis sizes {sizes} multiply to {product}"
     elif unknown == 1 and (product == 0 or size % product):
@@ -316,9 +317,23 @@ def _check_sizes(
     )
 
 
-def _check_parts(
-    node: _Node, spec: onnx.ShardingSpecProto, shape: Shape | None
-) -> Iterator[Diagnostic]:
+def _size_text(size: Dim) -> str:
+    return "unknown" if size is None else f"symbolic ({size!r})"
+
+
+def _unresolved(node: _Node, tensor: str, axis: int, size: Dim, written: str) -> Diagnostic:
+    return node.diag(
+        "size-unresolved",
+        f"{written} is written for axis {axis}, whose size is {_size_text(size)}: "
+        "it is checked once the shapes are known",
+        "onnx2jax.compile checks it at each call; `onnx2jax check --input-shape` fixes the inputs' dims",
+        tensor=tensor,
+        axis=axis,
+        severity="note",
+    )
+
+
+def _check_parts(node: _Node, spec: onnx.ShardingSpecProto, shapes: _Shapes) -> Iterator[Diagnostic]:
     tensor = spec.tensor_name
     for dim in spec.sharded_dim:
         axis = dim.axis if dim.HasField("axis") else None
@@ -357,7 +372,9 @@ def _check_parts(
                     axis=axis,
                 )
         if axis is not None:
-            yield from _check_sizes(node, tensor, dim, _axis_size(dim, shape))
+            size = _axis_size(dim, shapes.sized.get(tensor) or shapes.declared.get(tensor))
+            declared = _axis_size(dim, shapes.declared.get(tensor))
+            yield from _check_sizes(node, tensor, dim, size, declared)
 
 
 def _num_shards(spec: onnx.ShardingSpecProto) -> int | None:
@@ -410,6 +427,15 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
             )
         for device in entry.value:
             yield from _check_device_id(node, tensor, device, f"group {key}")
+        twice = sorted({d for d in entry.value if list(entry.value).count(d) > 1})
+        if twice:
+            yield node.diag(
+                "device-repeated",
+                f"group {key} lists device(s) {twice} more than once",
+                "list each device of a group once",
+                tensor=tensor,
+                severity=node.running_needs("warning"),
+            )
         groups[key] = tuple(entry.value)
     shards = _num_shards(spec)
     if shards is not None and len(spec.device) != shards:
@@ -442,18 +468,22 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
                     f"device {device} holds shards {holder[device]} and {shard}",
                     "a device should hold one shard of a tensor",
                     tensor=tensor,
-                    severity="warning",
+                    severity=node.running_needs("warning"),
                 )
             holder.setdefault(device, shard)
 
 
 def _check_node(
-    node_proto: onnx.NodeProto, configs: Mapping[str, int | None], shapes: Mapping[str, Shape]
+    index: int,
+    node_proto: onnx.NodeProto,
+    configs: Mapping[str, int | None],
+    shapes: _Shapes,
+    strict: bool,
 ) -> Iterator[Diagnostic]:
     seen_configs: set[str] = set()
     for config in node_proto.device_configurations:
         config_id = config.configuration_id
-        node = _Node(node_proto, config_id, configs.get(config_id))
+        node = _Node(node_proto, config_id, configs.get(config_id), strict, f"{node_proto.op_type}#{index}")
         if not config.HasField("configuration_id"):
             yield node.diag(
                 "unknown-configuration",
@@ -474,6 +504,12 @@ def _check_node(
                 "merge them into one NodeDeviceConfigurationProto",
             )
         seen_configs.add(config_id)
+        if config.HasField("pipeline_stage") and config.pipeline_stage < 0:
+            yield node.diag(
+                "pipeline-stage-invalid",
+                f"pipeline_stage is {config.pipeline_stage}",
+                "pipeline stages are numbered from 0",
+            )
         tensors: set[str] = set()
         for spec in config.sharding_spec:
             if spec.tensor_name in tensors:
@@ -484,39 +520,59 @@ def _check_node(
                     tensor=spec.tensor_name,
                 )
             tensors.add(spec.tensor_name)
-            shape = shapes.get(spec.tensor_name)
             yield from _check_tensor_name(node, spec)
-            yield from _check_axes(node, spec, shape)
-            yield from _check_parts(node, spec, shape)
+            yield from _check_axes(node, spec, shapes.rank_shape(spec.tensor_name))
+            yield from _check_parts(node, spec, shapes)
             yield from _check_devices(node, spec)
 
 
-def validate_model(model: onnx.ModelProto) -> list[Diagnostic]:
+def validate_model(
+    model: onnx.ModelProto,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    strict: bool = False,
+) -> list[Diagnostic]:
     """Every structural problem of the model's multi-device annotations.
 
     Args:
         model: The model; it is not modified.
+        input_shapes: Concrete dims of model inputs (a call's shapes): sizes
+            written on symbolic axes (``dim_value``, fused sub-axes) are then
+            checked against them; ``dim_param`` is still compared with the
+            model's own symbols.
+        strict: Validate for running (`onnx2jax.compile`): a device holding
+            two shards of one tensor, or listed twice in a group, and a fused
+            axis whose sub-axis sizes cannot be known are errors.
 
     Returns:
         The diagnostics, model-level first, then node by node in graph order.
-        An empty list means the annotations are well formed.
+        No diagnostic of severity ``error`` means the annotations are well
+        formed.
 
     Example:
         >>> for d in validate_model(model):  # doctest: +SKIP
         ...     print(d)
         error[axis-repeated] node 'mm0' (MatMul), tensor 'X', axis 1: ...
     """
-    shapes, diags = _tensor_shapes(model)
+    annotated = any(node.device_configurations for node in model.graph.node)
+    declared, diags = tensor_shapes(model) if annotated else ({}, [])
+    sized = tensor_shapes(model, input_shapes)[0] if annotated and input_shapes else declared
+    shapes = _Shapes(declared, sized)
     configs, config_diags = _check_configurations(model)
     diags += config_diags
     diags += _check_node_names(model)
-    for node in model.graph.node:
-        diags += _check_node(node, configs, shapes)
+    for index, node in enumerate(model.graph.node):
+        diags += _check_node(index, node, configs, shapes, strict)
     return diags
 
 
-def require_valid(model: onnx.ModelProto) -> list[Diagnostic]:
-    """Validates the model and raises if any error was found.
+def require_valid(
+    model: onnx.ModelProto,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    strict: bool = False,
+) -> list[Diagnostic]:
+    """Validates the model (see `validate_model`) and raises if any error was found.
 
     Returns:
         The warnings and notes.
@@ -524,7 +580,7 @@ def require_valid(model: onnx.ModelProto) -> list[Diagnostic]:
     Raises:
         ShardingError: With every diagnostic, when at least one is an error.
     """
-    diags = validate_model(model)
+    diags = validate_model(model, input_shapes=input_shapes, strict=strict)
     if any(d.severity == "error" for d in diags):
         raise ShardingError(diags)
     return diags
