@@ -2,7 +2,11 @@
 
 External data is read from the model's own directory only: a location that
 escapes it (``../x``, an absolute path, a symlink out) is refused, and so is
-data that is missing or shorter than the tensor it claims to hold.
+data that is missing or shorter than the tensor it claims to hold, or an
+offset or length that is not a byte count. Every model is also checked by
+:func:`onnx2jax.integrity.check_model` (known ir_version and opsets, embedded
+tensors that hold what their dims say, one producer per tensor) before any
+tensor is read.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import onnx.numpy_helper
 from google.protobuf.message import DecodeError
 
 from onnx2jax.errors import ModelLoadError
+from onnx2jax.integrity import check_model
 
 ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, "onnx_ir.Model"]  # noqa: F821 - imported lazily
 
@@ -62,12 +67,14 @@ def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
       inline: inline the model-local FunctionProtos (``onnx.inliner``).
 
     Raises:
-      ModelLoadError: unreadable or truncated file, or external data that is
-        missing, truncated, or outside the model's directory.
+      ModelLoadError: unreadable or truncated file, external data that is
+        missing, truncated, or outside the model's directory, or a model that
+        fails :func:`onnx2jax.integrity.check_model`.
     """
     model = _from_ir(model)
     if isinstance(model, onnx.ModelProto):
         proto = model
+        check_model(proto, "<ModelProto>")
         if _external_tensors(proto):
             raise ModelLoadError(
                 "the ModelProto refers to external data; pass the model's path "
@@ -140,7 +147,7 @@ def initializer_array(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndar
         return onnx.numpy_helper.to_array(tensor)
     if base_dir is None:
         raise ModelLoadError(f"tensor {tensor.name!r} refers to external data but no model directory is known")
-    info = onnx.external_data_helper.ExternalDataInfo(tensor)
+    info = _external_info(tensor)
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
     packed = tensor.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.STRING)
     if packed or dtype.byteorder == ">":
@@ -167,6 +174,7 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
         ) from e
     if not proto.HasField("graph"):
         raise ModelLoadError(f"{where} holds no graph: not an ONNX model, or an empty file")
+    check_model(proto, where)
     return proto
 
 
@@ -182,7 +190,7 @@ def _check_external(proto: onnx.ModelProto, base_dir: str) -> None:
     """Checks every external reference: inside ``base_dir``, present, and long enough."""
     base = os.path.realpath(base_dir)
     for tensor in _external_tensors(proto):
-        info = onnx.external_data_helper.ExternalDataInfo(tensor)
+        info = _external_info(tensor)
         location = info.location
         if os.path.isabs(location):
             raise ModelLoadError(
@@ -208,6 +216,15 @@ def _check_external(proto: onnx.ModelProto, base_dir: str) -> None:
                 f"tensor {tensor.name!r}: external data {location!r} is truncated "
                 f"(needs bytes [{offset}, {offset + max(length, expected or 0)}), file has {size})"
             )
+
+
+def _external_info(tensor: onnx.TensorProto) -> onnx.external_data_helper.ExternalDataInfo:
+    """The tensor's external data fields; an offset or length that is no byte count is refused."""
+    try:
+        return onnx.external_data_helper.ExternalDataInfo(tensor)
+    except ValueError as e:  # onnx: a negative offset, int('abc')...
+        fields = {entry.key: entry.value for entry in tensor.external_data}
+        raise ModelLoadError(f"tensor {tensor.name!r}: invalid external data {fields}: {e}") from None
 
 
 def _byte_size(tensor: onnx.TensorProto) -> int | None:
