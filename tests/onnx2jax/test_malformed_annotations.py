@@ -469,6 +469,115 @@ def test_every_fault_on_the_tiny_llama(fault):
     one()
 
 
+def _spec(model, node, tensor):
+    found = next(n for n in model.graph.node if n.name == node)
+    return next(s for s in found.device_configurations[0].sharding_spec if s.tensor_name == tensor)
+
+
+def _break(fault: str) -> tuple[onnx.ModelProto, Expected]:
+    """The issue's classes, each once on the 8-device MLP; the comment says what happened before."""
+    model = mlp(8, 8, tuple(range(8)))
+    up, down = model.graph.node[0], model.graph.node[2]
+    w1 = _spec(model, "up", "w1")
+    if fault == "axis out of range":  # was taken modulo the rank, and ran
+        w1.sharded_dim[0].axis = 3
+        return model, Expected(fault, "axis-out-of-range", "up", "w1", 3)
+    if fault == "unknown configuration_id":  # was ignored
+        down.device_configurations[0].configuration_id = "pp"
+        return model, Expected(fault, "unknown-configuration", "down")
+    if fault == "spec on another tensor":  # was ignored
+        _spec(model, "up", "h").tensor_name = "y"
+        return model, Expected(fault, "tensor-not-in-node", "up", "y")
+    if fault == "node annotated twice":  # the second annotation was ignored
+        up.device_configurations.add().CopyFrom(up.device_configurations[0])
+        return model, Expected(fault, "configuration-repeated", "up")
+    if fault == "dim_value not the axis size":  # was ignored
+        w1.sharded_dim[0].simple_sharding[0].dim_value = 99
+        return model, Expected(fault, "dim-value-mismatch", "up", "w1", 1)
+    if fault == "annotated node without a name":  # was silently not applied
+        down.name = ""
+        return model, Expected(fault, "node-name-missing", "MatMul#2")
+    if fault == "negative pipeline_stage":  # passed everywhere
+        up.device_configurations[0].pipeline_stage = -1
+        return model, Expected(fault, "pipeline-stage-invalid", "up")
+    if fault == "device >= num_devices":  # was a bare numpy reshape error
+        w1.device[3] = 8
+        return model, Expected(fault, "device-out-of-range", "up", "w1")
+    if fault == "fused sizes that do not multiply out":  # was a bare ValueError
+        del w1.sharded_dim[0].simple_sharding[:]
+        w1.sharded_dim[0].simple_sharding.add(dim_value=2, num_shards=1)
+        w1.sharded_dim[0].simple_sharding.add(dim_value=5, num_shards=8)
+        return model, Expected(fault, "fused-size-mismatch", "up", "w1", 1)
+    if fault == "a device listed twice":  # compile: a bare mesh error or a run
+        w1.device[1] = w1.device[0]
+        return model, Expected(fault, "device-repeated", "up", "w1", check_severity="warning")
+    if fault == "a device listed twice in a group":  # was not even warned
+        _spec(model, "up", "x").index_to_device_group_map[0].value.append(0)
+        return model, Expected(fault, "device-repeated", "up", "x", check_severity="warning")
+    raise AssertionError(fault)
+
+
+ISSUE_CLASSES = [
+    "axis out of range",
+    "unknown configuration_id",
+    "spec on another tensor",
+    "node annotated twice",
+    "dim_value not the axis size",
+    "annotated node without a name",
+    "negative pipeline_stage",
+    "device >= num_devices",
+    "fused sizes that do not multiply out",
+    "a device listed twice",
+    "a device listed twice in a group",
+]
+
+
+@pytest.mark.parametrize("fault", ISSUE_CLASSES)
+def test_each_class_of_the_issue_is_refused_by_name(fault):
+    model, expected = _break(fault)
+    with pytest.raises(ShardingError) as info:
+        onnx2jax.compile(model)
+    assert any(expected.names(d) and d.severity == "error" for d in info.value.diagnostics), str(info.value)
+    assert f"error[{expected.code}] node '{expected.node}'" in str(info.value)
+    assert _named(check(model), expected, expected.check_severity)
+
+
+def test_a_size_on_a_symbolic_axis_is_checked_against_each_call():
+    model = mlp(8, 8, tuple(range(8)))
+    _spec(model, "up", "x").sharded_dim.add(axis=0, simple_sharding=[onnx.SimpleShardedDimProto(dim_value=4, num_shards=1)])
+    assert [d.code for d in check(model) if d.severity != "note"] == []
+    [note] = [d for d in check(model) if d.code == "size-unresolved"]
+    assert (note.node, note.tensor, note.axis) == ("up", "x", 0)
+    compiled = onnx2jax.compile(model)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    (want,) = onnx2jax.translate(model)(x)
+    np.testing.assert_allclose(np.asarray(compiled(x)[0]), np.asarray(want), rtol=2e-5, atol=2e-5)
+    with pytest.raises(ShardingError, match=r"error\[dim-value-mismatch\] node 'up' \(MatMul\), tensor 'x', axis 0: "
+                       r"dim_value is 4 but axis 0 has size 3"):
+        compiled(x[:3])
+
+
+def test_explain_reports_the_structural_errors_too(tmp_path, capsys):
+    model, expected = _break("axis out of range")
+    onnx.save(model, tmp_path / "m.onnx")
+    assert cli_main(["explain", str(tmp_path / "m.onnx"), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert any(d["code"] == "axis-out-of-range" and d["node"] == "up" and d["axis"] == 3 for d in report["diagnostics"])
+
+
+def test_cli_check_refuses_without_a_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    model, _ = _break("fused sizes that do not multiply out")
+    onnx.save(model, tmp_path / "m.onnx")
+    code = "import sys; from onnx2jax.cli import main; sys.exit(main())"
+    run = subprocess.run([sys.executable, "-c", code, "check", str(tmp_path / "m.onnx")], capture_output=True,
+                         text=True, cwd=Path(__file__).resolve().parents[2], timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "fused-size-mismatch" in run.stdout and "Traceback" not in run.stdout + run.stderr
+
+
 def count(examples: int, seed: int = 0) -> dict[str, collections.Counter]:
     """Outcomes of ``examples`` generated cases: per fault, how each of check / cli / compile ended."""
     tally: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
