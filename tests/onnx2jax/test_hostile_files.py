@@ -132,14 +132,13 @@ def load_outcomes(model: onnx.ModelProto, fault: Hostile, files: dict) -> dict[s
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
                 status = cli_main(["check", path])
-        except SystemExit as e:
-            status = e.code
         except Exception as e:  # noqa: BLE001
             status = f"crashed: {type(e).__name__}"
-        if isinstance(status, str) and status.startswith("cannot read"):
-            results["cli"] = REFUSED if fault.words in status else f"refused, not by name: {status}"
+        said = err.getvalue()
+        if status == 1 and said.startswith("onnx2jax check: error: ") and "Traceback" not in said:
+            results["cli"] = REFUSED if fault.words in said else f"refused, not by name: {said}"
         else:
-            results["cli"] = f"exit {status}"
+            results["cli"] = f"exit {status}: {said[:200]}"
     return results
 
 
@@ -247,4 +246,5 @@ def test_cli_check_refuses_a_hostile_file_without_a_traceback(tmp_path):
     run = subprocess.run([sys.executable, "-c", code, "check", str(path)], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert run.returncode == 1
-    assert "ir_version 99" in run.stderr and "Traceback" not in run.stderr + run.stdout
+    assert "onnx2jax check: error: " in run.stderr and "ir_version 99" in run.stderr
+    assert "Traceback" not in run.stderr + run.stdout
