@@ -112,8 +112,9 @@ class Compiled:
         self._signatures: dict[tuple, _Signature] = {}
         self._jitted: dict[tuple, Any] = {}
         self._last_args: tuple | None = None
-        # Sizes written on symbolic axes are checked against each call's shapes.
-        self._sizes_at_call = any(d.code in ("size-unresolved", "fused-size-unresolved") for d in structural)
+        # dim_values written on symbolic axes are checked against each call's shapes (fused
+        # axes are checked as they are laid out per call, in _layouts).
+        self._sizes_at_call = any(d.code == "size-unresolved" for d in structural)
 
     # -- parameters -------------------------------------------------------
 

@@ -29,8 +29,8 @@ fused-size-mismatch        error     sub-axis sizes do not multiply to the size
 fused-size-unknown         warning   two sub-axes without dim_value
 size-unresolved            note      a size written on a symbolic axis: checked
                                      once the shapes are known (a call's)
-fused-size-unresolved      note      a fused symbolic axis with a sub-axis
-                                     without dim_value: laid out per call
+fused-size-unresolved      note      a fused axis of symbolic size: compile
+                                     lays it out at each call
 pipeline-stage-invalid     error     a negative pipeline_stage
 shard-count-mismatch       error     len(device) != product of num_shards
 device-out-of-range        error     a device id outside [0, num_devices)
@@ -288,18 +288,16 @@ def _check_sizes(
         )
         return
     if not isinstance(size, int):
-        if unknown:
-            yield node.diag(
-                "fused-size-unresolved",
-                f"fused axis {axis} has sub-axis sizes {sizes} but the axis size is "
-                f"{_size_text(size)}, so the missing sub-axis size cannot be known before a call",
-                "write dim_value on every sub-axis",
-                tensor=tensor,
-                axis=axis,
-                severity="note",
-            )
-        else:
-            yield _unresolved(node, tensor, axis, size, f"fused sub-axis sizes {sizes}")
+        yield node.diag(
+            "fused-size-unresolved",
+            f"fused axis {axis} has sub-axis sizes {sizes} but the axis size is {_size_text(size)}, "
+            "so they can be checked only against a call's shapes",
+            "onnx2jax.compile lays the spec out, and checks it, at each call; "
+            "`onnx2jax check --input-shape` fixes the inputs' dims",
+            tensor=tensor,
+            axis=axis,
+            severity="note",
+        )
         return
     product = math.prod(v for v in values if v is not None)
     if unknown == 0 and product != size:
