@@ -104,8 +104,9 @@ def main() -> None:
         "",
         "Bubble measured = 1 - sum over stages of (M x the stage's time on one micro-batch, alone) / "
         "(S x the pipelined call). Fake CPU devices share the host's cores, so stages do not really "
-        "overlap: these figures show the cost of the schedule and of dispatch, not the fill-drain "
-        "bound, which only real devices can approach.",
+        "overlap: with no overlap at all the bubble is 1 - 1/S (0.5 for 2 stages, 0.75 for 4) whatever M, "
+        "plus the dispatch and transfer overhead of each micro-batch. These figures show that cost of "
+        "the schedule, not the fill-drain bound, which only real devices can approach.",
     ]
     pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
     print(f"wrote {args.out}")

@@ -351,23 +351,36 @@ def extract_part(model: onnx.ModelProto, part: Partition, which: int) -> onnx.Mo
         sub.output.append(copy.deepcopy(types[name]) if name in types else onnx.ValueInfoProto(name=name))
     produced = {o for n in sub.node for o in n.output}
     sub.value_info.extend(copy.deepcopy(v) for v in graph.value_info if v.name in produced)
-    result = onnx.ModelProto()
-    result.CopyFrom(model)
+    result = _without_graph(model)
     result.graph.CopyFrom(sub)
+    return result
+
+
+def _without_graph(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of every field of ``model`` but its graph (whose weights may be large)."""
+    result = onnx.ModelProto()
+    for field, value in model.ListFields():
+        if field.name == "graph":
+            continue
+        if field.label == field.LABEL_REPEATED:
+            getattr(result, field.name).extend(value)
+        elif field.message_type is not None:
+            getattr(result, field.name).CopyFrom(value)
+        else:
+            setattr(result, field.name, value)
     return result
 
 
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """Every tensor's ValueInfo from the model and ONNX shape inference (initializers excluded)."""
-    light = onnx.ModelProto()
-    light.CopyFrom(model)
-    for init in light.graph.initializer:  # inference needs only dims and types
-        init.ClearField("raw_data")
-        for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
-            init.ClearField(field)
-        init.ClearField("external_data")
-        init.data_location = onnx.TensorProto.DEFAULT
-    light.graph.ClearField("initializer")
+    light = _without_graph(model)  # inference needs the weights' dims and types only
+    for field, value in model.graph.ListFields():
+        if field.name in ("initializer", "sparse_initializer"):
+            continue
+        if field.label == field.LABEL_REPEATED:
+            getattr(light.graph, field.name).extend(value)
+        else:
+            setattr(light.graph, field.name, value)
     for init in model.graph.initializer:  # keep small constants for data propagation
         if init.data_location != onnx.TensorProto.EXTERNAL and _numel(init) <= 64:
             light.graph.initializer.append(init)
@@ -376,6 +389,11 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
         if init.name not in known:
             light.graph.input.append(
                 onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+            )
+    for sparse in model.graph.sparse_initializer:
+        if sparse.values.name not in known:
+            light.graph.input.append(
+                onnx.helper.make_tensor_value_info(sparse.values.name, sparse.values.data_type, list(sparse.dims))
             )
     try:
         inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
