@@ -356,13 +356,20 @@ def extract_part(model: onnx.ModelProto, part: Partition, which: int) -> onnx.Mo
     return result
 
 
+def _is_repeated(field) -> bool:
+    """Whether a protobuf field descriptor is repeated (``is_repeated`` in newer protobuf, ``label`` in older)."""
+    if hasattr(field, "is_repeated"):
+        return bool(field.is_repeated)
+    return field.label == field.LABEL_REPEATED
+
+
 def _without_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of every field of ``model`` but its graph (whose weights may be large)."""
     result = onnx.ModelProto()
     for field, value in model.ListFields():
         if field.name == "graph":
             continue
-        if field.label == field.LABEL_REPEATED:
+        if _is_repeated(field):
             getattr(result, field.name).extend(value)
         elif field.message_type is not None:
             getattr(result, field.name).CopyFrom(value)
@@ -377,7 +384,7 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     for field, value in model.graph.ListFields():
         if field.name in ("initializer", "sparse_initializer"):
             continue
-        if field.label == field.LABEL_REPEATED:
+        if _is_repeated(field):
             getattr(light.graph, field.name).extend(value)
         else:
             setattr(light.graph, field.name, value)
