@@ -14,8 +14,12 @@ expressible on a coarser mesh with the same device order is expressible here
 too. For each spec we search the assignment of mesh axes to its shard-grid
 axes (a small backtracking search: the assigned axes' sizes must multiply to
 the shard count), and check the device sets it implies against the spec's.
-Finally, mesh axes that every PartitionSpec uses together, adjacent and in
-order, are merged back (a Megatron plan on 8 devices ends as one axis of 8).
+When none of the orders read off the specs fits them all, the complete
+search of :mod:`onnx2jax.mesh_search` decides: it finds a device order
+whenever one exists, and otherwise the error names the specs that conflict
+and says what was tried. Finally, mesh axes that every PartitionSpec uses
+together, adjacent and in order, are merged back (a Megatron plan on 8
+devices ends as one axis of 8).
 
 Worked example (proposal 0007's broadcast): 4 devices, mesh axes a0, a1 of
 size 2 over devices [[0, 1], [2, 3]]. Output [M, N] split 2x2 on devices
@@ -330,8 +334,12 @@ def map_specs(
             best = (candidate, pspecs, failed)
     assert best is not None
     chosen, pspecs, failed = best
+    if failed and plan is None:
+        # The orders read off the specs were not enough: search them all.
+        chosen, pspecs = _complete_search(layouts, num_devices)
+        failed = []
     if failed:
-        raise MeshMappingError(_explain_failures(failed, layouts, chosen, fixed=plan is not None))
+        raise MeshMappingError(_explain_failures(failed, layouts, chosen))
     keys = list(pspecs)
     if plan is None:
         chosen, merged = _merge_axes(chosen, [pspecs[k] for k in keys])
@@ -342,23 +350,76 @@ def map_specs(
     return MeshMapping(chosen, pspecs, partial)
 
 
-def _explain_failures(failed: list, layouts: dict, plan: MeshPlan, fixed: bool) -> str:
-    lines = []
-    for key in failed:
+def _complete_search(layouts: dict[object, Layout], num_devices: int) -> tuple[MeshPlan, dict[object, PSpec]]:
+    """The plan and PartitionSpecs of :func:`onnx2jax.mesh_search.search`.
+
+    Raises:
+      MeshMappingError: no mesh exists; names the specs no mesh expresses
+        alone, or those that conflict with the specs before them.
+    """
+    from onnx2jax import mesh_search  # it builds on this module's Layout and assignments
+
+    keys = list(layouts)
+    found = mesh_search.search([layouts[k] for k in keys], num_devices)
+    if found is None:
+        raise MeshMappingError(_explain_impossible(layouts, num_devices))
+    axis_sizes, order, per_layout = found
+    plan = MeshPlan(tuple(f"d{i}" for i in range(len(axis_sizes))), axis_sizes, order)
+    pspecs = {}
+    for key, assignment in zip(keys, per_layout):
         layout = layouts[key]
-        grid = " x ".join(str(n) for _, n in layout.grid) or "no split"
-        shards = ", ".join("{" + ",".join(map(str, sorted(s))) + "}" for s in layout.shard_devices[:8])
-        lines.append(f"  {key}: shard grid {grid}, shard devices {shards}")
-    where = (
-        f"the given mesh (axes {dict(zip(plan.axis_names, plan.axis_sizes))}, devices "
-        f"{plan.device_array().tolist()})"
-        if fixed
-        else "any mesh over one device order that also fits the other specs"
-    )
+        entries: list[tuple[str, ...] | None] = [None] * layout.rank
+        for g, (dim, _) in enumerate(layout.grid):
+            if assignment.get(g):
+                entries[dim] = tuple(plan.axis_names[a] for a in assignment[g])
+        pspecs[key] = tuple(entries)
+    return plan, pspecs
+
+
+def _explain_impossible(layouts: dict[object, Layout], num_devices: int) -> str:
+    """Which specs no mesh expresses: alone, or together with the specs accepted before them."""
+    from onnx2jax import mesh_search
+
+    alone = [k for k, layout in layouts.items() if mesh_search.search([layout], num_devices) is None]
+    accepted: list = []
+    conflicts: list = []
+    for key, layout in layouts.items():
+        if key in alone:
+            continue
+        if mesh_search.search([layouts[k] for k in accepted] + [layout], num_devices) is None:
+            conflicts.append(key)
+        else:
+            accepted.append(key)
+    lines = [f"  {k}: {_describe(layouts[k])} (no mesh expresses it, whatever the other specs)" for k in alone]
+    lines += [f"  {k}: {_describe(layouts[k])}" for k in conflicts]
+    tried = mesh_search.search_size(list(layouts.values()), num_devices)
     return (
-        f"{len(failed)} sharding spec(s) cannot be expressed as a NamedSharding on {where}:\n"
+        f"{len(alone) + len(conflicts)} sharding spec(s) cannot be expressed as a NamedSharding on "
+        "any mesh that also fits the other specs:\n"
         + "\n".join(lines)
-        + "\nA NamedSharding places shard i of a split axis on a block of the mesh's device array; "
-        "these device assignments are not such blocks (or conflict with the device order the other "
-        "specs need). Reorder the devices of these specs, or run them in another configuration."
+        + f"\nTried: the device orders read off the specs, then {tried}; the specs listed are those "
+        "that no order fits together with the specs before them (in graph order). "
+        "A NamedSharding places shard i of a split axis on a block of the mesh's device array; "
+        "reorder the devices of these specs, or run them in another configuration."
+    )
+
+
+def _describe(layout: Layout) -> str:
+    grid = " x ".join(str(n) for _, n in layout.grid) or "no split"
+    shards = ", ".join("{" + ",".join(map(str, sorted(s))) + "}" for s in layout.shard_devices[:8])
+    return f"shard grid {grid}, shard devices {shards}"
+
+
+def _explain_failures(failed: list, layouts: dict, plan: MeshPlan) -> str:
+    """Names the specs a given mesh cannot express."""
+    lines = [f"  {key}: {_describe(layouts[key])}" for key in failed]
+    return (
+        f"{len(failed)} sharding spec(s) cannot be expressed as a NamedSharding on the given mesh "
+        f"(axes {dict(zip(plan.axis_names, plan.axis_sizes))}, devices {plan.device_array().tolist()}):\n"
+        + "\n".join(lines)
+        + "\nTried: every assignment of the mesh's axes to each spec's shard-grid axes. "
+        "A NamedSharding places shard i of a split axis on a block of the mesh's device array; "
+        "these device assignments are not such blocks. Reorder the devices of these specs, "
+        "pass devices= to place the configuration's devices differently on the mesh, or let "
+        "compile build the mesh (mesh=None)."
     )
