@@ -169,7 +169,11 @@ def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> s
 
     Walks back from every static input position (a Reshape's shape, a Slice's
     starts, ...) through the ops that compute it, stopping at Shape/Size,
-    which read only shapes, and at subgraph ops. Subgraph bodies count too.
+    which read only shapes. Subgraph bodies count too. An If's outputs are
+    followed into its condition and both branches' outputs (so a shape
+    computed in a branch from outer values makes those values static, and the
+    condition too, so that only the chosen branch runs); Loop and Scan stop
+    the walk.
     """
     needed: set[str] = set()
     nodes = list(_all_nodes(graph))
@@ -182,9 +186,14 @@ def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> s
     frontier = list(needed)
     while frontier:
         node = producers.get(frontier.pop())
-        if node is None or node.op_type in _SHAPE_READERS or any(True for _ in _subgraphs(node)):
+        if node is None or node.op_type in _SHAPE_READERS:
             continue
-        for name in node.input:
+        sources = list(node.input)
+        if node.op_type == "If":
+            sources = [node.input[0]] + [o.name for sub in _subgraphs(node) for o in sub.output]
+        elif any(True for _ in _subgraphs(node)):
+            continue
+        for name in sources:
             if name and name not in needed:
                 needed.add(name)
                 frontier.append(name)

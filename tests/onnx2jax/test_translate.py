@@ -238,3 +238,28 @@ def test_model_local_functions_are_inlined():
     w = np.arange(12, dtype=np.float32).reshape(4, 3) - 6
     (y,) = onnx2jax.translate(model)(x)
     np.testing.assert_allclose(np.asarray(y), np.maximum(x @ w, 0), rtol=1e-6)
+
+
+def test_a_shape_computed_in_an_if_branch_folds_from_graph_inputs():
+    # ConstantOfShape's shape is an If output whose branches compute it from the graph input 'n':
+    # 'n' and the condition become compile-time values, and only the chosen branch runs.
+    def branch(name, op):
+        nodes = [oh.make_node("Identity", ["n"], [f"{name}_out"])] if op == "Identity" else [
+            oh.make_node("Constant", [], [f"{name}_one"], value=onnx.numpy_helper.from_array(np.array([1], np.int64))),
+            oh.make_node("Add", ["n", f"{name}_one"], [f"{name}_out"]),
+        ]
+        return oh.make_graph(nodes, name, [], [oh.make_empty_tensor_value_info(f"{name}_out")])
+
+    graph = oh.make_graph(
+        [
+            oh.make_node("Constant", [], ["two"], value=onnx.numpy_helper.from_array(np.array([2], np.int64))),
+            oh.make_node("Greater", ["n", "two"], ["big"]),
+            oh.make_node("Squeeze", ["big"], ["cond"]),
+            oh.make_node("If", ["cond"], ["shape"], then_branch=branch("then", "Identity"), else_branch=branch("else", "Add")),
+            oh.make_node("ConstantOfShape", ["shape"], ["y"]),
+        ],
+        "g", [oh.make_tensor_value_info("n", onnx.TensorProto.INT64, [1])], [oh.make_empty_tensor_value_info("y")],
+    )
+    model = onnx2jax.translate(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 19)], ir_version=10))
+    assert np.asarray(model(np.array([5], np.int64))[0]).shape == (5,)
+    assert np.asarray(model(np.array([1], np.int64))[0]).shape == (2,)
