@@ -15,6 +15,9 @@ import pytest
 
 from sharding.partition import BackwardEdgeError, partition
 from sharding.stages import (
+    METADATA_KEY,
+    StageAssignment,
+    annotate_stages,
     auto_stages,
     device_groups,
     load_points_yaml,
@@ -169,3 +172,39 @@ def test_auto_refuses_more_stages_than_places():
     graph = _graph([("a", "MatMul", ["x", "W"], ["h"]), ("b", "MatMul", ["h", "V"], ["y"])], inits=("W", "V"))
     with pytest.raises(ValueError, match="only 1 place"):
         auto_stages(oh.make_model(graph), 3)
+
+
+def _drop_device_map(model: onnx.ModelProto) -> None:
+    keep = [p for p in model.metadata_props if not p.key.startswith(METADATA_KEY)]
+    del model.metadata_props[:]
+    model.metadata_props.extend(keep)
+
+
+def test_stage_devices_without_the_map_come_from_specs_or_an_even_split():
+    model = onnx.load(DATA / "tiny_llama.onnx")
+    stage_of, _ = auto_stages(model, 2)
+    assignment = StageAssignment.one_group_per_stage(stage_of)
+    tp = annotate_stages(model, assignment, 8, "pp", tensor_parallel=True)
+    _drop_device_map(tp)
+    assert stage_devices(tp, "pp", (0, 1), 8) == {0: (0, 1, 2, 3), 1: (4, 5, 6, 7)}  # the specs' devices
+    plain = annotate_stages(model, assignment, 6, "pp")
+    _drop_device_map(plain)
+    assert stage_devices(plain, "pp", (0, 1), 6) == {0: (0, 1, 2), 1: (3, 4, 5)}  # an even split
+    with pytest.raises(ValueError, match="do not split evenly"):
+        stage_devices(plain, "pp", (0, 1), 5)
+
+
+def test_check_reports_stages_and_refuses_a_backward_edge():
+    from sharding.check import check
+
+    model = onnx.load(DATA / "tiny_llama.onnx")
+    stage_of, _ = auto_stages(model, 2)
+    staged = annotate_stages(model, StageAssignment.one_group_per_stage(stage_of), 8, "pp", tensor_parallel=True)
+    notes = [d.message for d in check(staged) if d.code == "pipeline-stage"]
+    assert notes == ["stage 0: 122 nodes on devices [0, 1, 2, 3]; sends add_444", "stage 1: 68 nodes on devices [4, 5, 6, 7]"]
+    assert not [d for d in check(staged) if d.severity == "error"]
+    node = next(n for n in staged.graph.node if n.name == "node_embedding")
+    node.device_configurations[0].pipeline_stage = 1  # the embedding after the layer that reads it
+    errors = [d for d in check(staged) if d.severity == "error"]
+    assert [d.code for d in errors] == ["stage-invalid"]
+    assert "'embedding': node_embedding (stage 1) -> node_pow_1 (stage 0)" in errors[0].message
