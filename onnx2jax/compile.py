@@ -209,7 +209,9 @@ class Compiled:
         replicated = NamedSharding(self.mesh, PartitionSpec())
         placed = {}
         for name, value in values.items():
-            if isinstance(value, jax.Array) and value.sharding.device_set == mesh_devices:
+            if isinstance(value, jax.core.Tracer) or (
+                isinstance(value, jax.Array) and value.sharding.device_set == mesh_devices
+            ):
                 placed[name] = value
                 continue
             placement = signature.in_placements.get(name)
