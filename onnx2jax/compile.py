@@ -144,21 +144,28 @@ class Compiled:
             proto = self.model.proto
             if self._sizes_at_call:
                 require_valid(proto, input_shapes=input_shapes, strict=True)
-            inference = sharding.infer(proto, self.configuration, input_shapes=input_shapes)
-            errors = inference.errors()
-            if self.check and errors:
-                raise ShardingError(list(errors))
-            layouts = _layouts(inference, strict=True)
-            num_devices = self._mapping.plan.device_array().size
-            mapping = map_specs(layouts, num_devices, self._mapping.plan)
-            placements = _placements(mapping, layouts, self.mesh)
+            laid_out = len(self._placements) == sum(
+                spec is not None for node in self.inference.nodes.values() for spec in (*node.inputs, *node.outputs)
+            )
+            if laid_out and all(self.inference.shapes.get(name) == tuple(shape) for name, shape in input_shapes.items()):
+                # The model's own shapes, all concrete, every spec laid out: compile time's inference is this call's.
+                inference, placements = self.inference, self._placements
+            else:
+                inference = sharding.infer(proto, self.configuration, input_shapes=input_shapes)
+                errors = inference.errors()
+                if self.check and errors:
+                    raise ShardingError(list(errors))
+                layouts = _layouts(inference, strict=True)
+                num_devices = self._mapping.plan.device_array().size
+                mapping = map_specs(layouts, num_devices, self._mapping.plan)
+                placements = _placements(mapping, layouts, self.mesh)
             found = _Signature(
                 inference, placements, _output_placements(proto, placements), _input_placements(proto, placements)
             )
         self._signatures[key] = found
         return found
 
-        # -- tracing ----------------------------------------------------------
+    # -- tracing ----------------------------------------------------------
 
     def _evaluate(self, signature: _Signature, stored: tuple, inputs: Mapping[str, Any]) -> tuple:
         params, copies = stored
