@@ -11,6 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
+from onnx2jax import compilation_cache
+
 
 def _console():
     from onnx2jax.cli_console import make_console
@@ -238,6 +240,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default=None, help="an ONNX transformer (default: the bundled tiny Llama)")
     demo.add_argument("--devices", type=int, default=8, metavar="N",
                       help="tensor-parallel degree (default 8; must divide the heads and the vocabulary)")
+    compilation_cache.add_arguments(demo)
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("run", help="run a model on random or given inputs")
@@ -254,6 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tolerance", type=float, default=1e-4, help="max |diff| allowed by --check (default 1e-4)")
     run.add_argument("--devices", type=int, default=0, metavar="N",
                      help="run sharded on N devices from the model's annotations")
+    compilation_cache.add_arguments(run)
     run.set_defaults(func=cmd_run)
 
     conf = sub.add_parser(
@@ -314,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        return run_guarded(args.command, lambda: args.func(args), args.debug)
+        return run_guarded(args.command, lambda: compilation_cache.apply_arguments(args) or args.func(args), args.debug)
     except BrokenPipeError:
         # The reader went away (``onnx2jax ... | head``): stop quietly, and keep Python
         # from complaining again when it flushes stdout at exit.

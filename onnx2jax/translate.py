@@ -457,8 +457,9 @@ class JaxModel:
         strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}
         self.shape_input_names = (shape_setting | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
-        self._device_params: dict[str, jax.Array] | None = None
+        self._device_runtime_params: tuple | None = None
         self._baked_params = {k: v for k, v in self.params.items() if v.size <= BAKED_PARAMETER_LIMIT}
+        self._runtime_names = tuple(k for k in self.params if k not in self._baked_params)
 
     @property
     def input_names(self) -> list[str]:
@@ -531,24 +532,39 @@ class JaxModel:
         return tuple(to_host(o) for o in self._call(inputs, named))
 
     def _call(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple:
+        bound = self.bind_inputs(inputs, named)
+        x64 = self.uses_64bit and not jax.config.jax_enable_x64
+        if not self.shape_input_names:
+            # The common case, kept short: jax.jit's own C++ dispatch finds the executable for
+            # the input shapes, and the runtime parameters go as one tuple already on the device.
+            if x64:
+                with jax.enable_x64(True):
+                    return self._program(())(self._runtime_params(), bound)
+            return self._program(())(self._runtime_params(), bound)
         with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
-            dynamic, static, key = self.split_static(self.bind_inputs(inputs, named))
+            dynamic, static, key = self.split_static(bound)
             if static and not dynamic:
                 # Every input is a constant (string models, say): the graph folds while
                 # tracing, so evaluate it directly; its outputs may be strings, which jit cannot return.
                 return self.evaluate(self.params, static)
-            jitted = self._jitted.get(key)
-            if jitted is None:
-                baked = self._baked_params
-                jitted = self._jitted[key] = jax.jit(
-                    lambda params, values: self.evaluate({**params, **baked}, {**values, **static}),
-                    compiler_options=compiler_options(jax.default_backend()),
-                )
-            if self._device_params is None:  # copied to the device once, not on every call
-                # All of them, so that jax.jit(model.evaluate) can take them too; the
-                # jitted program ignores the baked ones (jit prunes unused arguments).
-                self._device_params = jax.device_put(self.params)
-            return jitted(self._device_params, dynamic)
+            return self._program(key, static)(self._runtime_params(), dynamic)
+
+    def _program(self, key: tuple, static: Mapping[str, np.ndarray] | None = None):
+        """The jitted program for one value of the shape-setting inputs: ``f(runtime params, inputs)``."""
+        jitted = self._jitted.get(key)
+        if jitted is None:
+            names, baked, static = self._runtime_names, self._baked_params, dict(static or {})
+            jitted = self._jitted[key] = jax.jit(
+                lambda params, values: self.evaluate({**dict(zip(names, params)), **baked}, {**values, **static}),
+                compiler_options=compiler_options(jax.default_backend()),
+            )
+        return jitted
+
+    def _runtime_params(self) -> tuple:
+        """The parameters that are not baked in, on the device (copied once, not on every call)."""
+        if self._device_runtime_params is None:
+            self._device_runtime_params = tuple(jax.device_put([self.params[k] for k in self._runtime_names]))
+        return self._device_runtime_params
 
 
 def _is_parameter(array: np.ndarray) -> bool:

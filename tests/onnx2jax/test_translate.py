@@ -177,7 +177,7 @@ def test_scalar_parameters_are_baked_into_the_called_program():
     squared = model.fn({"e": np.float32(2.0)}, x)[0]
     np.testing.assert_allclose(np.asarray(squared), x**2, rtol=1e-6)
     (jitted,) = model._jitted.values()
-    hlo = jitted.lower(model._device_params, {"x": x}).compile().as_text()
+    hlo = jitted.lower(model._runtime_params(), {"x": x}).compile().as_text()
     assert "power(" not in hlo
 
 

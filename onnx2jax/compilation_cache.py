@@ -1,0 +1,61 @@
+"""JAX's persistent compilation cache, which the CLI turns on by default.
+
+A process that compiled a model writes the XLA executable to a folder; the
+next process that traces the same program reads it back instead of compiling
+again, so a second start costs the trace and the load, not XLA's compile.
+Keys cover the program, the jax/jaxlib version, the devices and the compile
+options, so a stale entry is never used.
+
+The Python API leaves the cache to the user (it is a process-wide jax
+setting); :func:`enable` is the one call that turns it on (see README).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+
+def default_dir() -> str:
+    """``$XDG_CACHE_HOME/onnx2jax/xla``, else ``~/.cache/onnx2jax/xla``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "onnx2jax", "xla")
+
+
+def enable(path: str | None = None) -> str:
+    """Turns on JAX's persistent compilation cache in ``path`` (default :func:`default_dir`); returns it.
+
+    Every executable is cached, however quickly it compiled (jax's default skips
+    those under one second, which is most onnx2jax models on CPU).
+
+    Raises:
+      OSError: the folder cannot be created.
+    """
+    import jax
+
+    path = os.path.abspath(os.path.expanduser(path or default_dir()))
+    os.makedirs(path, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--cache DIR`` / ``--no-cache`` for a sub-command that compiles."""
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--cache", metavar="DIR", default=None,
+                       help=f"keep compiled programs in DIR for the next run (default {default_dir()})")
+    group.add_argument("--no-cache", action="store_true", help="compile from scratch and keep nothing")
+
+
+def apply_arguments(args: argparse.Namespace) -> None:
+    """Turns the cache on as ``args`` say; a sub-command without the options is left alone."""
+    from onnx2jax.cli_errors import UsageError
+
+    if not hasattr(args, "no_cache") or args.no_cache:
+        return
+    try:
+        enable(args.cache)
+    except OSError as e:
+        raise UsageError(f"--cache {args.cache or default_dir()}: cannot create the folder ({e.strerror})") from e

@@ -1,0 +1,57 @@
+"""The CLI's persistent compilation cache: on by default, ``--cache DIR``, ``--no-cache``.
+
+Runs go in subprocesses: the cache is a process-wide jax setting that must not
+leak into the other tests.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+from onnx2jax import compilation_cache
+from onnx2jax.cli import build_parser, main
+
+ROOT = pathlib.Path(__file__).parents[2]
+MODEL = str(ROOT / "tests" / "data" / "tiny_gpt2.onnx")
+
+
+def _cli(args: list[str], home: pathlib.Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "XDG_CACHE_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    code = "import sys; from onnx2jax.cli import main; sys.exit(main())"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT)
+
+
+def test_run_caches_in_cache_dir_or_by_default_in_the_user_cache_dir(tmp_path):
+    home = tmp_path / "xdg"
+    result = _cli(["run", MODEL, "--cache", str(tmp_path / "c")], home)
+    assert result.returncode == 0, result.stderr
+    assert any(name.startswith("jit_") for name in os.listdir(tmp_path / "c"))
+    assert not home.exists()
+    result = _cli(["run", MODEL], home)
+    assert result.returncode == 0, result.stderr
+    assert any(name.startswith("jit_") for name in os.listdir(home / "onnx2jax" / "xla"))
+
+
+def test_no_cache_leaves_jax_alone(monkeypatch):
+    def refuse(path=None):
+        raise AssertionError("--no-cache turned the cache on")
+
+    monkeypatch.setattr(compilation_cache, "enable", refuse)
+    for argv in (["run", MODEL, "--no-cache"], ["conformance"]):  # conformance has no cache options
+        compilation_cache.apply_arguments(build_parser().parse_args(argv))
+
+
+def test_a_cache_dir_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(["run", MODEL, "--cache", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--cache" in err[0] and "cannot create the folder" in err[0]
+
+
+def test_default_dir_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert compilation_cache.default_dir() == str(tmp_path / "onnx2jax" / "xla")
