@@ -577,8 +577,8 @@ def _layouts(inference: "sharding.Inference", *, strict: bool) -> dict[SpecKey, 
                 if fused_unknown and not strict:
                     continue
                 if fused_unknown:
-                    raise ShardingError([_fused_axis_error(name, node.op_type, spec.tensor_name, fused_unknown[0],
-                                                           "its size is not known even at the call's shapes")])
+                    why = f"fused axis {fused_unknown[0]}: its size is not known even at the call's shapes"
+                    raise ShardingError([_fused_axis_error(name, node.op_type, spec.tensor_name, fused_unknown[0], why)])
                 try:
                     layouts[SpecKey(name, kind, position, spec.tensor_name)] = layout_of(spec, _concrete(shape))
                 except ValueError as e:
@@ -629,7 +629,7 @@ def _fused_axis_error(node: str, op_type: str, tensor: str, axis: int | None, wh
         op_type=op_type,
         tensor=tensor,
         axis=axis,
-        message=f"the spec fuses axis {axis} into sub-axes, but {why}",
+        message=f"the spec's sub-axes cannot be laid out at the call's shapes ({why})",
         hint="write sub-axis sizes (dim_value) whose product is the axis size at the shapes the model is called with",
     )
 
