@@ -21,6 +21,8 @@ matmul          MatMul, Gemm, MatMulInteger, QLinearMatMul, Einsum
 shape           Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Concat, Split,
                 Slice, Expand, Tile
 gather          Gather, GatherElements, GatherND
+conv            Conv, ConvTranspose, ConvInteger, QLinearConv, MaxPool, AveragePool,
+                LpPool, Global*Pool, BatchNormalization, InstanceNormalization, Resize
 values          Shape, Size, Range, ConstantOfShape, ... (small replicated values)
 ==============  ==============================================================
 """
@@ -55,10 +57,10 @@ class Rule:
 
 
 def _registry() -> dict[str, Rule]:
-    from . import broadcast, gather, matmul, normalization, reduction, shape, unary, values
+    from . import broadcast, conv, gather, matmul, normalization, reduction, shape, unary, values
 
     table: dict[str, Rule] = {}
-    for module in (unary, broadcast, reduction, normalization, matmul, shape, gather, values):
+    for module in (unary, broadcast, reduction, normalization, matmul, shape, gather, values, conv):
         for rule in module.RULES:
             for op in rule.ops:
                 if op in table:

@@ -50,7 +50,7 @@ def test_valid_megatron_annotations_have_no_errors():
 
 
 def test_unsupported_on_request_is_an_error():
-    node = annotate(helper.make_node("MaxPool", ["X"], ["Y"], name="pool", kernel_shape=[2]),
+    node = annotate(helper.make_node("LRN", ["X"], ["Y"], name="pool", size=3),
                     {"X": "0:2 @ [0,1]"})
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 8])],
                               [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)])
