@@ -53,6 +53,7 @@ import onnx.numpy_helper
 import onnx.shape_inference
 
 from .annotate import add_configuration, name_nodes, set_spec
+from .megatron_parts import Part, feature_parts
 from .spec import ShardedDim, ShardingSpec, SimpleShardedDim, remap_spec
 
 _log = logging.getLogger(__name__)
@@ -260,7 +261,9 @@ class Linear:
         heads: Attention heads per part, read from the Reshape that splits
             the feature axis; None when no such Reshape follows.
         uneven: The output is split on the feature axis into unequal (or
-            unknown) parts; such a linear is left replicated.
+            unknown) parts; such a linear is left replicated, and its parts
+            (when known) are split by their readers.
+        pieces: The parts of an unequal cut, in feature order.
     """
 
     node: str
@@ -279,6 +282,7 @@ class Linear:
     parts: int = 1
     heads: int | None = None
     uneven: bool = False
+    pieces: tuple[Part, ...] = ()
 
     @property
     def units(self) -> int:
@@ -435,77 +439,6 @@ def _find_linear(graph: _Graph, index: int) -> Linear | None:
         matmul_output=node.output[0],
         output=output,
     )
-def _int_values(graph: _Graph, name: str) -> list[int] | None:
-    proto = graph.init_protos.get(name)
-    if proto is None:
-        return None
-    return [int(v) for v in onnx.numpy_helper.to_array(proto).ravel()]
-
-
-def _feature_split(graph: _Graph, linear: Linear) -> tuple[int, list[str]]:
-    """k and the part tensors when the output is split in k equal parts on its last axis.
-
-    Follows at most a few Reshapes that keep the last axis (GPT-2's
-    ``[B*S, 3H] -> [B, S, 3H]``) to a Split of the last axis. Returns k = 0
-    when that Split's parts are unequal or unknown (a fused projection no
-    fused axis can describe), and k = 1 when there is no such Split.
-    """
-    tensor = linear.output
-    for _ in range(4):
-        consumers = graph.consumers.get(tensor, [])
-        if len(consumers) != 1:
-            break
-        node = graph.nodes[consumers[0]]
-        if node.op_type == "Reshape":
-            out = graph.shapes.get(node.output[0])
-            if not out or out[-1] != linear.out_features:
-                break
-            tensor = node.output[0]
-            continue
-        rank = graph.rank(tensor)
-        if node.op_type != "Split" or not rank:
-            break
-        if graph.attr(node, "axis", 0) % rank != rank - 1:
-            break
-        if len(node.input) > 1 and node.input[1]:
-            sizes = _int_values(graph, node.input[1])
-        else:
-            sizes = graph.attr(node, "split")
-        k = len(node.output)
-        if k < 2:
-            break
-        has_sizes = (len(node.input) > 1 and node.input[1]) or graph.attr(node, "split") is not None
-        if (has_sizes and (sizes is None or len(set(sizes)) != 1)) or linear.out_features % k:
-            return 0, list(node.output)
-        return k, list(node.output)
-    return 1, [linear.output]
-
-
-def _heads(graph: _Graph, tensor: str, width: int) -> int | None:
-    """Heads of the first Reshape after ``tensor`` that splits its last axis (width) in two."""
-    frontier = [tensor]
-    for _ in range(3):
-        following = []
-        for name in frontier:
-            rank = graph.rank(name)
-            for index in graph.consumers.get(name, []):
-                node = graph.nodes[index]
-                out = graph.shapes.get(node.output[0]) if node.output else None
-                if (
-                    node.op_type == "Reshape"
-                    and out
-                    and rank is not None
-                    and len(out) == rank + 1
-                    and isinstance(out[-1], int)
-                    and isinstance(out[-2], int)
-                    and out[-1] > 0
-                    and out[-2] * out[-1] == width
-                ):
-                    return out[-2]
-                if node.op_type in ("Add", "Mul", "Cast", "Identity") and node.output:
-                    following.append(node.output[0])
-        frontier = following
-    return None
 
 
 def _devices(ways: int, num_devices: int) -> list:
@@ -578,6 +511,57 @@ def _row_specs(lin: Linear, ways: int, n: int, role: str) -> list[Assignment]:
     return out
 
 
+def _col_heads(col: Linear) -> bool:
+    if col.uneven:
+        return bool(col.pieces) and all(p.heads for p in col.pieces)
+    return bool(col.heads)
+
+
+def _col_units(col: Linear, use_heads: bool) -> int:
+    """What a shard of the column must hold whole, for its largest part."""
+    if col.uneven:
+        return max((p.heads if use_heads else p.width) for p in col.pieces) if col.pieces else 1
+    return col.heads if use_heads else col.out_features // col.parts
+
+
+def _piece_specs(
+    graph: _Graph, col: Linear, ways: int, n: int, use_heads: bool, gqa: str, layer: int,
+    kind: str, notes: list[str],
+) -> list[Assignment]:
+    """A fused projection cut into unequal parts: the projection stays replicated, each part
+    is cut out replicated, and its readers take it split by heads (a local slice of a
+    replicated tensor, no collective). Splitting the Split/Slice outputs themselves would
+    let XLA shard the fused tensor evenly first and shift the parts into place with
+    collective-permutes."""
+    role = f"L{layer} {kind} part"
+    what = "heads" if use_heads else "features"
+    out: list[Assignment] = []
+    split = []
+    for piece in col.pieces:
+        units = piece.heads if use_heads else piece.width
+        pw = math.gcd(units, ways)
+        if pw < ways and gqa == "replicate":
+            notes.append(
+                f"layer {layer} {kind}: part {piece.tensor!r} of {col.node} has {units} {what} "
+                f"(GQA), fewer than {ways} shards; left replicated"
+            )
+            continue
+        if pw == 1:
+            continue
+        split.append(piece.tensor)
+        out.append(Assignment(piece.node, _replicated(piece.source, n), role))
+        out.append(Assignment(piece.node, _replicated(piece.tensor, n), role))
+        for index in graph.consumers.get(piece.tensor, []):
+            reader = graph.nodes[index].name
+            out.append(Assignment(reader, _split(piece.tensor, -1, pw, n), role))
+    notes.append(
+        f"layer {layer} {kind}: {col.node} is cut into unequal parts "
+        f"{[p.width for p in col.pieces]}; no split of its weight gives every device matching "
+        f"parts, so it stays replicated and {split} are split by their readers"
+    )
+    return out
+
+
 def _check_devices(num_devices: int) -> None:
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
         raise ValueError(f"num_devices must be an int >= 1, got {num_devices!r}")
@@ -621,14 +605,11 @@ def megatron_layout(
         lin = _find_linear(graph, index)
         if lin is None:
             continue
-        parts, tensors = _feature_split(graph, lin)
-        if parts == 0:
-            linears[index] = dataclasses.replace(lin, uneven=True)
+        cut = feature_parts(graph, lin.output, lin.out_features)
+        if cut.parts == 0:
+            linears[index] = dataclasses.replace(lin, uneven=True, pieces=cut.pieces)
             continue
-        heads = {_heads(graph, t, lin.out_features // parts) for t in tensors}
-        linears[index] = dataclasses.replace(
-            lin, parts=parts, heads=heads.pop() if len(heads) == 1 else None
-        )
+        linears[index] = dataclasses.replace(lin, parts=cut.parts, heads=cut.heads)
 
     # Pairs: a linear whose activation descends from other linears is a row.
     role: dict[int, str] = {}
@@ -659,17 +640,17 @@ def megatron_layout(
         previous = kind
         cols = [linears[s] for s in sources]
         row = linears[index]
-        use_heads = attention and all(c.heads for c in cols)
-        units = [c.heads if use_heads else c.out_features // c.parts for c in cols]
+        use_heads = attention and all(_col_heads(c) for c in cols)
+        units = [_col_units(c, use_heads) for c in cols]
         ways = math.gcd(max(units), n)
         col_ways = [math.gcd(u, ways) for u in units]
         what = "heads" if use_heads else "features"
-        uneven = [c.node for c in cols if c.uneven]
-        if uneven:
+        unknown = [c.node for c in cols if c.uneven and not (c.pieces and use_heads)]
+        if unknown:
             ways, col_ways = 1, [1] * len(cols)
             notes.append(
-                f"layer {layer} {kind} ({row.node}): {uneven} split their output into unequal "
-                "parts (no fused axis describes that); left replicated"
+                f"layer {layer} {kind} ({row.node}): {unknown} split their output into unequal "
+                "parts of unknown sizes or heads (no fused axis describes that); left replicated"
             )
         elif ways == 1 or row.in_features % ways:
             ways, col_ways = 1, [1] * len(cols)
@@ -685,6 +666,10 @@ def megatron_layout(
                     f"on {n // ways} devices"
                 )
             for position, (col, cw, u) in enumerate(zip(cols, col_ways, units)):
+                if col.uneven:
+                    col_ways[position] = 1
+                    assignments += _piece_specs(graph, col, ways, n, use_heads, gqa, layer, kind, notes)
+                    continue
                 if cw < ways and gqa == "replicate":
                     col_ways[position] = 1
                     notes.append(
@@ -704,16 +689,24 @@ def megatron_layout(
         )
 
     # Embeddings: token tables split by vocabulary; position/type tables replicated.
+    # Position ids may be computed from the token ids (RoBERTa: a CumSum over the
+    # non-padding tokens); only the largest input-dependent tables are token tables,
+    # a vocabulary split of a small table would cost an all-reduce to save little.
     embeddings: list[Embedding] = []
     token_tables: dict[str, int] = {}
-    for node in graph.nodes:
-        if node.op_type != "Gather" or len(graph.inits.get(node.input[0], ())) != 2:
-            continue
-        if graph.attr(node, "axis", 0) != 0:
-            continue
+    lookups = [
+        node
+        for node in graph.nodes
+        if node.op_type == "Gather"
+        and len(graph.inits.get(node.input[0], ())) == 2
+        and graph.attr(node, "axis", 0) == 0
+    ]
+    dependent = {node.name: graph.depends_on_input(node.input[1]) for node in lookups}
+    largest = max((graph.inits[x.input[0]][0] for x in lookups if dependent[x.name]), default=0)
+    for node in lookups:
         table = node.input[0]
         vocab = graph.inits[table][0]
-        token = graph.depends_on_input(node.input[1])
+        token = dependent[node.name] and vocab == largest
         ways = math.gcd(vocab, n) if token else None
         if token and ways == 1:
             if n > 1:
@@ -721,7 +714,13 @@ def megatron_layout(
                     f"{node.name}: vocabulary {vocab} shares no divisor with {n}; replicated"
                 )
             ways = None
-        if not token:
+        if dependent[node.name] and not token:
+            notes.append(
+                f"{node.name}: ids computed from the inputs, but its {vocab} rows are fewer than "
+                f"the token vocabulary's {largest} (positions, types); table replicated, a "
+                "vocabulary split would cost an all-reduce"
+            )
+        elif not token:
             notes.append(
                 f"{node.name}: ids computed from shapes/constants (positions, types); "
                 "table replicated"
