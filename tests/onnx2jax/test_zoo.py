@@ -1,0 +1,141 @@
+"""The zoo (tests/data/zoo) sharded with the Megatron plan on 8 fake CPU devices.
+
+For each exported architecture, at the largest TP degree in (8, 4, 2) its heads
+allow (tests/onnx2jax/zoo_cases.py derives the analytic minimum of collectives
+from the architecture): the sharded values equal onnxruntime's stored outputs;
+the compiled program has exactly the minimum (no all-gather, all-to-all or
+collective-permute); each device holds the parameter bytes the plan's specs
+predict (computed here from the specs and shapes with `sharding.tiles`); the
+weights-only annotations (what another tool would write) give the same
+collectives; `explain`'s inference leaves no tensor of the sharded path
+unplaced and no reshard that moves data.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+import pytest
+from annotation_helpers import weights_only
+from zoo_cases import CASES, ZOO
+
+import onnx2jax
+from onnx2jax.compile import count_collectives
+from sharding import infer
+from sharding.megatron import megatron_layout, megatron_plan
+from sharding.spec import ShardingSpec, read_model_configs
+from sharding.tiles import device_regions
+
+SHARDED = [name for name, case in CASES.items() if case.tp > 1]
+
+
+def _params(names: list[str]) -> list:
+    return [pytest.param(n, marks=[pytest.mark.slow] if CASES[n].slow else []) for n in names]
+
+
+@functools.lru_cache(maxsize=None)
+def _planned(name: str) -> onnx.ModelProto:
+    return megatron_plan(onnx.load(ZOO / f"{name}.onnx"), CASES[name].tp)
+
+
+def _inputs(name: str) -> dict[str, np.ndarray]:
+    return dict(np.load(ZOO / f"{name}.inputs.npz"))
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str, weights: bool = False):
+    model = weights_only(_planned(name)) if weights else _planned(name)
+    compiled = onnx2jax.compile(model)
+    outputs = compiled(**_inputs(name))
+    return compiled, outputs, count_collectives(compiled.compiled_text(**_inputs(name)))
+
+
+@pytest.mark.parametrize("name", _params(SHARDED))
+def test_sharded_values_equal_onnxruntime(name):
+    compiled, outputs, _ = _compiled(name)
+    reference = np.load(ZOO / f"{name}.ort_outputs.npz")
+    assert len(outputs) == len(reference.files)
+    for output_name, value in zip(compiled.model.output_names, outputs):
+        np.testing.assert_allclose(np.asarray(value), reference[output_name], rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("name", _params(SHARDED))
+def test_collectives_are_the_analytic_minimum(name):
+    _, _, counts = _compiled(name)
+    all_reduce, all_gather = CASES[name].minimum
+    others = {k: v for k, v in counts.items() if k not in ("all-reduce", "all-gather") and v}
+    assert (counts["all-reduce"], counts["all-gather"], others) == (all_reduce, all_gather, {}), CASES[name].why
+
+
+def _predicted_bytes(model: onnx.ModelProto, params, num_devices: int) -> dict[int, int]:
+    """Per device, the bytes of one copy of each parameter per distinct layout its readers ask.
+
+    A reader's layout is the spec written for it on that node, or the whole
+    tensor on every device when it has none.
+    """
+    (configs,) = read_model_configs(model).values()
+    per_device = dict.fromkeys(range(num_devices), 0)
+    for name, array in params.items():
+        layouts: set[tuple] = set()
+        shape = tuple(array.shape)
+        for node in model.graph.node:
+            if name not in node.input:
+                continue
+            config = configs.get(node.name)
+            written = [s for s in config.specs if s.tensor_name == name] if config else []
+            spec = written[0] if written else ShardingSpec.replicated(name, range(num_devices))
+            regions = device_regions(spec, shape)
+            layouts.add(tuple(sorted((d, tuple(r.shape for r in rs)) for d, rs in regions.items())))
+        for layout in layouts:
+            for device, shapes in layout:
+                per_device[device] += sum(int(np.prod(s)) for s in shapes) * array.dtype.itemsize
+    return per_device
+
+
+@pytest.mark.parametrize("name", _params(SHARDED))
+def test_parameter_bytes_per_device_as_the_plan_predicts(name):
+    compiled, _, _ = _compiled(name)
+    predicted = _predicted_bytes(_planned(name), compiled.logical_params, CASES[name].tp)
+    measured = compiled.report().param_bytes_per_device
+    assert measured == predicted
+    assert max(measured.values()) < sum(
+        int(np.prod(a.shape)) * a.dtype.itemsize for a in compiled.logical_params.values()
+    )
+
+
+@pytest.mark.parametrize("name", _params(SHARDED))
+def test_weights_only_annotations_give_the_same_collectives(name):
+    """What another tool writes (specs on weight nodes and graph outputs only) compiles alike."""
+    compiled, outputs, counts = _compiled(name, weights=True)
+    reference = np.load(ZOO / f"{name}.ort_outputs.npz")
+    for output_name, value in zip(compiled.model.output_names, outputs):
+        np.testing.assert_allclose(np.asarray(value), reference[output_name], rtol=1e-4, atol=2e-5)
+    assert counts == _compiled(name)[2]
+
+
+@pytest.mark.parametrize("name", _params(SHARDED))
+def test_explain_leaves_nothing_unplaced_and_moves_no_data(name):
+    """Every node that reads a placed tensor has its outputs placed (no hole in the sharded
+    path), and no written spec differs from what reaches it except by a local slice."""
+    model = _planned(name)
+    shapes = {k: tuple(v.shape) for k, v in _inputs(name).items()}
+    result = infer(model, input_shapes=shapes)
+    unplaced = [
+        (key, found.op_type)
+        for key, found in result.nodes.items()
+        if any(s is not None for s in found.inputs) and all(s is None for s in found.outputs)
+    ]
+    assert unplaced == []
+    kinds = [(d.node, d.tensor, d.message.rsplit("(", 1)[-1].rstrip(")"))
+             for d in result.diagnostics if d.code == "reshard"]
+    moves = [k for k in kinds if k[2] != "dynamic-slice"]  # a local slice moves nothing
+    assert moves == []
+
+
+def test_the_cnn_gets_no_megatron_plan_and_says_so():
+    """ResNet has no linear pairs: the plan writes nothing (annotate exits 1, tested in
+    test_cli_errors), rather than reporting a split it did not make."""
+    layout = megatron_layout(onnx.load(ZOO / "resnet.onnx"), 8)
+    assert layout.pairs == () and layout.assignments == ()
