@@ -15,7 +15,7 @@ module          ops
 ==============  ==============================================================
 unary           every one-input elementwise op (Relu, Gelu, Cast, Clip, ...)
 broadcast       n-ary elementwise ops with numpy broadcasting (Add, Where, ...)
-reduction       Reduce*, ArgMax, ArgMin
+reduction       Reduce*, ArgMax, ArgMin, TopK
 normalization   Softmax, LogSoftmax, LayerNormalization, RMSNormalization, ...
 matmul          MatMul, Gemm, MatMulInteger, QLinearMatMul, Einsum
 shape           Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Concat, Split,

@@ -5,6 +5,10 @@ noop_with_empty_axes) and ``ArgMax``/``ArgMin`` (one axis). A kept axis keeps
 its sharding; a reduced axis that was sharded makes the partial results meet
 in an all-reduce, and the output is replicated on every device that took part
 (0007's default).
+
+``TopK`` selects along one axis: the other axes keep their sharding, the
+selected axis comes out whole (a sharded one is gathered first, like a
+Softmax over a sharded axis); values and indices share one spec.
 """
 
 from __future__ import annotations
@@ -58,4 +62,21 @@ class Reduction(Rule):
         return contract(ctx, [Operand(spec, labels, ctx.in_shapes[0])], [(name, out)])
 
 
-RULES = [Reduction()]
+class TopK(Rule):
+    ops = frozenset({"TopK"})
+
+    def outputs(self, ctx, in_specs):
+        rank = ctx.rank(0) or ctx.out_rank(0)
+        if rank is None:
+            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
+            return []
+        axis = int(ctx.attr("axis", -1)) % rank
+        labels = list(range(rank))
+        out = [None if a == axis else a for a in labels]
+        return contract(
+            ctx, [Operand(in_specs[0], labels, ctx.in_shapes[0])],
+            [(name, out) for name in ctx.node.output if name], reduce_kind="all-gather",
+        )
+
+
+RULES = [Reduction(), TopK()]

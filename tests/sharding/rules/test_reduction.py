@@ -1,5 +1,6 @@
 """Reduction rule: kept axes keep their sharding, reduced sharded axes all-reduce."""
 
+import numpy as np
 import pytest
 
 from sharding.rules.reduction import ARG, REDUCE
@@ -53,3 +54,14 @@ def test_written_sharded_output_after_reduction_is_a_reduce_scatter(g):
                    {"X": "1:2 @ [0,1]", "Y": "0:2 @ [0,1]"}, inits=[g.const("axes", [1])])
     reshard = [d for d in r.diagnostics if d.code == "reshard"]
     assert "reduce-scatter" in reshard[0].message
+
+
+def test_topk_keeps_other_axes_and_gathers_the_selected_one(g):
+    inputs = [("X", [4, 8]), ("k", None)]
+    r = g.one_node("TopK", inputs, {"X": "0:2 @ [0,1]"}, inits=[g.const("k", np.array([2]))],
+                   outputs=("V", "I"))
+    assert (g.out(r, "V"), g.out(r, "I")) == ("0:2 @ [0,1]", "0:2 @ [0,1]")
+    r = g.one_node("TopK", inputs, {"X": "1:2 @ [0,1]"}, inits=[g.const("k", np.array([2]))],
+                   outputs=("V", "I"))
+    assert g.out(r, "V") == "replicated @ [{0,1}]"
+    assert "collective" in g.codes(r)
