@@ -100,15 +100,15 @@ def test_too_few_devices(annotated, capsys):
 
 def test_unsupported_op(tmp_path, capsys):
     graph = oh.make_graph(
-        [oh.make_node("Binarizer", ["x"], ["y"], domain="ai.onnx.ml", name="bin")],
-        "ml",
+        [oh.make_node("Frobnicate", ["x"], ["y"], domain="com.example", name="frob")],
+        "custom",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
         [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])],
     )
-    path = tmp_path / "ml.onnx"
-    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("ai.onnx.ml", 3)]), path)
+    path = tmp_path / "custom.onnx"
+    onnx.save(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18), oh.make_opsetid("com.example", 1)]), path)
     assert main(["run", str(path)]) == 1
-    assert "ai.onnx.ml::Binarizer" in _one_line_error(capsys, "run")
+    assert "com.example::Frobnicate" in _one_line_error(capsys, "run")
 
 
 def test_debug_shows_the_traceback(embedding):
