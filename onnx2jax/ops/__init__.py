@@ -30,3 +30,4 @@ from onnx2jax.ops import ml_encoders as ml_encoders
 from onnx2jax.ops import ml_trees as ml_trees
 from onnx2jax.ops import ml_svm as ml_svm
 from onnx2jax.ops import tfidf as tfidf
+from onnx2jax.ops import image as image
