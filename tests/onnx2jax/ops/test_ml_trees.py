@@ -18,8 +18,13 @@ ML = "ai.onnx.ml"
 check = functools.partial(opcheck.check, domain=ML, ai_onnx_opset=19, rtol=1e-5, atol=1e-5)
 
 
+SLOW = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
-    "aggregate, n_targets, seed", [("SUM", 1, 0), ("AVERAGE", 3, 1), ("MIN", 3, 2), ("MAX", 1, 3), ("SUM", 3, 0)]
+    "aggregate, n_targets, seed",
+    [("SUM", 1, 0), ("MIN", 3, 2), pytest.param("AVERAGE", 3, 1, marks=SLOW), pytest.param("MAX", 1, 3, marks=SLOW),
+     pytest.param("SUM", 3, 0, marks=SLOW)],
 )
 def test_regressor(seed, aggregate, n_targets):
     rng = np.random.default_rng(seed)
@@ -39,7 +44,8 @@ def test_regressor_probit():
 
 @pytest.mark.parametrize(
     "transform, base, seed",
-    [("NONE", None, 0), ("SOFTMAX", [0.1, -0.2, 0.3], 1), ("LOGISTIC", None, 2), ("SOFTMAX_ZERO", [0.1, -0.2, 0.3], 0)],
+    [("SOFTMAX", [0.1, -0.2, 0.3], 1), ("LOGISTIC", None, 2), pytest.param("NONE", None, 0, marks=SLOW),
+     pytest.param("SOFTMAX_ZERO", [0.1, -0.2, 0.3], 0, marks=SLOW)],
 )
 def test_multiclass(seed, transform, base):
     rng = np.random.default_rng(seed)
@@ -49,8 +55,9 @@ def test_multiclass(seed, transform, base):
           post_transform=transform, **extra, **attrs)
 
 
+_QUICK = {("one class", "SOFTMAX"), ("positive one class", "NONE"), ("both classes", "LOGISTIC"), ("either class", "NONE")}
 BINARY_CASES = [
-    (leaves, base, transform)
+    pytest.param(leaves, base, transform, marks=[] if (leaves, transform) in _QUICK else SLOW)
     for leaves in ("one class", "positive one class", "both classes", "either class")
     for base, transform in ((None, "NONE"), ([0.3], "LOGISTIC"), ([0.2, 0.2], "SOFTMAX"))
     # Leaves naming either class with one base value: where a row reaches no class-1 weight,
