@@ -170,10 +170,10 @@ def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> s
     Walks back from every static input position (a Reshape's shape, a Slice's
     starts, ...) through the ops that compute it, stopping at Shape/Size,
     which read only shapes. Subgraph bodies count too. An If's outputs are
-    followed into its condition and both branches' outputs (so a shape
-    computed in a branch from outer values makes those values static, and the
-    condition too, so that only the chosen branch runs); Loop and Scan stop
-    the walk.
+    followed into both branches' outputs, so a shape computed in a branch
+    from outer values makes those values static; its condition is not
+    followed (a condition known only at run time keeps the If a ``lax.cond``,
+    whose outputs then stay runtime values). Loop and Scan stop the walk.
     """
     needed: set[str] = set()
     nodes = list(_all_nodes(graph))
@@ -182,6 +182,7 @@ def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> s
         impl = _resolve(domain, node.op_type, opsets.get(domain, -1))
         if impl is not None:
             needed.update(node.input[i] for i in impl.static_inputs if i < len(node.input) and node.input[i])
+    needed.update(_container_choices(graph, nodes))
     producers = {out: node for node in nodes for out in node.output if out}
     frontier = list(needed)
     while frontier:
@@ -190,7 +191,7 @@ def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> s
             continue
         sources = list(node.input)
         if node.op_type == "If":
-            sources = [node.input[0]] + [o.name for sub in _subgraphs(node) for o in sub.output]
+            sources = [o.name for sub in _subgraphs(node) for o in sub.output]
         elif any(True for _ in _subgraphs(node)):
             continue
         for name in sources:
@@ -198,6 +199,23 @@ def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> s
                 needed.add(name)
                 frontier.append(name)
     return needed
+
+
+def _container_choices(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> set[str]:
+    """Graph inputs that are the condition of an If whose branches return sequences or optionals.
+
+    ``lax.cond`` needs both branches to return one structure, which sequences
+    (their lengths) and optionals (empty or not) seldom share. A condition
+    read straight from a graph input is cheap to make a compile-time value
+    (one compile per value, two for a bool), and then only the chosen branch runs.
+    """
+    inputs = {i.name for i in graph.input}
+    return {
+        node.input[0]
+        for node in nodes
+        if node.op_type == "If" and node.input and node.input[0] in inputs
+        and any(o.type.WhichOneof("value") in ("sequence_type", "optional_type") for sub in _subgraphs(node) for o in sub.output)
+    }
 
 
 def _all_nodes(graph: onnx.GraphProto):
