@@ -312,3 +312,28 @@ def test_terminal_tables_fit_80_columns(annotated, monkeypatch):
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "mul_390" in text
+
+
+def test_invalid_annotations_are_listed_without_a_traceback(tmp_path, capsys):
+    from sharding.annotate import add_configuration, annotate_tensor
+    from sharding.text import parse_spec
+
+    graph = oh.make_graph(  # x is cut on K (axis 1), W is not: no device holds matching K blocks
+        [oh.make_node("MatMul", ["x", "W"], ["y"], name="mm")],
+        "bad",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 4])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 6])],
+        [onh.from_array(np.ones((4, 6), np.float32), "W")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    add_configuration(model, "tp", 2)
+    annotate_tensor(model, "x", parse_spec("1:2 @ [0,1]", "x"), "tp")
+    annotate_tensor(model, "W", parse_spec("1:2 @ [0,1]", "W"), "tp")
+    path = tmp_path / "bad.onnx"
+    onnx.save(model, path)
+    assert main(["run", str(path), "--devices", "2"]) == 1
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    first, *problems = captured.err.strip().splitlines()
+    assert first.startswith("onnx2jax run: error: ") and "sharding error" in first
+    assert any("node 'mm' (MatMul)" in line for line in problems)
