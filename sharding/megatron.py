@@ -18,11 +18,13 @@ The Megatron plan (docs/annotate.md has the worked example):
   boundaries. A pair is *attention* when the walk crossed a MatMul between
   activations or a Softmax, else *MLP*.
 * Column: weight split on N, bias split like N, output split on its last
-  axis. A column whose output goes through a Split of the feature axis into k
-  equal parts (GPT-2's fused q/k/v, a fused gate/up) is split through a
-  *fused axis* ``[{k, 1 shard}, {N/k, w shards}]`` so that every part is split
-  on its own. Row: activation and weight split on K, bias and output
-  replicated (the one all-reduce of the pair).
+  axis. A column whose output is cut into k equal parts on the feature axis
+  (a Split or Slices, through Reshapes; GPT-2's fused q/k/v, a fused gate/up)
+  is split through a *fused axis* ``[{k, 1 shard}, {N/k, w shards}]`` so that
+  every part is split on its own; one cut into unequal attention parts (q|k|v
+  under GQA/MQA) stays replicated and each part is split by its readers
+  (`sharding.megatron_parts`). Row: activation and weight split on K, bias
+  and output replicated (the one all-reduce of the pair).
 * Shard count ``w`` per pair: the largest divisor of ``num_devices`` that
   divides the heads (attention; heads read from the Reshape that splits the
   projection) or the width (MLP). When ``w < num_devices`` each shard lives on
@@ -32,8 +34,10 @@ The Megatron plan (docs/annotate.md has the worked example):
   so that device d holds exactly the kv head its query heads read.
 * Token embeddings (a Gather on a 2-D initializer whose ids depend on a model
   input's values) are split by vocabulary, output replicated (one
-  all-reduce). Position/type tables (ids computed from shapes or constants)
-  stay replicated. The LM head (an unpaired linear producing the vocabulary)
+  all-reduce); only the largest such tables count, so position ids computed
+  from the token ids (RoBERTa) do not make their small table a split one.
+  Position/type tables (ids computed from shapes or constants) stay
+  replicated. The LM head (an unpaired linear producing the vocabulary)
   is column-parallel, logits left vocab-sharded; a head tied to the embedding
   table gets the same vocabulary split on that one parameter.
 """
