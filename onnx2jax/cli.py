@@ -91,10 +91,10 @@ def _check_output_path(path: str | None) -> None:
 def _check_annotated(path: str, devices: int) -> None:
     """``--devices N`` needs a model with a device configuration of at most N devices."""
     from onnx2jax.cli_errors import CliError, UsageError
-    from onnx2jax.loading import load_model
+    from sharding.model_arg import as_model_proto
     from sharding.spec import device_configurations
 
-    configurations = device_configurations(load_model(path, inline=False))
+    configurations = device_configurations(as_model_proto(path))  # external weights stay on disk
     if not configurations:
         raise CliError(
             f"{path} has no sharding annotations, so --devices {devices} has nothing to shard; "
