@@ -161,14 +161,15 @@ def unsupported_ops(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[t
     return missing
 
 
-_SHAPE_READERS = frozenset({"Shape", "Size"})  # need only their input's shape, never its values
+_SHAPE_READERS = frozenset({"Shape", "Size", "SequenceLength"})  # read only shapes or lengths, never values
 
 
 def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> set[str]:
     """Names whose *values* must be known while tracing: they reach an op's static input.
 
     Walks back from every static input position (a Reshape's shape, a Slice's
-    starts, ...) through the ops that compute it, stopping at Shape/Size,
+    starts, ...; a growing Loop's trip count, see ``_growing_loop_controls``)
+    through the ops that compute it, stopping at Shape/Size/SequenceLength,
     which read only shapes. Subgraph bodies count too. An If's outputs are
     followed into both branches' outputs, so a shape computed in a branch
     from outer values makes those values static; its condition is not
@@ -183,6 +184,7 @@ def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> s
         if impl is not None:
             needed.update(node.input[i] for i in impl.static_inputs if i < len(node.input) and node.input[i])
     needed.update(_container_choices(graph, nodes))
+    needed.update(_growing_loop_controls(nodes))
     producers = {out: node for node in nodes for out in node.output if out}
     frontier = list(needed)
     while frontier:
@@ -214,8 +216,31 @@ def _container_choices(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> s
         node.input[0]
         for node in nodes
         if node.op_type == "If" and node.input and node.input[0] in inputs
-        and any(o.type.WhichOneof("value") in ("sequence_type", "optional_type") for sub in _subgraphs(node) for o in sub.output)
+        and any(_is_container(o) for sub in _subgraphs(node) for o in sub.output)
     }
+
+
+def _is_container(info: onnx.ValueInfoProto) -> bool:
+    return info.type.WhichOneof("value") in ("sequence_type", "optional_type")
+
+
+def _growing_loop_controls(nodes: list[onnx.NodeProto]) -> set[str]:
+    """The trip count and first condition of each Loop whose outputs grow with its iterations.
+
+    A Loop with scan outputs, or carrying sequences, returns values whose
+    length is its number of iterations: like a Reshape's target, the values
+    that decide it set shapes, so they are compile-time values (the walk back
+    from them makes the graph inputs they come from constants, one compile per value).
+    """
+    controls = set()
+    for node in nodes:
+        if node.op_type != "Loop":
+            continue
+        body = next(_subgraphs(node))
+        carried = len(node.input) - 2
+        if len(body.output) > 1 + carried or any(_is_container(o) for o in body.output[1 : 1 + carried]):
+            controls.update(name for name in node.input[:2] if name)
+    return controls
 
 
 def _all_nodes(graph: onnx.GraphProto):
