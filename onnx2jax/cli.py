@@ -280,6 +280,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_check_parser(sub)
     add_explain_parser(sub)
+
+    from onnx2jax.cli_bench import add_parser as add_bench_parser
+
+    add_bench_parser(sub)
     _finish(parser, sub)
     return parser
 
