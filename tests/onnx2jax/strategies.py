@@ -46,7 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 import onnx2jax
 import sharding
 from onnx2jax.mesh import MeshMappingError
-from sharding import tiles
+from placement import placement_problem
 from sharding.diagnostics import ShardingError
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
@@ -354,20 +354,6 @@ def _is_replicated(array: jax.Array) -> bool:
     return all(tuple(s.data.shape) == tuple(array.shape) for s in array.addressable_shards)
 
 
-def _placement_problem(array: jax.Array, spec: ShardingSpec, devices) -> str | None:
-    """Where ``array`` is not held as ``spec`` says (the spec's devices only), else None."""
-    shape = tuple(array.shape)
-    by_device = {shard.device: shard for shard in array.addressable_shards}
-    for device, regions in tiles.device_regions(spec, shape).items():
-        (region,) = regions
-        want = tuple(axis[0] if len(axis) == 1 else (0, 0) for axis in region.ranges)
-        shard = by_device.get(devices[device])
-        held = tuple(index.indices(size)[:2] for index, size in zip(shard.index, shape))
-        if held != want:
-            return f"device {device} holds {held}, its spec says {want}"
-    return None
-
-
 def run_case(case: Case, *, unsharded: bool = True) -> Outcome:
     """Compiles and runs ``case``; classifies what happened (see the module docstring).
 
@@ -434,7 +420,7 @@ def _check_placements(case: Case, compiled, outputs, warned: list[str]) -> Outco
             continue
         if not _holdable(spec, tuple(array.shape)):
             return Outcome("misplaced", f"output {name!r}: spec JAX cannot hold, and no warning")
-        problem = _placement_problem(array, spec, devices)
+        problem = placement_problem(array, spec, devices)
         if problem:
             return Outcome("misplaced", f"output {name!r}: {problem}")
     first_reader = {}
@@ -455,7 +441,7 @@ def _check_placements(case: Case, compiled, outputs, warned: list[str]) -> Outco
         if not np.array_equal(logical, expected):
             return Outcome("wrong", f"parameter {name!r} does not hold its initializer")
         if _holdable(spec, tuple(param.shape)) and tuple(param.shape) == expected.shape:
-            problem = _placement_problem(param, spec, devices)
+            problem = placement_problem(param, spec, devices)
             if problem:
                 return Outcome("misplaced", f"parameter {name!r}: {problem}")
     return Outcome("right")
