@@ -3,7 +3,9 @@
 For each model: the first call of each runtime (onnx2jax: load + trace +
 compile + run; onnxruntime: session creation + run), then a few warm-up calls
 of each, then ``repeats`` rounds that call onnx2jax and onnxruntime
-alternately, so that the noise of a shared machine hits both alike. A row
+alternately, so that the noise of a shared machine hits both alike (with
+onnxruntime's idle threads not spinning, which would otherwise starve the
+onnx2jax call timed next). A row
 keeps every per-call time; the table shows the median and the interquartile
 range of each, their ratio (onnx2jax / onnxruntime: below 1, onnx2jax is
 faster) and the largest difference between the two runtimes' outputs, so a
@@ -90,7 +92,7 @@ def bench_model(path: str | pathlib.Path, inputs: Mapping[str, np.ndarray], repe
     ours_out = jax.block_until_ready(model(**inputs))
     ours_first = time.perf_counter() - start
     start = time.perf_counter()
-    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(path, _session_options(ort), providers=["CPUExecutionProvider"])
     theirs_out = session.run(None, dict(inputs))
     theirs_first = time.perf_counter() - start
 
@@ -106,6 +108,18 @@ def bench_model(path: str | pathlib.Path, inputs: Mapping[str, np.ndarray], repe
         theirs_first=theirs_first,
         max_diff=_worst_diff(ours_out, theirs_out, _max_abs_diff),
     )
+
+
+def _session_options(ort):
+    """onnxruntime's options with its idle intra-op threads not spinning.
+
+    By default they busy-wait after each run, which starves the onnx2jax call
+    timed next on a machine with few cores (bench/RESULTS.md: 7.3 ms per
+    onnx2jax call with spinning, 1.1 ms without, on a 2-layer transformer).
+    """
+    options = ort.SessionOptions()
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
 
 
 def _worst_diff(ours: Sequence, theirs: Sequence, diff: Callable[[np.ndarray, np.ndarray], float]) -> float | None:
@@ -146,7 +160,7 @@ def environment_note(repeats: int, warmup: int) -> str:
         f"first call = load + trace + compile + run (onnx2jax, no persistent cache) or session creation + run "
         f"(onnxruntime). onnx2jax {onnx2jax.__version__} on jax {jax.__version__} ({device.platform}: "
         f"{device.device_kind}, {jax.device_count()} device(s)); onnxruntime {ort.__version__} "
-        f"CPUExecutionProvider; Python {platform.python_version()}, {platform.machine()}, "
+        f"CPUExecutionProvider (intra-op spinning off); Python {platform.python_version()}, {platform.machine()}, "
         f"{os.cpu_count()} CPU(s)."
     )
 

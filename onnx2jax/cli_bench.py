@@ -9,7 +9,9 @@ Examples::
 
 A model's inputs are ``MODEL.inputs.npz`` next to it when that file exists,
 else random (as ``onnx2jax run`` draws them; ``--dim`` sets symbolic dims).
-The two runtimes are called alternately in one process after warm-up; the
+The two runtimes are called alternately in one process after warm-up
+(onnxruntime's idle intra-op threads not spinning, so they do not starve the
+onnx2jax call after them); the
 table gives the median and interquartile range of each, the ratio of the
 medians (onnx2jax / onnxruntime: below 1, onnx2jax is faster), the first call
 of each (onnx2jax: load + trace + compile + run, without the persistent
