@@ -34,6 +34,7 @@ from onnx2jax.errors import NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.hostvalues import is_host_value, to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
 from onnx2jax.ops.registry import OpImpl, lookup
+from onnx2jax import segments as _segments
 from onnx2jax.xla_options import compiler_options
 
 STATIC_INITIALIZER_LIMIT = 4096
@@ -473,15 +474,24 @@ class JaxModel:
         shape fed from outside, directly or through ops that compute on it),
         and string inputs (JAX has no strings): calling the model treats
         them as compile-time constants, compiling once per distinct value.
+      segments: where the graph is cut around nodes whose output shapes
+        depend on run-time values (:mod:`onnx2jax.segments`): jitted
+        segments and host steps in run order, each host step with its
+        reason. Empty for a model that runs as one program.
     """
 
-    def __init__(self, proto: onnx.ModelProto, external_dir: str | None = None):
+    def __init__(self, proto: onnx.ModelProto, external_dir: str | None = None, *, segmentable: bool = True):
         self.proto = proto
         graph = proto.graph
         self.opsets = _opsets(proto)
         missing = unsupported_ops(graph, self.opsets)
         if missing:
             raise UnsupportedOpError(missing)
+        cuts = _segments.data_dependent_nodes(graph) if segmentable else []
+        self._plan = _segments.plan(proto, cuts) if cuts else None
+        self.segments: list[_segments.Segment] = list(self._plan.segments) if self._plan else []
+        self.segment_models: list[JaxModel | None] = []  # per segment: its jitted sub-model, None for a host step
+        self._segment_runners = [self._segment_runner(s, m, external_dir) for s, m in zip(self.segments, self._plan.models)] if self._plan else []
         self.params: dict[str, np.ndarray] = {}
         self.constants: dict[str, np.ndarray] = {}
         shape_setting = shape_setting_inputs(graph, self.opsets)
@@ -531,7 +541,14 @@ class JaxModel:
         return bound
 
     def evaluate(self, params: Mapping[str, Any], inputs: Mapping[str, Any], hooks: Hooks | None = None) -> tuple:
-        """Traces the graph over ``params`` and named ``inputs``; returns the outputs in order."""
+        """Traces the graph over ``params`` and named ``inputs``; returns the outputs in order.
+
+        Raises:
+          NodeError: the model is segmented (``model.segments``), naming the
+            first node whose output shape depends on run-time values.
+        """
+        if self.segments:
+            self._refuse_traced_segments()
         self._require_x64()
         env: dict[str, Any] = dict(self.constants)
         env.update(params)
@@ -548,8 +565,41 @@ class JaxModel:
                 "the model object itself, which does that for the call only."
             )
 
+    def _segment_runner(self, segment: _segments.Segment, model: onnx.ModelProto, external_dir: str | None) -> Callable:
+        """Runs one segment on its named inputs: a jitted sub-model, or a host step in numpy."""
+        if segment.kind == "jit":
+            sub = JaxModel(model, external_dir, segmentable=False)
+            self.segment_models.append(sub)
+            return lambda values: sub._call((), values)
+        self.segment_models.append(None)
+        constants = {i.name: initializer_array(i, external_dir) for i in model.graph.initializer}
+        opsets = _opsets(model)
+
+        def host(values: Mapping[str, Any]) -> list:
+            with jax.enable_x64(True):
+                outputs = GraphRunner(opsets).run(model.graph, {**constants, **values})
+            return [np.asarray(o) for o in outputs]
+
+        return host
+
+    def _refuse_traced_segments(self) -> None:
+        """A segmented model has no single traceable function: say which node cuts it."""
+        host = [s for s in self.segments if s.kind == "host"]
+        raise NodeError(
+            f"node {host[0].nodes[0]!r}: {host[0].reason}. `model.fn` cannot be traced as one function "
+            f"(jax.jit, grad, vmap need static shapes); call the model itself, which runs its "
+            f"{len(self.segments)} segments in turn (see `model.segments`)"
+        )
+
     def fn(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
-        """The pure function: outputs (a tuple, in ONNX output order) of the graph."""
+        """The pure function: outputs (a tuple, in ONNX output order) of the graph.
+
+        Raises:
+          NodeError: the model is segmented (``model.segments``): naming the
+            first node whose output shape depends on run-time values.
+        """
+        if self.segments:
+            self._refuse_traced_segments()
         self._require_x64()  # before binding: without x64, jit hands int64 inputs over as int32
         return self.evaluate(params, self.bind_inputs(inputs, named))
 
@@ -576,6 +626,8 @@ class JaxModel:
 
     def _call(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple:
         bound = self.bind_inputs(inputs, named)
+        if self._plan is not None:
+            return _segments.run(self._plan, self._segment_runners, bound, self.output_names)
         x64 = self.uses_64bit and not jax.config.jax_enable_x64
         if not self.shape_input_names:
             # The common case, kept short: jax.jit's own C++ dispatch finds the executable for

@@ -7,7 +7,6 @@ import onnx.numpy_helper as onh
 import onnxruntime as ort
 import pytest
 
-from onnx2jax.errors import NodeError
 from onnx2jax.translate import translate
 
 RNG = np.random.default_rng(0)
@@ -41,7 +40,7 @@ def test_nms_on_constants(opset, center):
     np.testing.assert_array_equal(actual, expected)
 
 
-def test_nms_on_traced_boxes_is_a_clear_error():
+def test_nms_on_runtime_boxes_runs_on_the_host():
     values = _inputs(0)
     node = oh.make_node("NonMaxSuppression", ["boxes", "scores"], ["selected"], name="nms")
     graph = oh.make_graph(
@@ -50,5 +49,9 @@ def test_nms_on_traced_boxes_is_a_clear_error():
         [oh.make_tensor_value_info("selected", onnx.TensorProto.INT64, None)],
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 11)], ir_version=10)
-    with pytest.raises(NodeError, match="'nms'.*only runs when boxes, scores and thresholds are known while tracing"):
-        translate(model)(values["boxes"], values["scores"])
+    translated = translate(model)
+    assert [s.kind for s in translated.segments] == ["host"]
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"boxes": values["boxes"], "scores": values["scores"]})
+    (actual,) = translated(values["boxes"], values["scores"])
+    np.testing.assert_array_equal(np.asarray(actual), expected)

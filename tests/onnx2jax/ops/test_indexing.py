@@ -11,7 +11,6 @@ import pytest
 from onnx.reference import ReferenceEvaluator
 
 import opcheck
-from onnx2jax.errors import NodeError
 from onnx2jax.ops import indexing
 from onnx2jax.translate import translate
 
@@ -132,11 +131,10 @@ def test_data_dependent_shapes_compile_per_value_of_graph_inputs(op, arrays):
 
 
 @pytest.mark.parametrize("op", ["NonZero", "Unique", "Compress"])
-def test_data_dependent_shapes_refuse_runtime_values(op):
+def test_data_dependent_shapes_on_runtime_values_run_segmented(op):
     # The mask comes out of an If on a runtime condition, so it is a runtime
-    # value; a mask computed from graph inputs or initializers alone would be
-    # folded in as a constant (they set a shape).
-    x = _x(3, 2)
+    # value: the node runs on the host between jitted segments (onnx2jax.segments).
+    x = _x(6) if op == "Compress" else _x(3, 2)  # Compress's condition is 1-D
     inputs = ["x0", "mask"] if op == "Compress" else ["mask"]
     graph = oh.make_graph(
         [
@@ -150,9 +148,12 @@ def test_data_dependent_shapes_refuse_runtime_values(op):
         [oh.make_empty_tensor_value_info("y")],
         [onnx.numpy_helper.from_array(np.zeros((1,), np.float32), "zero")],
     )
-    model = translate(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=10))
-    with pytest.raises(NodeError, match="'data_dependent'.*must be known while tracing"):
-        model(x, np.array(True))
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 13)], ir_version=10)
+    assert [s.kind for s in translate(model).segments] == ["jit", "host"]
+    for pick in (True, False):  # ONNX's reference evaluator: onnxruntime has no Unique on bool
+        feeds = {"x0": x, "pick": np.array(pick)}
+        expected = ReferenceEvaluator(model).run(None, feeds)
+        opcheck.assert_outputs(expected, translate(model)(**feeds), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("op,fn", [

@@ -1,0 +1,163 @@
+"""Segmented execution: jitted programs around the nodes whose output shapes depend on values.
+
+XLA programs have static shapes. NonMaxSuppression, NonZero, Unique and
+Compress produce outputs whose length depends on their input *values*; when
+those values are computed at run time (not constants or shape computations,
+which fold while tracing), the graph is cut at each such node
+(DESIGN, "Data-dependent shapes: segments"). The parts before and after are
+ordinary translated models, jitted and cached per shape signature; the node
+itself runs on the host in numpy between them, and its output shapes
+specialise the next segment. The cut uses the partition routine that pipeline
+stages use (:mod:`sharding.partition`).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from sharding.partition import GraphIndex, Partition, extract_part, partition
+
+DATA_DEPENDENT: Mapping[str, tuple[int, ...] | None] = {
+    "NonMaxSuppression": None,  # every input: boxes, scores and the thresholds
+    "NonZero": (0,),
+    "Unique": (0,),
+    "Compress": (1,),  # the condition
+}
+"""Ops whose output shape depends on the values of these inputs (None: all of them)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One step of a segmented run.
+
+    Attributes:
+      kind: ``"jit"`` (a jitted program) or ``"host"`` (a data-dependent node in numpy).
+      nodes: the nodes it runs (a host step: the node, plus any constants it recomputes).
+      inputs: tensors it receives.
+      outputs: tensors it hands to later segments or to the graph's outputs.
+      reason: why a host step is cut out of the jitted programs ('' for a jitted one).
+    """
+
+    kind: str
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    reason: str = ""
+
+
+def _label(node: onnx.NodeProto, index: int) -> str:
+    return node.name or f"#{index}"
+
+
+def data_dependent_nodes(graph: onnx.GraphProto) -> list[tuple[int, onnx.NodeProto]]:
+    """Main-graph nodes whose output shape depends on values computed at run time.
+
+    A node whose value inputs are constants or follow from input shapes only
+    folds while tracing and is not listed.
+    """
+    index = GraphIndex.of(graph)
+    shape_only = index.shape_only()
+    found = []
+    for i, node in enumerate(graph.node):
+        if node.op_type not in DATA_DEPENDENT or node.domain not in ("", "ai.onnx"):
+            continue
+        positions = DATA_DEPENDENT[node.op_type]
+        names = [n for p, n in enumerate(node.input) if n and (positions is None or p in positions)]
+        if any(n not in shape_only for n in names):
+            found.append((i, node))
+    return found
+
+
+def _named(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy whose main-graph nodes have unique names (the partition needs them)."""
+    model = copy.deepcopy(model)
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        name = node.name
+        if not name or name in seen:
+            name = f"{node.op_type}__{i}"
+            while name in seen:
+                name += "_"
+            node.name = name
+        seen.add(name)
+    return model
+
+
+@dataclasses.dataclass
+class SegmentPlan:
+    """The cut model: its segments in run order and, for each, a runnable model."""
+
+    segments: list[Segment]
+    models: list[onnx.ModelProto]
+
+
+def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> SegmentPlan:
+    """Cuts ``model`` around the ``cuts`` (from :func:`data_dependent_nodes`).
+
+    Part numbers follow graph order (which is topological): the nodes before
+    the first cut form part 0, the cut itself part 1, and so on.
+    """
+    named = _named(model)
+    cut_at = {i for i, _ in cuts}
+    part_of: dict[str, int] = {}
+    part = 0
+    for i, node in enumerate(named.graph.node):
+        if i in cut_at:
+            part = part + 1 if part % 2 == 0 else part + 2
+            part_of[node.name] = part
+        else:
+            if part % 2 == 1:
+                part += 1
+            part_of[node.name] = part
+    parts: Partition = partition(named.graph, part_of, what="segment")
+    reasons = {named.graph.node[i].name: _reason(node) for i, node in cuts}
+    original = {named.graph.node[i].name: _label(n, i) for i, n in enumerate(model.graph.node)}
+    segments, models = [], []
+    for p in parts.parts:
+        host = p % 2 == 1
+        nodes = parts.nodes[p]
+        reason = reasons[nodes[0]] if host else ""
+        segments.append(
+            Segment(
+                "host" if host else "jit",
+                tuple(original.get(n, n) for n in nodes),
+                parts.inputs[p],
+                parts.outputs[p],
+                reason,
+            )
+        )
+        models.append(extract_part(named, parts, p))
+    return SegmentPlan(segments, models)
+
+
+def _reason(node: onnx.NodeProto) -> str:
+    return (
+        f"{node.op_type}'s output length depends on the values of its inputs, computed at run time; "
+        "XLA needs static shapes, so it runs on the host between jitted segments"
+    )
+
+
+def run(
+    plan_: SegmentPlan,
+    runners: Sequence[Callable[[Mapping[str, Any]], Sequence[Any]]],
+    bound: Mapping[str, Any],
+    output_names: Sequence[str],
+) -> tuple:
+    """Runs the segments in order over the named inputs; returns the graph's outputs in order.
+
+    ``runners[i]`` runs segment ``i`` on its named inputs and returns its
+    outputs in the segment model's output order.
+    """
+    env: dict[str, Any] = dict(bound)
+    for segment, model, runner in zip(plan_.segments, plan_.models, runners):
+        values = {i.name: env[i.name] for i in model.graph.input if i.name in env}
+        if segment.kind == "host":
+            values = {k: np.asarray(v) for k, v in values.items()}
+        outputs = runner(values)
+        env.update(zip((o.name for o in model.graph.output), outputs))
+    return tuple(env[name] for name in output_names)
