@@ -32,6 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import sharding
 from onnx2jax.constraints import Placement, ShardingHooks, SpecKey
+from onnx2jax.errors import NodeError
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.parameters import ParameterStore, padded_shape
@@ -502,6 +503,17 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     )
 
 
+def _refuse_segments(jax_model: JaxModel) -> None:
+    """compile() has no segmented run yet (a host step would gather sharded inputs): refuse by node."""
+    host = [s for s in jax_model.segments if s.kind == "host"]
+    if host:
+        names = ", ".join(f"{s.nodes[0]!r}" for s in host)
+        raise NodeError(
+            f"node(s) {names}: {host[0].reason}. onnx2jax.compile does not run such segmented models yet; "
+            "onnx2jax.translate(model) runs them unsharded"
+        )
+
+
 def compile_proto(
     proto: onnx.ModelProto,
     external_dir: str | None,
@@ -523,6 +535,7 @@ def compile_proto(
         at each call).
     """
     jax_model = JaxModel(proto, external_dir)
+    _refuse_segments(jax_model)
     config = _choose_configuration(proto, configuration)
     if config is None:
         mesh = mesh or Mesh(np.array(jax.devices()[:1]), ("d0",))

@@ -154,3 +154,8 @@ def test_tracing_a_segmented_model_names_the_node() -> None:
             jax.jit(model.fn)(*args)
         with pytest.raises(NodeError, match="'nms'"):
             jax.grad(lambda p: model.fn(p, *args[1:])[1].sum())(model.params)
+
+
+def test_sharded_compile_refuses_a_segmented_model_by_name() -> None:
+    with pytest.raises(NodeError, match="'nms'.*onnx2jax.compile does not run such segmented models"):
+        onnx2jax.compile(detection_head())
