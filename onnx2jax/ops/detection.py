@@ -1,8 +1,10 @@
 """Object detection: NonMaxSuppression.
 
 The number of selected boxes depends on the box and score values, and XLA needs
-static output shapes, so NonMaxSuppression runs only on inputs known while
-tracing (constants), computed with numpy; traced boxes or scores are a clear error.
+static output shapes, so NonMaxSuppression runs in numpy on inputs known while
+tracing: constants, or, for boxes and scores computed at run time, on the host
+between the jitted segments around it (:mod:`onnx2jax.segments`). Traced boxes
+or scores (``jax.jit(model.fn)``) are a clear error.
 """
 
 from __future__ import annotations
