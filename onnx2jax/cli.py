@@ -38,6 +38,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         model = runner.model
     else:
         runner = model = onnx2jax.translate(args.model)
+        if model.segments:
+            from onnx2jax.segments import describe
+
+            console.print(f"runs in {len(model.segments)} segments (data-dependent output shapes):", markup=False)
+            for line in describe(model.segments):
+                console.print(f"  {line}", markup=False)
     dims = parse_dims(args.dim, symbolic_dims(model))
     given = conform(read_input_files(args.input, model.input_names), model)
     drawn = random_inputs(model, args.seed, dims, skip=list(given.values))

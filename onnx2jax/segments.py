@@ -142,6 +142,17 @@ def _reason(node: onnx.NodeProto) -> str:
     )
 
 
+def describe(segments: Sequence[Segment]) -> list[str]:
+    """One line per segment, in run order: what it runs and, for a host step, why it is cut."""
+    lines = []
+    for number, segment in enumerate(segments, 1):
+        if segment.kind == "jit":
+            lines.append(f"segment {number}: jitted program, {len(segment.nodes)} node(s)")
+        else:
+            lines.append(f"segment {number}: host step {', '.join(map(repr, segment.nodes))}: {segment.reason}")
+    return lines
+
+
 def run(
     plan_: SegmentPlan,
     runners: Sequence[Callable[[Mapping[str, Any]], Sequence[Any]]],

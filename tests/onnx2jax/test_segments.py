@@ -159,3 +159,20 @@ def test_tracing_a_segmented_model_names_the_node() -> None:
 def test_sharded_compile_refuses_a_segmented_model_by_name() -> None:
     with pytest.raises(NodeError, match="'nms'.*onnx2jax.compile does not run such segmented models"):
         onnx2jax.compile(detection_head())
+
+
+def test_cli_run_lists_the_segments_and_matches_onnxruntime(tmp_path, capsys) -> None:
+    from onnx2jax.cli import main
+
+    path = tmp_path / "head.onnx"
+    onnx.save(detection_head(), path)
+    np.save(tmp_path / "iou.npy", np.array([0.3], np.float32))
+    np.save(tmp_path / "score_min.npy", np.array([0.5], np.float32))
+    inputs = ["--input", f"iou={tmp_path / 'iou.npy'}", "--input", f"score_min={tmp_path / 'score_min.npy'}"]
+    assert main(["run", str(path), "--dim", "h=4", "--dim", "w=4", *inputs, "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "runs in 3 segments" in out
+    assert "segment 2: host step 'nms': NonMaxSuppression's output length depends" in out
+    for name in ("selected", "kept_scaled"):
+        line = next(l for l in out.splitlines() if l.startswith(f"{name}: shape"))
+        assert float(line.split("max |diff| vs onnxruntime")[1].split()[0]) < 1e-5
