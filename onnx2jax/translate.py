@@ -487,11 +487,6 @@ class JaxModel:
         missing = unsupported_ops(graph, self.opsets)
         if missing:
             raise UnsupportedOpError(missing)
-        cuts = _segments.data_dependent_nodes(graph) if segmentable else []
-        self._plan = _segments.plan(proto, cuts) if cuts else None
-        self.segments: list[_segments.Segment] = list(self._plan.segments) if self._plan else []
-        self.segment_models: list[JaxModel | None] = []  # per segment: its jitted sub-model, None for a host step
-        self._segment_runners = [self._segment_runner(s, m, external_dir) for s, m in zip(self.segments, self._plan.models)] if self._plan else []
         self.params: dict[str, np.ndarray] = {}
         self.constants: dict[str, np.ndarray] = {}
         shape_setting = shape_setting_inputs(graph, self.opsets)
@@ -513,6 +508,16 @@ class JaxModel:
         self._device_runtime_params: tuple | None = None
         self._baked_params = {k: v for k, v in self.params.items() if v.size <= BAKED_PARAMETER_LIMIT}
         self._runtime_names = tuple(k for k in self.params if k not in self._baked_params)
+        cuts = _segments.data_dependent_nodes(graph) if segmentable else []
+        self._plan = _segments.plan(proto, cuts) if cuts else None
+        self.segments: list[_segments.Segment] = list(self._plan.segments) if self._plan else []
+        self.segment_models: list[JaxModel | None] = []  # per segment: its jitted sub-model, None for a host step
+        self._segment_runners = [
+            self._segment_runner(s, m, external_dir) for s, m in zip(self.segments, self._plan.models)
+        ] if self._plan else []
+        if self._plan:  # only what a jitted segment compiles per value; host steps take any value
+            per_value = set().union(*(m.shape_input_names for m in self.segment_models if m is not None))
+            self.shape_input_names = per_value & set(self.input_names)
 
     @property
     def input_names(self) -> list[str]:
@@ -627,7 +632,8 @@ class JaxModel:
     def _call(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple:
         bound = self.bind_inputs(inputs, named)
         if self._plan is not None:
-            return _segments.run(self._plan, self._segment_runners, bound, self.output_names)
+            # Constants in the environment too: a graph output may be an initializer.
+            return _segments.run(self._plan, self._segment_runners, {**self.constants, **self.params, **bound}, self.output_names)
         x64 = self.uses_64bit and not jax.config.jax_enable_x64
         if not self.shape_input_names:
             # The common case, kept short: jax.jit's own C++ dispatch finds the executable for

@@ -176,3 +176,15 @@ def test_cli_run_lists_the_segments_and_matches_onnxruntime(tmp_path, capsys) ->
     for name in ("selected", "kept_scaled"):
         line = next(l for l in out.splitlines() if l.startswith(f"{name}: shape"))
         assert float(line.split("max |diff| vs onnxruntime")[1].split()[0]) < 1e-5
+
+
+def test_inputs_feeding_only_a_host_step_are_not_compiled_per_value() -> None:
+    # x reaches NonZero through computed values: the host step takes it, no jitted program needs its values.
+    assert onnx2jax.translate(nonzero_model()).shape_input_names == set()
+
+
+def test_an_initializer_as_graph_output_of_a_segmented_model() -> None:
+    proto = nonzero_model()
+    proto.graph.output.append(oh.make_tensor_value_info("t", F, []))
+    x = np.random.default_rng(4).normal(size=(3, 4)).astype(np.float32)
+    _assert_same(onnx2jax.translate(proto)(x), _onnxruntime(proto, {"x": x}))
