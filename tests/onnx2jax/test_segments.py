@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import jax
 import numpy as np
 import onnx
@@ -188,3 +190,17 @@ def test_an_initializer_as_graph_output_of_a_segmented_model() -> None:
     proto.graph.output.append(oh.make_tensor_value_info("t", F, []))
     x = np.random.default_rng(4).normal(size=(3, 4)).astype(np.float32)
     _assert_same(onnx2jax.translate(proto)(x), _onnxruntime(proto, {"x": x}))
+
+
+DETECTION = pathlib.Path(__file__).resolve().parents[1] / "data" / "detection"
+
+
+@pytest.mark.parametrize("case, kept", [("none", 0), ("some", 22), ("all", 36)])
+def test_torch_exported_detection_head_equals_onnxruntime(case: str, kept: int) -> None:
+    # scripts/make_detection_fixtures.py: torch export ending in NonMaxSuppression, onnxruntime's outputs.
+    model = onnx2jax.translate(DETECTION / "head.onnx")
+    assert [s.kind for s in model.segments] == ["jit", "host", "jit"]
+    inputs = dict(np.load(DETECTION / f"head.{case}.inputs.npz"))
+    expected = np.load(DETECTION / f"head.{case}.ort_outputs.npz")
+    assert len(expected["selected"]) == kept
+    _assert_same(model(**inputs), [expected[name] for name in model.output_names])
