@@ -60,6 +60,8 @@ def data_dependent_nodes(graph: onnx.GraphProto) -> list[tuple[int, onnx.NodePro
     A node whose value inputs are constants or follow from input shapes only
     folds while tracing and is not listed.
     """
+    if not any(node.op_type in DATA_DEPENDENT for node in graph.node):
+        return []  # the common case: no graph index to build
     index = GraphIndex.of(graph)
     shape_only = index.shape_only()
     found = []
