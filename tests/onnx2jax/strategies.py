@@ -387,7 +387,10 @@ def run_case(case: Case, *, unsharded: bool = True) -> Outcome:
     except Exception as e:  # noqa: BLE001
         return Outcome("crash", f"call: {type(e).__name__}: {str(e)[:500]}")
     for name, got, expected in zip([o.name for o in model.graph.output], outputs, want):
-        if not np.allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4, equal_nan=True):
+        # float32 sums are reordered by sharding: the tolerance scales with the output's magnitude
+        # (a sum of 7,168 values up to 735 that cancels to ~1 differs by 1.6e-3; seed 918)
+        scale = float(np.max(np.abs(expected))) if expected.size else 1.0
+        if not np.allclose(np.asarray(got), expected, rtol=1e-4, atol=1e-4 * max(1.0, scale), equal_nan=True):
             diff = float(np.nanmax(np.abs(np.asarray(got) - expected))) if expected.size else 0.0
             return Outcome("wrong", f"output {name!r}: max |sharded - onnxruntime| {diff:.3g}")
     return _check_placements(case, compiled, outputs, [str(w.message) for w in caught])

@@ -44,6 +44,7 @@ def test_random_sharded_graphs_thousands(seed):
         97,  # IndivisibleError at call: the same through an input of size 4 over 8 devices
         29,  # MeshMappingError for specs that fit a 2x2x2 mesh in an order no spec lists
         1033,  # the same, with a pinned (some-devices) spec among them
+        918,  # the harness's tolerance: a 7,168-term float32 sum that cancels, reordered by sharding
     ],
 )
 def test_regressions(seed):
