@@ -146,7 +146,7 @@ def named_shardings(draw):
     return specs, shapes, n
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=400, deadline=None)
 @given(named_shardings())
 def test_named_shardings_on_any_mesh_always_map(case):
     specs, shapes, n = case
