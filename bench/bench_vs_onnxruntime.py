@@ -22,13 +22,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import jax
 import numpy as np
 import onnxruntime as ort
 
 import onnx2jax
+from onnx2jax.benchmark import alternate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIXTURES = ["tiny_llama", "tiny_gpt2", "tiny_bert"]
@@ -55,14 +55,8 @@ def _session(path: str) -> ort.InferenceSession:
 
 
 def _median_seconds(ours, theirs, repeats: int) -> tuple[float, float]:
-    """Median times of two callables, measured alternately so that machine noise hits both alike."""
-    ours(), theirs()  # warm-up: compile / session initialisation
-    times: tuple[list[float], list[float]] = ([], [])
-    for _ in range(repeats):
-        for fn, bucket in ((ours, times[0]), (theirs, times[1])):
-            start = time.perf_counter()
-            fn()
-            bucket.append(time.perf_counter() - start)
+    """Median times of two callables after one warm-up call each, measured alternately (onnx2jax.benchmark)."""
+    times = alternate(ours, theirs, repeats, warmup=1)
     return statistics.median(times[0]), statistics.median(times[1])
 
 

@@ -201,7 +201,8 @@ def find_pspec(layout: Layout, plan: MeshPlan, *, exact: bool) -> PSpec | None:
     return None
 
 
-def _prime_factors(n: int) -> list[int]:
+def prime_factors(n: int) -> list[int]:
+    """The prime factors of ``n``, ascending (``[]`` for 1): the axis sizes of the finest mesh."""
     factors, p = [], 2
     while n > 1:
         while n % p == 0:
@@ -311,7 +312,7 @@ def map_specs(
     if plan is not None:
         candidates = [plan]
     else:
-        factors = _prime_factors(num_devices) or [1]
+        factors = prime_factors(num_devices) or [1]
         factor_orders = sorted(set(itertools.permutations(factors)))
         candidates = [
             MeshPlan(tuple(f"d{i}" for i in range(len(fs))), fs, order)

@@ -39,19 +39,8 @@ from typing import Sequence
 
 import numpy as np
 
-from onnx2jax.mesh import Layout
+from onnx2jax.mesh import Layout, prime_factors
 from onnx2jax.mesh import _assignments as assignments
-
-
-def prime_factors(n: int) -> list[int]:
-    """The prime factors of ``n``, ascending (``[]`` for 1)."""
-    factors, p = [], 2
-    while n > 1:
-        while n % p == 0:
-            factors.append(p)
-            n //= p
-        p += 1
-    return factors
 
 
 def _pins(layout: Layout, assignment: dict[int, tuple[int, ...]], axis_sizes: Sequence[int], num_devices: int) -> np.ndarray | None:
