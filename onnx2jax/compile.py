@@ -35,7 +35,7 @@ from onnx2jax.constraints import Placement, ShardingHooks, SpecKey
 from onnx2jax.errors import NodeError
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
-from onnx2jax.parameters import ParameterStore, padded_shape
+from onnx2jax.parameters import ParameterStore, holdable_sharding, padded_shape
 from onnx2jax.translate import JaxModel
 from onnx2jax.user_mesh import auto_axes, auto_input, context_mesh, tracing
 from onnx2jax.xla_options import compiler_options
@@ -225,8 +225,7 @@ class Compiled:
             placement = signature.in_placements.get(name)
             target = replicated
             if placement is not None and not placement.fused:
-                if padded_shape(tuple(np.shape(value)), placement.sharding) == tuple(np.shape(value)):
-                    target = placement.sharding
+                target = holdable_sharding(tuple(np.shape(value)), placement.sharding)
             placed[name] = jax.device_put(value, target)
         return placed
 

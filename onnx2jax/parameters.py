@@ -46,6 +46,18 @@ def padded_shape(shape: tuple[int, ...], named: NamedSharding) -> tuple[int, ...
     return tuple(padded)
 
 
+def holdable_sharding(shape: tuple[int, ...], named: NamedSharding) -> NamedSharding:
+    """``named`` when JAX can hold an array of ``shape`` with it, else replicated on its mesh.
+
+    JAX holds no unevenly sharded array (``device_put`` raises
+    IndivisibleError): a value whose spec does not divide its shape moves
+    replicated, and the reader's constraint cuts it inside the program.
+    """
+    if padded_shape(shape, named) == tuple(shape):
+        return named
+    return NamedSharding(named.mesh, PartitionSpec())
+
+
 class ParameterStore:
     """Every parameter on the mesh, one copy per distinct layout its consumers ask for.
 

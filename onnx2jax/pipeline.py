@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.compile import Compiled, compile_proto, count_collectives, param_bytes_per_device
 from onnx2jax.constraints import SpecKey
+from onnx2jax.parameters import holdable_sharding
 from onnx2jax.translate import InputInfo, input_info
 from sharding.partition import Partition
 from sharding.spec import NodeConfig, device_configurations, remap_spec
@@ -155,7 +156,10 @@ class PipelineCompiled:
         return slices
 
     def _run_stage(self, stage: Stage, env: dict[str, Any]) -> dict[str, Any]:
-        args = {name: jax.device_put(env[name], stage.input_shardings[name]) for name in stage.inputs}
+        args = {
+            name: jax.device_put(env[name], holdable_sharding(tuple(np.shape(env[name])), stage.input_shardings[name]))
+            for name in stage.inputs
+        }
         outputs = stage.compiled(**args)
         env.update(zip(stage.outputs, outputs))
         return args

@@ -165,3 +165,30 @@ def test_cli_run_on_a_staged_model(tmp_path: Path, capsys):
     assert main(["run", str(out), "--devices", "8", "--check"]) == 0
     printed = capsys.readouterr().out
     assert "pipeline: 4 stages, 1 micro-batches" in printed and "vs onnxruntime" in printed
+
+
+def test_a_stage_input_with_an_uneven_spec_runs():
+    """A stage input whose spec does not divide its shape (6 columns over 4 devices) moves replicated.
+
+    JAX holds no unevenly sharded array: device_put with that spec raised
+    IndivisibleError. The stage's own constraint cuts it inside its program.
+    """
+    from onnx import TensorProto, helper as oh
+
+    from sharding.annotate import set_spec
+    from sharding.spec import ShardingSpec
+    from sharding.stages import write_stages
+
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["a"], name="n0"), oh.make_node("Neg", ["a"], ["y"], name="n1")],
+        "uneven",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 6])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 6])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    write_stages(model, {"n0": 0, "n1": 1}, {0: [0, 1, 2, 3], 1: [4, 5, 6, 7]}, "pp")
+    set_spec(model, "n1", ShardingSpec.split("a", {1: 4}, [4, 5, 6, 7]), "pp")
+    x = np.arange(12, dtype=np.float32).reshape(2, 6) - 5
+    compiled = onnx2jax.compile(model, microbatches=2)
+    (y,) = compiled(x)
+    np.testing.assert_array_equal(np.asarray(y), -np.maximum(x, 0))
