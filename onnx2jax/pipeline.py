@@ -103,6 +103,12 @@ class PipelineCompiled:
         microbatches: int,
         configuration: str,
     ):
+        static = [f"{i.name!r} {list(i.shape)}" for i in model.inputs if i.shape and isinstance(i.shape[0], int) and i.shape[0] > 0]
+        if microbatches > 1 and static:
+            raise ValueError(
+                f"microbatches={microbatches} cuts axis 0 of every input, but the model declares a fixed axis 0 "
+                f"on {', '.join(static)}: export it with a dynamic batch axis, or use microbatches=1"
+            )
         self.stages = list(stages)
         self.partition = partition
         self.model = model

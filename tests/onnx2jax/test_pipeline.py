@@ -192,3 +192,23 @@ def test_a_stage_input_with_an_uneven_spec_runs():
     compiled = onnx2jax.compile(model, microbatches=2)
     (y,) = compiled(x)
     np.testing.assert_array_equal(np.asarray(y), -np.maximum(x, 0))
+
+
+def test_microbatches_on_a_fixed_batch_axis_are_refused_by_input_name():
+    from onnx import TensorProto, helper as oh
+
+    from sharding.stages import write_stages
+
+    graph = oh.make_graph(
+        [oh.make_node("Relu", ["x"], ["a"], name="n0"), oh.make_node("Neg", ["a"], ["y"], name="n1")],
+        "fixed",
+        [oh.make_tensor_value_info("x", TensorProto.FLOAT, [2, 6])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, [2, 6])],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    write_stages(model, {"n0": 0, "n1": 1}, {0: [0], 1: [1]}, "pp")
+    with pytest.raises(ValueError, match=r"fixed axis 0 on 'x' \[2, 6\]"):
+        onnx2jax.compile(model, microbatches=2)
+    x = np.arange(12, dtype=np.float32).reshape(2, 6) - 5
+    (y,) = onnx2jax.compile(model, microbatches=1)(x)
+    np.testing.assert_array_equal(np.asarray(y), -np.maximum(x, 0))
