@@ -132,15 +132,22 @@ class Conv(Rule):
         return contract(ctx, operands, [(ctx.node.output[0], ly)], label_names=NAMES)
 
 
+def _data_rank(ctx) -> int | None:
+    """The rank of input 0 (else of output 0); when neither is known, says so in a note and returns None."""
+    rank = ctx.rank(0) or ctx.out_rank(0)
+    if rank is None:
+        ctx.unknown(f"the rank of {ctx.input_name(0)!r} is unknown", tensor=ctx.input_name(0))
+    return rank
+
+
 class WindowedPool(Rule):
     """MaxPool, AveragePool, LpPool: batch and channels free, spatial refused."""
 
     ops = WINDOWED_POOLS
 
     def outputs(self, ctx, in_specs):
-        rank = ctx.rank(0) or ctx.out_rank(0)
+        rank = _data_rank(ctx)
         if rank is None:
-            ctx.unknown(f"the rank of {ctx.input_name(0)!r} is unknown", tensor=ctx.input_name(0))
             return []
         if _refuse_spatial(ctx, 0, in_specs[0], rank):
             return []
@@ -155,9 +162,8 @@ class GlobalPool(Rule):
     ops = GLOBAL_POOLS
 
     def outputs(self, ctx, in_specs):
-        rank = ctx.rank(0) or ctx.out_rank(0)
+        rank = _data_rank(ctx)
         if rank is None:
-            ctx.unknown(f"the rank of {ctx.input_name(0)!r} is unknown", tensor=ctx.input_name(0))
             return []
         labels = list(range(rank))
         return contract(
@@ -172,9 +178,8 @@ class ChannelNorm(Rule):
     ops = frozenset({"BatchNormalization", "InstanceNormalization"})
 
     def outputs(self, ctx, in_specs):
-        rank = ctx.rank(0) or ctx.out_rank(0)
+        rank = _data_rank(ctx)
         if rank is None:
-            ctx.unknown(f"the rank of {ctx.input_name(0)!r} is unknown", tensor=ctx.input_name(0))
             return []
         labels = list(range(rank))
         operands = [Operand(in_specs[0], labels, ctx.in_shapes[0])]
@@ -197,10 +202,9 @@ class Resize(Rule):
     ops = frozenset({"Resize", "Upsample"})
 
     def outputs(self, ctx, in_specs):
-        rank = ctx.rank(0) or ctx.out_rank(0)
+        rank = _data_rank(ctx)
         spec = in_specs[0]
         if rank is None:
-            ctx.unknown(f"the rank of {ctx.input_name(0)!r} is unknown", tensor=ctx.input_name(0))
             return []
         sx, sy = ctx.in_shapes[0], ctx.out_shapes[0] if ctx.out_shapes else None
         labels = []
