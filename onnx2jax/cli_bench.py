@@ -28,7 +28,7 @@ import pathlib
 
 import numpy as np
 
-from onnx2jax.cli_errors import CliError, UsageError
+from onnx2jax.cli_errors import CliError, UsageError, check_writable, require_matplotlib
 
 FIXTURES = ("tiny_llama", "tiny_gpt2", "tiny_bert")
 
@@ -67,12 +67,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if repeats < 1 or warmup < 0:
         raise UsageError(f"--repeats must be at least 1 and --warmup at least 0; got {repeats} and {warmup}")
     for option, path, suffix in (("--output", args.output, ".md"), ("--plot", args.plot, ".png")):
-        _check_writable(option, path, suffix)
+        check_writable(option, path, suffix)
     if args.plot:
-        try:
-            import matplotlib  # noqa: F401 - checked before the long run, used by benchmark.plot
-        except ImportError as e:
-            raise CliError("--plot needs matplotlib: pip install 'onnx2jax[plot]'") from e
+        require_matplotlib()  # before the long run; benchmark.plot imports it
     try:
         import onnxruntime  # noqa: F401
     except ImportError as e:  # pragma: no cover - depends on the environment
@@ -96,17 +93,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         benchmark.plot(rows, args.plot)
         console.print(f"wrote {args.plot}", markup=False)
     return 0
-
-
-def _check_writable(option: str, path: str | None, suffix: str) -> None:
-    """Fails before any timing when an output file has the wrong suffix or no folder."""
-    if path is None:
-        return
-    if not path.endswith(suffix):
-        raise UsageError(f"{option} writes a {suffix} file; got {path!r}")
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise UsageError(f"{option} {path}: folder {folder} does not exist")
 
 
 def _default_models(console) -> list[str]:

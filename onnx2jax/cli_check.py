@@ -6,6 +6,7 @@ Examples::
     onnx2jax check model.onnx --json                # the same, for machines
     onnx2jax explain model.onnx --tensor logits     # every node: written vs inferred specs
     onnx2jax explain model.onnx --write full.onnx   # write the completed annotations
+    onnx2jax explain model.onnx --plot tiles.png    # draw tiles per device and collectives per layer
 
 Both run proposal 0007's checker and inference (`sharding.check`,
 `sharding.infer`). Symbolic input dims can be fixed with ``--input-shape
@@ -18,11 +19,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 from collections.abc import Sequence
 
 import onnx
 
-from onnx2jax.cli_errors import CliError, UsageError
+from onnx2jax.cli_errors import CliError, UsageError, check_writable, require_matplotlib
 from onnx2jax.loading import load_model
 from sharding.check import check, check_and_infer
 from sharding.diagnostics import Diagnostic
@@ -81,6 +83,9 @@ def add_explain_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPars
     parser.add_argument("--placed", action="store_true",
                         help="list only nodes with specs (by default every node is listed)")
     parser.add_argument("--write", metavar="OUT.onnx", help="write the model with every inferred spec")
+    parser.add_argument("--plot", metavar="OUT.png",
+                        help="draw each tensor's tiles over the devices and the collectives per layer "
+                             "(needs matplotlib: pip install 'onnx2jax[plot]')")
     parser.set_defaults(func=cmd_explain)
     return parser
 
@@ -303,8 +308,27 @@ def _indices(shape):
     return itertools.product(*(range(n) for n in shape))
 
 
+def _plot(path: str, model: onnx.ModelProto, inference: Inference, out: str, *, quiet: bool) -> None:
+    from onnx2jax.tile_plot import render
+    from sharding.tile_map import tile_map
+
+    tiles = tile_map(model, inference)
+    drawn = tiles.tensors()
+    if not drawn:
+        raise CliError(f"{path}: no tensor carries a spec with a known shape; nothing to draw (pass --input-shape)")
+    title = (f"{os.path.basename(path)}: configuration {tiles.configuration!r}, {tiles.num_devices} devices; "
+             f"collectives {tiles.collectives_source}")
+    render(tiles, out, title=title)
+    if not quiet:
+        split = sum(not t.replicated for t in drawn)
+        _console().print(f"wrote {out}: {len(drawn)} tensors ({split} split) in {len(tiles.layers)} layers", markup=False)
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """Lists every placed node's written vs inferred specs and reshards; draws named tensors."""
+    if args.plot:
+        check_writable("--plot", args.plot, ".png")
+        require_matplotlib()
     model = _load(args.model)
     shapes = _input_shapes(args.input_shape)
     _require_names(model, shapes, args.node, args.tensor)
@@ -353,4 +377,6 @@ def cmd_explain(args: argparse.Namespace) -> int:
         onnx.save(completed_model(model, inference), args.write)
         if not args.json:
             _console().print(f"wrote {args.write}")
+    if args.plot:
+        _plot(args.model, model, inference, args.plot, quiet=args.json)
     return 1 if any(d.severity == "error" for d in diagnostics) else 0

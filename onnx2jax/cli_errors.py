@@ -33,6 +33,25 @@ class UsageError(CliError):
     exit_code = USAGE_ERROR
 
 
+def check_writable(option: str, path: str | None, suffix: str) -> None:
+    """Fails before any long work when an output file has the wrong suffix or no folder."""
+    if path is None:
+        return
+    if not path.endswith(suffix):
+        raise UsageError(f"{option} writes a {suffix} file; got {path!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {path}: folder {folder} does not exist")
+
+
+def require_matplotlib(option: str = "--plot") -> None:
+    """Fails before any long work when matplotlib (the ``plot`` extra) is missing."""
+    try:
+        import matplotlib  # noqa: F401 - imported for real only by the plotting code
+    except ImportError as e:
+        raise CliError(f"{option} needs matplotlib: pip install 'onnx2jax[plot]'") from e
+
+
 def debug_requested(flag: bool = False) -> bool:
     """True when ``--debug`` was given or ``ONNX2JAX_DEBUG`` is set to a true value."""
     return flag or os.environ.get("ONNX2JAX_DEBUG", "").lower() in ("1", "true", "yes", "on")

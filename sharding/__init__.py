@@ -2,8 +2,8 @@
 
 Typed specs and their proto form (`spec`), a short text notation (`text`),
 structural validation (`validate`), shard geometry with host-side split and
-merge (`tiles`), nanotron's split configs (`nanotron`) and text pictures
-(`visualize`).
+merge (`tiles`), nanotron's split configs (`nanotron`), text pictures
+(`visualize`) and what ``explain --plot`` draws, as data (`tile_map`).
 """
 
 from .diagnostics import Diagnostic as Diagnostic
