@@ -32,7 +32,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import sharding
 from onnx2jax.constraints import Placement, ShardingHooks, SpecKey
-from onnx2jax.errors import NodeError
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.parameters import ParameterStore, holdable_sharding, padded_shape
@@ -47,6 +46,7 @@ from sharding.validate import require_valid
 
 if TYPE_CHECKING:
     from onnx2jax.pipeline import PipelineCompiled
+    from onnx2jax.segmented import SegmentedCompiled
 
 _COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
 
@@ -189,12 +189,8 @@ class Compiled:
         back sharded (JAX holds no unevenly sharded array): it comes back
         replicated, with a warning, once per input signature.
         """
-        dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
-        dynamic = {k: auto_input(v) for k, v in dynamic.items()}
-        shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
-        input_shapes = {k: tuple(np.shape(v)) for k, v in {**dynamic, **static}.items()}
-        signature = self._signature((key, shapes), input_shapes)
-        args = ((self.params, self.param_copies), self._place_inputs(dynamic, signature))
+        placed, static, key, shapes, signature = self._prepare(inputs, named)
+        args = ((self.params, self.param_copies), placed)
         jitted = self._jitted.get((key, shapes))
         if jitted is None:
             evaluate = lambda stored, values: self._evaluate(signature, stored, {**values, **static})  # noqa: E731
@@ -202,6 +198,25 @@ class Compiled:
             options = compiler_options(self.mesh.devices.flat[0].platform)
             jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings, compiler_options=options)
         return jitted, args, signature
+
+    def _prepare(self, inputs: Sequence[Any], named: Mapping[str, Any]):
+        """Binds a call's inputs: (runtime inputs placed on the mesh, shape-setting ones, their key, shapes, signature)."""
+        dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
+        dynamic = {k: auto_input(v) for k, v in dynamic.items()}
+        shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
+        input_shapes = {k: tuple(np.shape(v)) for k, v in {**dynamic, **static}.items()}
+        signature = self._signature((key, shapes), input_shapes)
+        return self._place_inputs(dynamic, signature), static, key, shapes, signature
+
+    def place_inputs(self, **named: Any) -> dict[str, Any]:
+        """The named inputs as a call places them (see ``_place_inputs``); shape-setting ones stay numpy.
+
+        A segmented run (:mod:`onnx2jax.segmented`) places a host step's
+        outputs with this before calling, so that it can report where they went.
+        """
+        with self._scope():
+            placed, static, _, _, _ = self._prepare((), named)
+        return {**placed, **static}
 
     def _place_inputs(self, values: Mapping[str, Any], signature: _Signature) -> dict[str, Any]:
         """Every runtime input as a jax.Array on the mesh, so that XLA never picks an input layout.
@@ -448,7 +463,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     check: bool = True,
     devices: Sequence[int] | None = None,
     microbatches: int = 1,
-) -> "Compiled | PipelineCompiled":
+) -> "Compiled | PipelineCompiled | SegmentedCompiled":
     """Compiles an annotated ONNX model for a device mesh.
 
     Args:
@@ -473,7 +488,11 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         compiles to a :class:`onnx2jax.pipeline.PipelineCompiled`.
 
     Returns:
-      A :class:`Compiled`: call it like the model.
+      A :class:`Compiled`: call it like the model. A model whose output
+      shapes depend on run-time values (NonMaxSuppression, NonZero, ...:
+      ``onnx2jax.translate(model).segments``) gives a
+      :class:`onnx2jax.segmented.SegmentedCompiled`, which runs each jitted
+      segment sharded and the data-dependent nodes on the host between them.
 
     Raises:
       sharding.ShardingError: the annotations have errors (each diagnostic
@@ -502,17 +521,6 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     )
 
 
-def _refuse_segments(jax_model: JaxModel) -> None:
-    """compile() has no segmented run yet (a host step would gather sharded inputs): refuse by node."""
-    host = [s for s in jax_model.segments if s.kind == "host"]
-    if host:
-        names = ", ".join(f"{s.nodes[0]!r}" for s in host)
-        raise NodeError(
-            f"node(s) {names}: {host[0].reason}. onnx2jax.compile does not run such segmented models yet; "
-            "onnx2jax.translate(model) runs them unsharded"
-        )
-
-
 def compile_proto(
     proto: onnx.ModelProto,
     external_dir: str | None,
@@ -523,8 +531,12 @@ def compile_proto(
     devices: Sequence[int] | None = None,
     jax_devices: Sequence[jax.Device] | None = None,
     structural: Sequence[Diagnostic] = (),
-) -> Compiled:
+) -> "Compiled | SegmentedCompiled":
     """The SPMD compile of an opened model (see :func:`compile`).
+
+    A model cut around data-dependent nodes (``JaxModel.segments``) compiles
+    to a :class:`onnx2jax.segmented.SegmentedCompiled`: one SPMD program per
+    jitted segment on one mesh, host steps between them.
 
     Args:
       jax_devices: without a ``mesh``, the jax device each configuration
@@ -534,8 +546,14 @@ def compile_proto(
         at each call).
     """
     jax_model = JaxModel(proto, external_dir)
-    _refuse_segments(jax_model)
     config = _choose_configuration(proto, configuration)
+    if jax_model.segments:
+        from onnx2jax.segmented import compile_segmented  # it builds on this module
+
+        return compile_segmented(
+            jax_model, external_dir, mesh, configuration=config, check=check, devices=devices,
+            jax_devices=jax_devices, structural=structural,
+        )
     if config is None:
         mesh = mesh or Mesh(np.array(jax.devices()[:1]), ("d0",))
         return Compiled(jax_model, mesh, None, {}, None, None)
@@ -546,20 +564,31 @@ def compile_proto(
         raise ShardingError(list(errors))
     # At the model's own shapes: a fused spec on a symbolic axis waits for the call's shapes.
     layouts = _layouts(inference, strict=False)
-    if mesh is None:
-        jax_devices = list(jax_devices) if jax_devices is not None else jax.devices()
-        if len(jax_devices) < num_devices:
-            raise ValueError(
-                f"configuration {config!r} needs {num_devices} devices, jax has {len(jax_devices)} "
-                "(on CPU: jax.config.update('jax_num_cpu_devices', N) before jax starts)"
-            )
-        mapping = map_specs(layouts, num_devices)
-        array = np.array([jax_devices[d] for d in mapping.plan.device_order]).reshape(mapping.plan.axis_sizes)
-        mesh = Mesh(array, mapping.plan.axis_names)
-    else:
-        mapping = map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices))
+    mesh, mapping = mesh_for(layouts, config, num_devices, mesh, devices, jax_devices)
     placements = _placements(mapping, layouts, mesh)
     return Compiled(jax_model, mesh, inference, placements, mapping, config, check=check, structural=structural)
+
+
+def mesh_for(
+    layouts: Mapping[SpecKey, Layout],
+    config: str,
+    num_devices: int,
+    mesh: Mesh | None,
+    devices: Sequence[int] | None,
+    jax_devices: Sequence[jax.Device] | None,
+) -> tuple[Mesh, MeshMapping]:
+    """The mesh the specs run on (the user's, or one searched from the layouts) and the specs mapped onto it."""
+    if mesh is not None:
+        return mesh, map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices))
+    jax_devices = list(jax_devices) if jax_devices is not None else jax.devices()
+    if len(jax_devices) < num_devices:
+        raise ValueError(
+            f"configuration {config!r} needs {num_devices} devices, jax has {len(jax_devices)} "
+            "(on CPU: jax.config.update('jax_num_cpu_devices', N) before jax starts)"
+        )
+    mapping = map_specs(layouts, num_devices)
+    array = np.array([jax_devices[d] for d in mapping.plan.device_order]).reshape(mapping.plan.axis_sizes)
+    return Mesh(array, mapping.plan.axis_names), mapping
 
 
 def _layouts(inference: "sharding.Inference", *, strict: bool) -> dict[SpecKey, Layout]:

@@ -30,6 +30,14 @@ DATA_DEPENDENT: Mapping[str, tuple[int, ...] | None] = {
 }
 """Ops whose output shape depends on the values of these inputs (None: all of them)."""
 
+VARIABLE_OUTPUTS: Mapping[str, tuple[int, ...]] = {
+    "NonMaxSuppression": (0,),  # selected_indices: one row per kept box
+    "NonZero": (0,),  # one column per nonzero element
+    "Unique": (0, 1, 3),  # Y, indices, counts (inverse_indices has the input's length)
+    "Compress": (0,),
+}
+"""Per op, the outputs whose length depends on those values."""
+
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
@@ -41,6 +49,8 @@ class Segment:
       inputs: tensors it receives.
       outputs: tensors it hands to later segments or to the graph's outputs.
       reason: why a host step is cut out of the jitted programs ('' for a jitted one).
+      op_type: a host step's op ('' for a jitted one).
+      variable: a host step's outputs whose length depends on the values (the cause of the cut).
     """
 
     kind: str
@@ -48,6 +58,8 @@ class Segment:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     reason: str = ""
+    op_type: str = ""
+    variable: tuple[str, ...] = ()
 
 
 def _label(node: onnx.NodeProto, index: int) -> str:
@@ -118,12 +130,14 @@ def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> 
             part_of[node.name] = part
     parts: Partition = partition(named.graph, part_of, what="segment")
     reasons = {named.graph.node[i].name: _reason(node) for i, node in cuts}
+    cut_nodes = {named.graph.node[i].name: node for i, node in cuts}
     original = {named.graph.node[i].name: _label(n, i) for i, n in enumerate(model.graph.node)}
     segments, models = [], []
     for p in parts.parts:
         host = p % 2 == 1
         nodes = parts.nodes[p]
         reason = reasons[nodes[0]] if host else ""
+        cut = cut_nodes[nodes[0]] if host else None
         segments.append(
             Segment(
                 "host" if host else "jit",
@@ -131,6 +145,8 @@ def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> 
                 parts.inputs[p],
                 parts.outputs[p],
                 reason,
+                cut.op_type if cut is not None else "",
+                _variable_outputs(cut) if cut is not None else (),
             )
         )
         models.append(extract_part(named, parts, p))
@@ -142,6 +158,11 @@ def _reason(node: onnx.NodeProto) -> str:
         f"{node.op_type}'s output length depends on the values of its inputs, computed at run time; "
         "XLA needs static shapes, so it runs on the host between jitted segments"
     )
+
+
+def _variable_outputs(node: onnx.NodeProto) -> tuple[str, ...]:
+    positions = VARIABLE_OUTPUTS.get(node.op_type, range(len(node.output)))
+    return tuple(node.output[p] for p in positions if p < len(node.output) and node.output[p])
 
 
 def describe(segments: Sequence[Segment]) -> list[str]:

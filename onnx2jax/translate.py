@@ -523,6 +523,15 @@ class JaxModel:
     def input_names(self) -> list[str]:
         return [i.name for i in self.inputs]
 
+    @property
+    def segment_plan(self) -> _segments.SegmentPlan | None:
+        """The cut model (its segments and a model for each), or None when it runs as one program."""
+        return self._plan
+
+    def segment_runner(self, index: int) -> Callable[[Mapping[str, Any]], Sequence[Any]]:
+        """Runs segment ``index`` on its named inputs (a host step: numpy in, numpy out), unsharded."""
+        return self._segment_runners[index]
+
     def bind_inputs(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> dict[str, Any]:
         """Maps positional and named arguments onto the graph's inputs, checking dtype and rank.
 

@@ -158,9 +158,12 @@ def test_tracing_a_segmented_model_names_the_node() -> None:
             jax.grad(lambda p: model.fn(p, *args[1:])[1].sum())(model.params)
 
 
-def test_sharded_compile_refuses_a_segmented_model_by_name() -> None:
-    with pytest.raises(NodeError, match="'nms'.*onnx2jax.compile does not run such segmented models"):
-        onnx2jax.compile(detection_head())
+def test_compile_runs_an_unannotated_segmented_model() -> None:
+    # Sharded segmented runs: test_segments_sharded.py. Without annotations, compile() runs it replicated.
+    proto = detection_head()
+    x = np.random.default_rng(1).normal(size=(1, 3, 4, 4)).astype(np.float32)
+    feeds = {"x": x, "iou": np.array([0.3], np.float32), "score_min": np.array([0.5], np.float32)}
+    _assert_same(onnx2jax.compile(proto)(**feeds), _onnxruntime(proto, feeds))
 
 
 def test_cli_run_lists_the_segments_and_matches_onnxruntime(tmp_path, capsys) -> None:
