@@ -26,12 +26,13 @@ import onnx
 
 from onnx2jax.cli_errors import CliError, UsageError, check_writable, require_matplotlib
 from onnx2jax.loading import load_model
-from sharding.check import check, check_and_infer
+from sharding.check import check, check_and_infer, merge
 from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference, completed_model
 from sharding.rules._core import sharded_dims
 from sharding.text import format_spec
 from sharding.tiles import tile_assignment
+from sharding.validate import validate_model
 from sharding.visualize import render_tiles
 
 _STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
@@ -324,6 +325,31 @@ def _plot(path: str, model: onnx.ModelProto, inference: Inference, out: str, *, 
         _console().print(f"wrote {out}: {len(drawn)} tensors ({split} split) in {len(tiles.layers)} layers", markup=False)
 
 
+def _segments(model: onnx.ModelProto, configuration: str | None, shapes: dict, unsupported: str):
+    """A segmented model's jitted segments, annotated and inferred as compile() does; None if it is one program."""
+    from onnx2jax import segments
+
+    cuts = segments.data_dependent_nodes(model.graph)
+    if not cuts or configuration is None:
+        return None
+    from onnx2jax.segment_sharding import shard_segments
+
+    return shard_segments(segments.plan(model, cuts), configuration, input_shapes=shapes, unsupported=unsupported)
+
+
+def _segment_lines(sharded) -> list[str]:
+    if sharded is None:
+        return []
+    from onnx2jax.segment_sharding import describe
+
+    head = (
+        f"runs in {len(sharded.segments)} segments (data-dependent output shapes): each jitted segment is "
+        "its own SPMD program on one mesh; a host step gathers its inputs, the next segment re-places its outputs "
+        "(a tensor received from an earlier jitted segment has its producer's spec written on its readers)"
+    )
+    return [head] + [f"  {line}" for line in describe(sharded)]
+
+
 def cmd_explain(args: argparse.Namespace) -> int:
     """Lists every placed node's written vs inferred specs and reshards; draws named tensors."""
     if args.plot:
@@ -333,10 +359,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
     shapes = _input_shapes(args.input_shape)
     _require_names(model, shapes, args.node, args.tensor)
     _require_annotations(model, args.model)
-    diagnostics, inference = check_and_infer(
-        model, args.configuration, input_shapes=shapes,
-        unsupported="error" if args.strict else "warning",
-    )
+    unsupported = "error" if args.strict else "warning"
+    diagnostics, inference = check_and_infer(model, args.configuration, input_shapes=shapes, unsupported=unsupported)
+    sharded = _segments(model, inference.configuration, shapes, unsupported)
+    if sharded is not None:  # compile() infers each jitted segment on its own: list what it runs
+        from onnx2jax.segment_sharding import merged_inference
+
+        inference = merged_inference(sharded, inference.configuration)
+        diagnostics = merge(validate_model(model, input_shapes=shapes), inference.diagnostics)
     rows = list(_rows(inference, model, not args.placed, set(args.node)))
     problems = [
         d for d in diagnostics
@@ -350,6 +380,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
                       for r in rows],
             "diagnostics": [dataclasses.asdict(d) for d in diagnostics],
             "tiles": {name: _grid(inference, name, shapes) for name in args.tensor},
+            "segments": _segment_lines(sharded),
         }, indent=2))
     else:
         from rich.table import Table
@@ -372,6 +403,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
         for name in args.tensor:
             console.print(_grid(inference, name, shapes), markup=False)
         _print_stages(console, inference.diagnostics)
+        for line in _segment_lines(sharded):
+            console.print(line, markup=False)
         console.print(_summary(_counts(diagnostics)))
     if args.write:
         onnx.save(completed_model(model, inference), args.write)

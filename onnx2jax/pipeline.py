@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.compile import Compiled, compile_proto, count_collectives, param_bytes_per_device
 from onnx2jax.constraints import SpecKey
+from onnx2jax.errors import NodeError
 from onnx2jax.parameters import holdable_sharding
 from onnx2jax.translate import InputInfo, input_info
 from sharding.partition import Partition
@@ -364,6 +365,12 @@ def compile_pipeline(
             compiled = compile_proto(sub, external_dir, None, configuration=configuration, check=check, jax_devices=devices)
         else:
             compiled = compile_proto(sub, external_dir, Mesh(np.array(devices), ("d0",)))
+        if not isinstance(compiled, Compiled):
+            host = next(s for s in compiled.segments if s.kind == "host")
+            raise NodeError(
+                f"node {host.nodes[0]!r} (stage {stage_id}): {host.reason}. Pipeline stages with data-dependent "
+                "output shapes inside them are not supported; compile the model without pipeline_stage"
+            )
         stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
         stage.input_shardings = _input_shardings(sub, compiled, stage.inputs)
         stages.append(stage)

@@ -38,6 +38,7 @@ import sharding
 from onnx2jax.segments import Segment, SegmentPlan
 from sharding.annotate import set_spec
 from sharding.spec import NodeConfig, ShardingSpec
+from sharding.text import format_spec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +135,75 @@ def shard_segments(
     return ShardedSegments(plan, models, inferences, crossings)
 
 
+def merged_inference(sharded: ShardedSegments, configuration: str) -> "sharding.Inference":
+    """One `Inference` of the jitted segments' own nodes, in graph order (what ``explain`` lists).
+
+    Host steps have none: their nodes run unsharded on the host.
+    """
+    nodes, tensors, shapes, diagnostics, seen = {}, {}, {}, [], set()
+    for segment, inference in zip(sharded.segments, sharded.inferences):
+        if inference is None:
+            continue
+        own = set(segment.nodes)
+        nodes.update((k, v) for k, v in inference.nodes.items() if k in own)
+        tensors.update(inference.tensors)
+        shapes.update(inference.shapes)
+        for d in inference.diagnostics:
+            key = (d.code, d.node, d.tensor, d.message)
+            if key not in seen and (d.node is None or d.node in own):
+                seen.add(key)
+                diagnostics.append(d)
+    return sharding.Inference(configuration, nodes, tensors, tuple(diagnostics), shapes)
+
+
+def describe(sharded: ShardedSegments) -> list[str]:
+    """The segments, why each host step is cut, and each tensor crossing, with shapes and bytes (no run needed).
+
+    A length known only at run time is written as its symbol (``?`` when it
+    has none), and its bytes as bytes per unit of it.
+    """
+    types = tensor_types(sharded.plan)
+    lines = []
+    for index, segment in enumerate(sharded.segments):
+        if segment.kind == "jit":
+            lines.append(f"segment {index + 1}: jitted program, {len(segment.nodes)} node(s)")
+        else:
+            variable = ", ".join(map(repr, segment.variable))
+            lines.append(
+                f"segment {index + 1}: host step {segment.nodes[0]!r} ({segment.op_type}): "
+                f"output {variable} has a data-dependent length. {segment.reason}"
+            )
+        for crossing in sharded.crossings:
+            if crossing.into == index:
+                lines.append("  " + _crossing_text(sharded, crossing, types))
+    return lines
+
+
+def _crossing_text(sharded: ShardedSegments, crossing: Crossing, types: Mapping) -> str:
+    shape, dtype = types.get(crossing.tensor, ((), None))
+    for inference in (_source_inference(sharded, crossing), sharded.inferences[crossing.into]):
+        found = inference.shapes.get(crossing.tensor) if inference is not None else None
+        if found is not None:
+            shape = tuple(d if isinstance(d, int) else (d or "?") for d in found)
+            break
+    what = f"{crossing.tensor!r} {list(shape)} {dtype or '?'} ({bytes_text(shape, dtype)})"
+    source = "the graph input" if crossing.source is None else f"segment {crossing.source + 1}"
+    spec = "unsharded" if crossing.spec is None else format_spec(crossing.spec)
+    if crossing.kind == "gather":
+        producer = _source_inference(sharded, crossing)
+        left = producer.tensors.get(crossing.tensor) if producer is not None else None
+        where = f", where it is {format_spec(left)}" if left is not None else ""
+        return f"gather {what} from {source}{where} to the host: np.asarray of the global array"
+    if crossing.kind == "re-place":
+        reader = f"the spec of its first reader {crossing.reader!r}" if crossing.reader else "no reader has a spec"
+        return f"re-place {what} from host step {crossing.source + 1} onto the mesh as {spec} ({reader})"
+    return f"receive {what} from {source} as placed, {spec}: no transfer"
+
+
+def _source_inference(sharded: ShardedSegments, crossing: Crossing) -> "sharding.Inference | None":
+    return None if crossing.source is None else sharded.inferences[crossing.source]
+
+
 def _own_specs(model: onnx.ModelProto, segment: Segment) -> onnx.ModelProto:
     """A copy of a segment model whose recomputed nodes (another segment's) carry no specs.
 
@@ -205,4 +275,13 @@ def bytes_text(shape: Sequence, dtype: np.dtype | None) -> str:
     return f"{size:,} B" + "".join(f" x {u}" for u in unknown)
 
 
-__all__ = ["Crossing", "ShardedSegments", "bytes_text", "first_reader", "shard_segments", "tensor_types"]
+__all__ = [
+    "Crossing",
+    "ShardedSegments",
+    "bytes_text",
+    "describe",
+    "first_reader",
+    "merged_inference",
+    "shard_segments",
+    "tensor_types",
+]

@@ -111,7 +111,7 @@ class SegmentedCompiled:
             for name in segment.outputs:
                 self._producer.setdefault(name, index + 1)
         crossings = sharded.crossings if sharded is not None else []
-        self._readers = {(c.tensor, c.into): c.reader for c in crossings if c.reader is not None}
+        self._readers = {(c.tensor, c.into + 1): c for c in crossings if c.reader is not None}
         self._last_args: tuple | None = None
         self._segment_args: dict[int, dict[str, Any]] = {}
         self.moves: list[Move] = []  # the last call's gathers, re-places and host outputs
@@ -147,7 +147,7 @@ class SegmentedCompiled:
                         source = self._producer.get(name)
                         if source is not None:
                             kind = "re-place" if self.segments[source - 1].kind == "host" else "as placed"
-                            moves.append(self._move(name, index + 1, kind, placed[name], self._readers.get((name, index))))
+                            moves.append(self._move(name, index + 1, kind, placed[name]))
                     self._segment_args[index] = placed
                     outputs = program(**placed)
                 self.last_outputs.append(tuple(outputs))
@@ -171,9 +171,13 @@ class SegmentedCompiled:
         moves.append(self._move(name, self._producer.get(name, 0), "output", placed))
         return placed
 
-    def _move(self, name: str, step: int, kind: str, value: Any, reader: str | None = None) -> Move:
+    def _move(self, name: str, step: int, kind: str, value: Any) -> Move:
         sharding = getattr(value, "sharding", None)
         where = str(sharding.spec) if isinstance(sharding, NamedSharding) else "host"
+        crossing = self._readers.get((name, step)) if kind == "re-place" else None
+        reader = crossing.reader if crossing is not None else None
+        if crossing is not None and crossing.spec.sharded_dims and sharding.is_fully_replicated:
+            where += ", replicated: its reader's spec does not divide the shape (cut inside the program)"
         shape = tuple(int(d) for d in np.shape(value))
         dtype = np.dtype(value.dtype)
         nbytes = int(np.prod(shape)) * dtype.itemsize
@@ -293,6 +297,8 @@ class SegmentedReport:
 def _move_text(move: Move) -> str:
     what = f"{move.tensor!r} {list(move.shape)} {move.dtype} ({move.nbytes:,} bytes)"
     source = "graph input" if move.source == 0 else f"segment {move.source}"
+    if move.kind == "gather" and move.sharding == "host":
+        return f"gather {what} from {source}: already a host array, nothing moves"
     if move.kind == "gather":
         return f"gather {what} from {source} ({move.sharding}) to the host: np.asarray of the global array"
     if move.kind == "re-place":

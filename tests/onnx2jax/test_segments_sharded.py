@@ -295,3 +295,46 @@ def test_a_segmented_model_is_not_one_program() -> None:
     compiled = onnx2jax.compile(nonzero_then_matmul())
     with pytest.raises(NodeError, match="'nonzero'.*NonZero.*compiled_texts"):
         compiled.compiled_text(np.zeros((3, 16), np.float32))
+
+
+def test_explain_lists_the_segments_cuts_and_crossings(tmp_path, capsys) -> None:
+    from onnx2jax.cli import main
+
+    path = tmp_path / "head_tp.onnx"
+    onnx.save(torch_head_channel_parallel(), path)
+    assert main(["explain", str(path), "--input-shape", "x=1,3,6,6"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich folds long lines
+    assert "runs in 3 segments (data-dependent output shapes)" in out
+    assert "segment 2: host step '/NonMaxSuppression' (NonMaxSuppression): output 'selected' has a data-dependent length" in out
+    assert "gather '/Transpose_output_0' [1, 36, 4] float32 (576 B) from segment 1" in out
+    assert "re-place 'selected' ['k', 3] int64 (24 B x k) from host step 2 onto the mesh as unsharded" in out
+    assert "receive '/Transpose_output_0' [1, 36, 4] float32 (576 B) from segment 1 as placed" in out
+    path = tmp_path / "nonzero_tp.onnx"
+    onnx.save(nonzero_then_matmul(), path)
+    assert main(["explain", str(path), "--json"]) == 0
+    import json
+
+    segments = json.loads(capsys.readouterr().out)["segments"]
+    assert any("receive 'h' ['n', 32] float32 (128 B x n) from segment 1 as placed, 1:8 @ [0,1,2,3,4,5,6,7]" in l for l in segments)
+
+
+def test_a_host_output_whose_reader_spec_does_not_divide_it_is_re_placed_replicated_and_said() -> None:
+    proto = nonzero_then_matmul()
+    # The Squeeze reading NonZero's [1, k] output asks for its k axis split 8 ways (and gives its
+    # output replicated, which the Gather of h's split columns needs).
+    set_spec(proto, "rows", ShardingSpec.split("nz", {1: N}, DEVICES), "tp")
+    set_spec(proto, "rows", ShardingSpec.replicated("rows", DEVICES), "tp")
+    compiled = onnx2jax.compile(proto)
+    rng = np.random.default_rng(10)
+    for _ in range(4):
+        x = rng.normal(size=(12, 16)).astype(np.float32)
+        (y,) = compiled(x)
+        (expected,) = _onnxruntime(proto, {"x": x})
+        _assert_same([y], [expected])
+        if len(expected) % N:
+            break
+    assert len(expected) % N  # k does not divide by 8: JAX cannot hold it split
+    (move,) = [m for m in compiled.moves if m.kind == "re-place"]
+    assert move.tensor == "nz" and move.reader == "rows"
+    assert move.sharding == "P(), replicated: its reader's spec does not divide the shape (cut inside the program)"
+    assert placement_problem(compiled.last_outputs[2][0], None) is None
