@@ -34,6 +34,7 @@ from onnx2jax.errors import NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.hostvalues import is_host_value, to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
 from onnx2jax.ops.registry import OpImpl, lookup
+from onnx2jax import scan as _scan
 from onnx2jax import segments as _segments
 from onnx2jax.xla_options import compiler_options
 
@@ -266,18 +267,32 @@ def _to_jax(value: Any) -> Any:
 class GraphRunner:
     """Evaluates one graph (and its subgraphs) over an environment of values."""
 
-    def __init__(self, opsets: Mapping[str, int], hooks: Hooks | None = None):
+    def __init__(self, opsets: Mapping[str, int], hooks: Hooks | None = None, *, scan_strict: bool = False):
         self.opsets = dict(opsets)
         self.hooks = hooks
+        self.scan_strict = scan_strict
+        self.scan_note = ""
 
-    def run(self, graph: onnx.GraphProto, env: dict[str, Any]) -> list:
-        """Runs every node of ``graph`` in ``env`` (updated in place); returns its outputs."""
-        for node in graph.node:
-            self._run_node(node, env)
+    def run(self, graph: onnx.GraphProto, env: dict[str, Any], scan: _scan.ScanPlan | None = None) -> list:
+        """Runs every node of ``graph`` in ``env`` (updated in place); returns its outputs.
+
+        With an active ``scan`` plan the repeated layers run as one
+        ``lax.scan`` (:mod:`onnx2jax.scan`); ``self.scan_note`` then says
+        whether they had to run unrolled instead, and why.
+        """
+        if scan is not None and scan.active:
+            self.scan_note = _scan.run(scan, graph, self.run_nodes, env, strict=self.scan_strict)
+        else:
+            self.run_nodes(graph.node, env)
         missing = [o.name for o in graph.output if o.name not in env]
         if missing:
             raise NodeError(f"graph {graph.name!r}: outputs {missing} are never produced")
         return [env[o.name] for o in graph.output]
+
+    def run_nodes(self, nodes: Sequence[onnx.NodeProto], env: dict[str, Any]) -> None:
+        """Runs ``nodes`` in order over ``env`` (updated in place)."""
+        for node in nodes:
+            self._run_node(node, env)
 
     def run_subgraph(self, graph: onnx.GraphProto, outer: Mapping[str, Any], inputs: Sequence[Any]) -> list:
         """Runs a subgraph whose formal inputs are bound to ``inputs``; outer names stay visible."""
@@ -480,7 +495,14 @@ class JaxModel:
         reason. Empty for a model that runs as one program.
     """
 
-    def __init__(self, proto: onnx.ModelProto, external_dir: str | None = None, *, segmentable: bool = True):
+    def __init__(
+        self,
+        proto: onnx.ModelProto,
+        external_dir: str | None = None,
+        *,
+        segmentable: bool = True,
+        scan_layers: _scan.ScanSetting = "auto",
+    ):
         self.proto = proto
         graph = proto.graph
         self.opsets = _opsets(proto)
@@ -506,10 +528,19 @@ class JaxModel:
         self.shape_input_names = (shape_setting | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
         self._device_runtime_params: tuple | None = None
-        self._baked_params = {k: v for k, v in self.params.items() if v.size <= BAKED_PARAMETER_LIMIT}
-        self._runtime_names = tuple(k for k in self.params if k not in self._baked_params)
         cuts = _segments.data_dependent_nodes(graph) if segmentable else []
         self._plan = _segments.plan(proto, cuts) if cuts else None
+        self._scan_setting = scan_layers
+        self.scan = _scan.plan(proto, scan_layers, self.params, self.constants, segmented=self._plan is not None)
+        self.scan_note = ""
+        # Stacked once here, not per call: the runtime passes these instead of the per-layer copies.
+        self._stacked = _scan.stacked_arrays(self.scan, self.params) if self.scan.active else {}
+        scanned = _scan.per_layer_names(self.scan) if self.scan.active else set()
+        self._baked_params = {
+            k: v for k, v in self.params.items() if v.size <= BAKED_PARAMETER_LIMIT and k not in scanned
+        }
+        self._runtime_names = tuple(k for k in self.params if k not in self._baked_params and k not in scanned)
+        self._runtime_names += tuple(self._stacked)
         self.segments: list[_segments.Segment] = list(self._plan.segments) if self._plan else []
         self.segment_models: list[JaxModel | None] = []  # per segment: its jitted sub-model, None for a host step
         self._segment_runners = [
@@ -567,8 +598,16 @@ class JaxModel:
         env: dict[str, Any] = dict(self.constants)
         env.update(params)
         env.update(inputs)
-        outputs = GraphRunner(self.opsets, hooks).run(self.proto.graph, env)
+        runner = GraphRunner(self.opsets, hooks, scan_strict=self._scan_setting is True)
+        # The sharded path (hooks) places every layer's parameters itself: it runs unrolled.
+        outputs = runner.run(self.proto.graph, env, scan=self.scan if hooks is None else None)
+        if runner.scan_note:
+            self.scan_note = runner.scan_note
         return tuple(_to_jax(o) for o in outputs)
+
+    def layers_report(self) -> str:
+        """One line: whether the repeated layers run as one ``lax.scan``, and why (:mod:`onnx2jax.scan`)."""
+        return self.scan_note or self.scan.reason
 
     def _require_x64(self) -> None:
         """Raises PrecisionError when this model's 64-bit tensors would silently become 32-bit."""
@@ -582,7 +621,7 @@ class JaxModel:
     def _segment_runner(self, segment: _segments.Segment, model: onnx.ModelProto, external_dir: str | None) -> Callable:
         """Runs one segment on its named inputs: a jitted sub-model, or a host step in numpy."""
         if segment.kind == "jit":
-            sub = JaxModel(model, external_dir, segmentable=False)
+            sub = JaxModel(model, external_dir, segmentable=False, scan_layers=False)
             self.segment_models.append(sub)
             return lambda values: sub._call((), values)
         self.segment_models.append(None)
@@ -673,7 +712,8 @@ class JaxModel:
     def _runtime_params(self) -> tuple:
         """The parameters that are not baked in, on the device (copied once, not on every call)."""
         if self._device_runtime_params is None:
-            self._device_runtime_params = tuple(jax.device_put([self.params[k] for k in self._runtime_names]))
+            arrays = {**self.params, **self._stacked}
+            self._device_runtime_params = tuple(jax.device_put([arrays[k] for k in self._runtime_names]))
         return self._device_runtime_params
 
 
@@ -707,7 +747,7 @@ def _check_input(info: InputInfo, value: Any) -> None:
                 raise TypeError(f"input {info.name!r}: axis {axis} must be {want}, got shape {tuple(shape)}")
 
 
-def translate(model: ModelLike) -> JaxModel:
+def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto") -> JaxModel:
     """Translates an ONNX model into a :class:`JaxModel`.
 
     64-bit types: ONNX models are full of int64 (ids, shapes) and sometimes
@@ -718,8 +758,16 @@ def translate(model: ModelLike) -> JaxModel:
     ``with jax.enable_x64(True):`` if ``model.uses_64bit``; otherwise a
     :class:`PrecisionError` says so instead of silently narrowing types.
 
+    Repeated layers: a transformer's N copies of one layer can run as one
+    ``jax.lax.scan`` over stacked parameters, so compile time does not grow
+    with depth (:mod:`onnx2jax.scan`). ``model.layers_report()`` says which
+    form runs and why.
+
     Args:
       model: a path, serialized bytes, or ModelProto.
+      scan_layers: ``"auto"`` scans from ``onnx2jax.scan.AUTO_MIN_LAYERS``
+        repeated layers; ``True`` scans or raises saying why it cannot;
+        ``False`` always unrolls.
 
     Raises:
       UnsupportedOpError: listing every unsupported op of the model at once.
@@ -729,4 +777,4 @@ def translate(model: ModelLike) -> JaxModel:
       >>> m = translate("tests/data/tiny_llama.onnx")   # doctest: +SKIP
       >>> (logits,) = m(np.zeros((1, 8), np.int64))     # doctest: +SKIP
     """
-    return JaxModel(*open_model(model))
+    return JaxModel(*open_model(model), scan_layers=scan_layers)

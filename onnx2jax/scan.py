@@ -1,0 +1,173 @@
+"""Running a transformer's repeated layers as one ``jax.lax.scan`` over stacked parameters.
+
+Unrolled, an N-layer export is N copies of the layer in the traced program and
+XLA compiles all of them: compile time grows with depth. :mod:`onnx2jax.layers`
+finds the repeated layer; here the translator runs its first copy once as the
+body of a ``lax.scan`` whose carry is the residual stream and whose scanned
+input is each layer's parameters, stacked along a new leading axis (once, at
+load). Loop-invariant values (masks, rotary tables, shared initializers) are
+closed over. The program then holds one layer and a while loop.
+
+Policy (``scan_layers``): ``True`` scans or raises saying why it cannot;
+``False`` keeps the unrolled form; ``"auto"`` scans from
+:data:`AUTO_MIN_LAYERS` repeated layers on (below that the compile saved is
+small and the loop costs a little per call; bench/bench_scan.py measures it).
+The decision and its reason are in :attr:`ScanPlan.reason`, shown by
+``onnx2jax run`` and :meth:`JaxModel.describe_layers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Literal, Mapping, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnx
+
+from onnx2jax.errors import NodeError
+from onnx2jax.layers import Repetition, find_repeated_layers
+
+AUTO_MIN_LAYERS = 4
+"""``scan_layers="auto"`` scans from this many repeated layers (bench/RESULTS.md, "Repeated layers")."""
+
+STACKED_PREFIX = "scan/"
+"""Stacked parameters are keyed ``scan/<first layer's initializer name>``."""
+
+ScanSetting = Union[bool, Literal["auto"]]
+
+
+@dataclasses.dataclass(frozen=True)
+class ScanPlan:
+    """Whether a model's repeated layers run as one ``lax.scan``, and why.
+
+    Attributes:
+      active: the layers run as a scan.
+      repetition: what :func:`onnx2jax.layers.find_repeated_layers` found.
+      reason: one line for the user: what runs how, and why.
+    """
+
+    active: bool
+    repetition: Repetition
+    reason: str
+
+    def stacked_key(self, name: str) -> str:
+        return STACKED_PREFIX + name
+
+
+def plan(
+    proto: onnx.ModelProto,
+    setting: ScanSetting,
+    params: Mapping[str, np.ndarray],
+    constants: Mapping[str, np.ndarray],
+    *,
+    segmented: bool = False,
+) -> ScanPlan:
+    """Decides whether to scan ``proto``'s repeated layers under ``setting``.
+
+    Raises:
+      NodeError: ``setting`` is True and the layers cannot be scanned (the reason says why).
+    """
+    if setting not in (True, False, "auto"):
+        raise ValueError(f"scan_layers must be True, False or 'auto', got {setting!r}")
+    if setting is False:
+        return ScanPlan(False, Repetition(reason="scan_layers=False"), "layers unrolled: scan_layers=False")
+    if segmented:
+        return _refuse(setting, Repetition(reason="segmented"), "the model runs in segments around data-dependent nodes")
+    values = {**constants, **params}
+    repetition = find_repeated_layers(proto.graph, lambda name: values[name])
+    if not repetition.found:
+        return _refuse(setting, repetition, f"no repeated layer: {repetition.reason}")
+    traced_constants = [n for n in repetition.stacked if n not in params]
+    if traced_constants:
+        return _refuse(
+            setting, repetition,
+            f"{repetition.count} repeated layers found, but initializer {traced_constants[0]!r} differs between "
+            "layers and is a compile-time constant (it sets a shape), which a scan cannot stack",
+        )
+    if setting == "auto" and repetition.count < AUTO_MIN_LAYERS:
+        return ScanPlan(
+            False, repetition,
+            f"layers unrolled: {repetition.count} repeated layers of {repetition.length} nodes, "
+            f"fewer than {AUTO_MIN_LAYERS} (scan_layers='auto' scans from {AUTO_MIN_LAYERS}; pass scan_layers=True to force)",
+        )
+    return ScanPlan(
+        True, repetition,
+        f"{repetition.count} repeated layers of {repetition.length} nodes run as one lax.scan "
+        f"({len(repetition.stacked)} parameters stacked per layer, carrying {list(repetition.carry_in)})",
+    )
+
+
+def _refuse(setting: ScanSetting, repetition: Repetition, why: str) -> ScanPlan:
+    if setting is True:
+        raise NodeError(f"scan_layers=True: cannot run the layers as a scan: {why}")
+    return ScanPlan(False, repetition, f"layers unrolled: {why}")
+
+
+def stacked_arrays(plan_: ScanPlan, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each stacked slot's per-layer parameters stacked along a new leading axis (done once, at load)."""
+    return {
+        plan_.stacked_key(first): np.stack([np.asarray(params[n]) for n in names])
+        for first, names in plan_.repetition.stacked.items()
+    }
+
+
+def per_layer_names(plan_: ScanPlan) -> set[str]:
+    """The initializers the scan reads through their stacked copies instead."""
+    return {n for names in plan_.repetition.stacked.values() for n in names}
+
+
+RunNodes = Callable[[list[onnx.NodeProto], dict[str, Any]], None]
+
+
+def run(plan_: ScanPlan, graph: onnx.GraphProto, run_nodes: RunNodes, env: dict[str, Any], *, strict: bool) -> str:
+    """Runs ``graph``'s nodes over ``env`` (updated in place): prefix, the layers as a scan, suffix.
+
+    ``env`` holds the graph inputs, constants and parameters; a stacked slot
+    is read from ``env["scan/<name>"]`` when present (the loaded model's
+    copy), else stacked here from the per-layer parameters (a caller's own
+    ``params``, differentiable).
+
+    Returns:
+      '' when the layers ran as a scan; otherwise (not ``strict``) why they
+      ran unrolled instead: a layer's carried tensors change shape or dtype.
+
+    Raises:
+      NodeError: ``strict`` and the carried tensors change shape or dtype.
+    """
+    rep = plan_.repetition
+    nodes = graph.node
+    run_nodes([nodes[i] for i in rep.prefix_nodes()], env)
+    slots = list(rep.stacked)
+    body_nodes = [nodes[i] for i in rep.layer_nodes(0)]
+    outer = dict(env)
+
+    def body(carry: tuple, layer_params: tuple) -> tuple[tuple, None]:
+        local = dict(outer)
+        local.update(zip(slots, layer_params))
+        local.update(zip(rep.carry_in, carry))
+        run_nodes(body_nodes, local)
+        return tuple(jnp.asarray(local[n]) for n in rep.carry_out), None
+
+    init = tuple(jnp.asarray(env[n]) for n in rep.carry_in)
+    try:
+        xs = tuple(
+            env[plan_.stacked_key(s)] if plan_.stacked_key(s) in env else jnp.stack([env[n] for n in rep.stacked[s]])
+            for s in slots
+        )
+        final, _ = jax.lax.scan(body, init, xs, length=rep.count)
+        note = ""
+    except TypeError as err:  # lax.scan: the carry's output type differs from its input type
+        note = (
+            f"layers unrolled: a layer's output differs in shape or dtype from its input "
+            f"(carrying {list(rep.carry_in)}), so the {rep.count} layers cannot run as a scan: {err}"
+        )
+        if strict:
+            raise NodeError(f"scan_layers=True: {note}") from err
+        for k in range(rep.count):
+            run_nodes([nodes[i] for i in rep.layer_nodes(k)], env)
+        final = tuple(env[n] for n in rep.outputs)
+    env.update(zip(rep.outputs, final))
+    run_nodes([nodes[i] for i in rep.suffix_nodes()], env)
+    return note
