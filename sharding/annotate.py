@@ -17,6 +17,7 @@ import onnx.numpy_helper
 import onnx.shape_inference
 
 from .spec import ShardingSpec, read_model_configs
+from .model_arg import takes_model
 from .text import format_spec
 
 # ---------------------------------------------------------------------------
@@ -27,11 +28,12 @@ from .text import format_spec
 MULTI_DEVICE_IR_VERSION = 11
 
 
+@takes_model(in_place=True)
 def add_configuration(model: onnx.ModelProto, name: str, num_devices: int) -> str:
     """Adds a `DeviceConfigurationProto` to ``model.configuration`` if missing (in place).
 
     Args:
-        model: The model; modified in place.
+        model: The model (a ModelProto or an onnx_ir.Model); modified in place.
         name: The configuration's name.
         num_devices: Its number of devices (>= 1).
 
@@ -99,6 +101,7 @@ def _node_config(node: onnx.NodeProto, configuration: str) -> onnx.NodeDeviceCon
     return node.device_configurations.add(configuration_id=configuration)
 
 
+@takes_model(in_place=True)
 def set_spec(
     model: onnx.ModelProto,
     node_name: str,
@@ -112,7 +115,7 @@ def set_spec(
     ``spec.tensor_name`` is replaced.
 
     Args:
-        model: The model; modified in place.
+        model: The model (a ModelProto or an onnx_ir.Model); modified in place.
         node_name: The node (names must be unique).
         spec: The spec; ``spec.tensor_name`` must be an input or output of
             the node.
@@ -146,13 +149,14 @@ def set_spec(
     proto.sharding_spec.append(spec.to_proto())
 
 
+@takes_model(in_place=True)
 def set_stage(
     model: onnx.ModelProto, node_name: str, stage: int, configuration: str | None = None
 ) -> None:
     """Sets a node's ``pipeline_stage`` for a configuration (in place).
 
     Args:
-        model: The model; modified in place.
+        model: The model (a ModelProto or an onnx_ir.Model); modified in place.
         node_name: The node (names must be unique).
         stage: The pipeline stage (>= 0).
         configuration: The configuration's name; None means the model's only
@@ -167,6 +171,7 @@ def set_stage(
     _node_config(_node(model, node_name), config.name).pipeline_stage = stage
 
 
+@takes_model(in_place=True)
 def annotate_tensor(
     model: onnx.ModelProto,
     tensor_name: str,
@@ -179,7 +184,7 @@ def annotate_tensor(
     gets it on the matching input of every node that reads it.
 
     Args:
-        model: The model; modified in place.
+        model: The model (a ModelProto or an onnx_ir.Model); modified in place.
         tensor_name: The tensor.
         spec: The spec; its ``tensor_name`` may be empty (as `parse_spec`
             gives it by default) or must equal ``tensor_name``.
@@ -249,6 +254,7 @@ class PlanRow(NamedTuple):
     stage: int | None
 
 
+@takes_model()
 def describe_plan(model: onnx.ModelProto) -> list[PlanRow]:
     """Every annotation of the main graph, one row per spec, in graph order.
 

@@ -58,6 +58,7 @@ import onnx.shape_inference
 
 from .annotate import add_configuration, name_nodes, set_spec
 from .megatron_parts import Part, feature_parts
+from .model_arg import takes_model
 from .spec import ShardedDim, ShardingSpec, SimpleShardedDim, remap_spec
 
 _log = logging.getLogger(__name__)
@@ -574,6 +575,7 @@ def _check_devices(num_devices: int) -> None:
 _GQA_CHOICES = ("replicate", "groups")
 
 
+@takes_model()
 def megatron_layout(
     model: onnx.ModelProto, num_devices: int, *, gqa: str = "replicate"
 ) -> MegatronLayout:
@@ -772,6 +774,7 @@ def megatron_layout(
     )
 
 
+@takes_model()
 def megatron_plan(
     model: onnx.ModelProto,
     num_devices: int,
@@ -788,7 +791,8 @@ def megatron_plan(
     duplicate-named nodes of the copy are given unique names first.
 
     Args:
-        model: The model; not modified.
+        model: The model (a ModelProto, a path or an onnx_ir.Model, which gets an
+            onnx_ir.Model back); not modified.
         num_devices: Devices of the tensor-parallel group.
         configuration: Name of the `DeviceConfigurationProto` to use.
         gqa: What to do with key/value projections that have fewer heads than

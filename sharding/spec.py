@@ -30,6 +30,7 @@ import numpy as np
 import onnx
 
 from . import _geometry
+from .model_arg import takes_model
 
 # Helpers that normalise constructor arguments, naming the field on failure.
 
@@ -571,6 +572,7 @@ class DeviceConfiguration:
         )
 
 
+@takes_model()
 def device_configurations(model: onnx.ModelProto) -> dict[str, DeviceConfiguration]:
     """The model's device configurations, by name.
 
@@ -586,6 +588,7 @@ def device_configurations(model: onnx.ModelProto) -> dict[str, DeviceConfigurati
     return result
 
 
+@takes_model()
 def read_model_configs(model: onnx.ModelProto) -> dict[str, dict[str, NodeConfig]]:
     """Every node annotation of the main graph, by configuration then node name.
 

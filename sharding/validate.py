@@ -62,6 +62,7 @@ import onnx
 
 from .diagnostics import Diagnostic, Severity, ShardingError
 from .infer import tensor_shapes
+from .model_arg import takes_model
 
 Dim = int | str | None
 Shape = tuple[Dim, ...]
@@ -524,6 +525,7 @@ def _check_node(
             yield from _check_devices(node, spec)
 
 
+@takes_model()
 def validate_model(
     model: onnx.ModelProto,
     *,
@@ -564,6 +566,7 @@ def validate_model(
     return diags
 
 
+@takes_model()
 def require_valid(
     model: onnx.ModelProto,
     *,
