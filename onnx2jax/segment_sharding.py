@@ -72,6 +72,7 @@ class ShardedSegments:
     """Per segment: the annotated model and its inference (None for a host step); the crossings."""
 
     plan: SegmentPlan
+    configuration: str
     models: list[onnx.ModelProto | None]
     inferences: list["sharding.Inference | None"]
     crossings: list[Crossing]
@@ -131,8 +132,21 @@ def shard_segments(
                 continue  # a graph input: placed as compile() places any input
             reader, spec = first_reader(sub, inference, name)
             kind = "re-place" if plan.segments[source].kind == "host" else "as placed"
-            crossings.append(Crossing(name, index, source, kind, reader, arriving.get(name, spec) if kind == "as placed" else spec))
-    return ShardedSegments(plan, models, inferences, crossings)
+            placed_as = arriving.get(name, spec) if kind == "as placed" else spec
+            crossings.append(Crossing(name, index, source, kind, reader, placed_as))
+    return ShardedSegments(plan, configuration, models, inferences, crossings)
+
+
+def ignored_specs(sharded: ShardedSegments, index: int, configuration: str) -> list[str]:
+    """Tensors a host step's node has specs written for: they do not apply, the node runs on the host."""
+    names = []
+    for node in sharded.plan.models[index].graph.node:
+        if node.name not in sharded.segments[index].nodes:
+            continue
+        for proto in node.device_configurations:
+            if proto.configuration_id == configuration:
+                names += [s.tensor_name for s in NodeConfig.from_proto(proto).specs]
+    return names
 
 
 def merged_inference(sharded: ShardedSegments, configuration: str) -> "sharding.Inference":
@@ -173,10 +187,18 @@ def describe(sharded: ShardedSegments) -> list[str]:
                 f"segment {index + 1}: host step {segment.nodes[0]!r} ({segment.op_type}): "
                 f"output {variable} has a data-dependent length. {segment.reason}"
             )
+            lines += ignored_text(ignored_specs(sharded, index, sharded.configuration))
         for crossing in sharded.crossings:
             if crossing.into == index:
                 lines.append("  " + _crossing_text(sharded, crossing, types))
     return lines
+
+
+def ignored_text(tensors: Sequence[str]) -> list[str]:
+    """The line saying a host step's written specs do not apply (none when it has none)."""
+    if not tensors:
+        return []
+    return [f"  its specs written for {', '.join(map(repr, tensors))} do not apply: the node runs on the host"]
 
 
 def _crossing_text(sharded: ShardedSegments, crossing: Crossing, types: Mapping) -> str:
@@ -260,7 +282,8 @@ def tensor_types(plan: SegmentPlan) -> dict[str, tuple[tuple, np.dtype | None]]:
             dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type) if tensor.elem_type else None
             shape = ()
             if tensor.HasField("shape"):
-                shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim)
+                dims = tensor.shape.dim
+                shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims)
             types[info.name] = (shape, np.dtype(dtype) if dtype is not None else None)
     return types
 
@@ -281,6 +304,8 @@ __all__ = [
     "bytes_text",
     "describe",
     "first_reader",
+    "ignored_specs",
+    "ignored_text",
     "merged_inference",
     "shard_segments",
     "tensor_types",

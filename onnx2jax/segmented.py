@@ -36,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.compile import Compiled, Report, _layouts, compile_proto, mesh_for
 from onnx2jax.errors import NodeError
-from onnx2jax.segment_sharding import ShardedSegments, shard_segments
+from onnx2jax.segment_sharding import ShardedSegments, ignored_specs, ignored_text, shard_segments
 from onnx2jax.segments import Segment
 from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic, ShardingError
@@ -113,7 +113,8 @@ class SegmentedCompiled:
         crossings = sharded.crossings if sharded is not None else []
         self._readers = {(c.tensor, c.into + 1): c for c in crossings if c.reader is not None}
         self._last_args: tuple | None = None
-        self._segment_args: dict[int, dict[str, Any]] = {}
+        # The last call's inputs of each jitted segment, as placed (by segment index).
+        self.segment_inputs: dict[int, dict[str, Any]] = {}
         self.moves: list[Move] = []  # the last call's gathers, re-places and host outputs
         self.last_outputs: list[tuple] = []  # the last call's outputs of each segment (in ``segment.outputs`` order)
 
@@ -148,7 +149,7 @@ class SegmentedCompiled:
                         if source is not None:
                             kind = "re-place" if self.segments[source - 1].kind == "host" else "as placed"
                             moves.append(self._move(name, index + 1, kind, placed[name]))
-                    self._segment_args[index] = placed
+                    self.segment_inputs[index] = placed
                     outputs = program(**placed)
                 self.last_outputs.append(tuple(outputs))
                 env.update(zip(segment.outputs, outputs))
@@ -202,7 +203,7 @@ class SegmentedCompiled:
         """Per segment, the HLO text of its compiled, partitioned program at these inputs (None: a host step)."""
         self(*inputs, **named)
         return [
-            None if program is None else program.compiled_text(**self._segment_args[index])
+            None if program is None else program.compiled_text(**self.segment_inputs[index])
             for index, program in enumerate(self.programs)
         ]
 
@@ -223,9 +224,16 @@ class SegmentedCompiled:
         self(*inputs, **named)
         steps = []
         for index, (segment, program) in enumerate(zip(self.segments, self.programs)):
-            report = None if program is None else program.report(**self._segment_args[index])
+            report = None if program is None else program.report(**self.segment_inputs[index])
             steps.append(StepReport(index + 1, segment, report))
-        return SegmentedReport(dict(self.mesh.shape), self.configuration, steps, list(self.moves))
+        ignored = {}
+        if self.sharded is not None:
+            ignored = {
+                index + 1: ignored_specs(self.sharded, index, self.configuration)
+                for index, program in enumerate(self.programs)
+                if program is None
+            }
+        return SegmentedReport(dict(self.mesh.shape), self.configuration, steps, list(self.moves), ignored)
 
 
 @dataclasses.dataclass
@@ -250,6 +258,7 @@ class SegmentedReport:
     configuration: str | None
     steps: list[StepReport]
     moves: list[Move]
+    ignored: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # per host step: specs that do not apply
 
     def lines(self) -> list[str]:
         """The segments, why each host step is cut, and the moves, as plain text lines."""
@@ -266,6 +275,7 @@ class SegmentedReport:
                     f"segment {step.step}: host step {segment.nodes[0]!r} ({segment.op_type}): "
                     f"output {variable} has a data-dependent length. {segment.reason}"
                 )
+                lines += ignored_text(self.ignored.get(step.step, []))
             else:
                 collectives = ", ".join(f"{k} {v}" for k, v in step.report.collectives.items() if v) or "none"
                 per_device = sorted(step.report.param_bytes_per_device.values()) or [0]
@@ -331,7 +341,8 @@ def compile_segmented(
     if configuration is None:
         mesh = mesh or Mesh(np.array(jax.devices()[:1]), ("d0",))
         programs = [
-            None if s.kind == "host" else compile_proto(m, external_dir, mesh) for s, m in zip(plan.segments, plan.models)
+            None if s.kind == "host" else compile_proto(m, external_dir, mesh)
+            for s, m in zip(plan.segments, plan.models)
         ]
         return SegmentedCompiled(model, mesh, None, programs, None)
     num_devices = device_configurations(model.proto)[configuration].num_devices

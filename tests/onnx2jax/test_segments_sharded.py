@@ -338,3 +338,55 @@ def test_a_host_output_whose_reader_spec_does_not_divide_it_is_re_placed_replica
     assert move.tensor == "nz" and move.reader == "rows"
     assert move.sharding == "P(), replicated: its reader's spec does not divide the shape (cut inside the program)"
     assert placement_problem(compiled.last_outputs[2][0], None) is None
+
+
+def _rows_kept(count: int, total: int) -> np.ndarray:
+    """x [total, 16] whose rows of x @ w0 sum to > 0 exactly for the first ``count`` rows."""
+    w0 = onnx.numpy_helper.to_array(next(i for i in nonzero_then_matmul().graph.initializer if i.name == "w0"))
+    direction = w0.sum(axis=1)  # row_sum(x @ w0) = x . direction
+    signs = np.where(np.arange(total) < count, 1.0, -1.0)[:, None]
+    noise = np.random.default_rng(11).uniform(0.5, 1.5, size=(total, 1))
+    return (signs * noise * direction[None, :]).astype(np.float32)
+
+
+def test_a_host_output_is_re_placed_with_its_first_readers_spec() -> None:
+    proto = nonzero_then_matmul()
+    set_spec(proto, "rows", ShardingSpec.split("nz", {1: N}, DEVICES), "tp")
+    set_spec(proto, "rows", ShardingSpec.replicated("rows", DEVICES), "tp")
+    compiled = onnx2jax.compile(proto)
+    x = _rows_kept(N, 12)  # 8 kept rows: NonZero's [1, 8] output divides 8 ways
+    (y,) = compiled(x)
+    (expected,) = _onnxruntime(proto, {"x": x})
+    assert len(expected) == N
+    _assert_same([y], [expected])
+    (move,) = [m for m in compiled.moves if m.kind == "re-place"]
+    assert (move.tensor, move.reader, move.shape, move.sharding) == ("nz", "rows", (1, N), "P(None, 'd0')")
+    placed = next(v for v in compiled.segment_inputs[2].values() if getattr(v, "shape", None) == (1, N))
+    assert placement_problem(placed, ShardingSpec.split("nz", {1: N}, DEVICES)) is None
+
+
+def test_a_user_mesh_with_explicit_axes() -> None:
+    import jax
+
+    mesh = jax.make_mesh((N,), ("model",))
+    compiled = onnx2jax.compile(torch_head_channel_parallel(), mesh)
+    inputs = dict(np.load(DETECTION / "head.some.inputs.npz"))
+    expected = np.load(DETECTION / "head.some.ort_outputs.npz")
+    outputs = compiled(**inputs)
+    _assert_same(outputs, [expected[name] for name in compiled.output_names])
+    assert compiled.mesh.axis_names == ("model",)
+    for output in outputs:
+        assert output.sharding.mesh.axis_names == ("model",) and placement_problem(output, None) is None
+
+
+def test_specs_written_on_a_host_node_are_said_not_to_apply() -> None:
+    proto = linear_head()
+    set_spec(proto, "nms", ShardingSpec.replicated("boxes", DEVICES), "tp")
+    compiled = onnx2jax.compile(proto)
+    feeds = {
+        "features": np.random.default_rng(6).normal(size=(1, 24, 16)).astype(np.float32),
+        "iou": np.array([0.3], np.float32),
+        "score_min": np.array([0.5], np.float32),
+    }
+    _assert_same(compiled(**feeds), _onnxruntime(proto, feeds))
+    assert "its specs written for 'boxes' do not apply: the node runs on the host" in _report_text(compiled)
