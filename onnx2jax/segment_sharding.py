@@ -206,8 +206,10 @@ def _crossing_text(sharded: ShardedSegments, crossing: Crossing, types: Mapping)
     for inference in (_source_inference(sharded, crossing), sharded.inferences[crossing.into]):
         found = inference.shapes.get(crossing.tensor) if inference is not None else None
         if found is not None:
-            shape = tuple(d if isinstance(d, int) else (d or "?") for d in found)
+            shape = found
             break
+    # ONNX shape inference names a length it cannot know "unk__N": say "?".
+    shape = tuple(d if isinstance(d, int) else ("?" if not d or str(d).startswith("unk__") else d) for d in shape)
     what = f"{crossing.tensor!r} {list(shape)} {dtype or '?'} ({bytes_text(shape, dtype)})"
     source = "the graph input" if crossing.source is None else f"segment {crossing.source + 1}"
     spec = "unsharded" if crossing.spec is None else format_spec(crossing.spec)

@@ -390,3 +390,25 @@ def test_specs_written_on_a_host_node_are_said_not_to_apply() -> None:
     }
     _assert_same(compiled(**feeds), _onnxruntime(proto, feeds))
     assert "its specs written for 'boxes' do not apply: the node runs on the host" in _report_text(compiled)
+
+
+@pytest.mark.parametrize("iou, score_min, kept", [(0.5, 1.0, 0), (0.3, 0.5, None), (1.0, -1.0, 16)])
+def test_helper_head_with_an_uneven_conv_split(iou: float, score_min: float, kept: int | None) -> None:
+    from test_segments import detection_head  # Conv -> boxes and scores -> NonMaxSuppression -> Gather
+
+    proto = detection_head()
+    add_configuration(proto, "tp", N)
+    # 5 output channels split 8 ways (GSPMD blocks of 1: devices 5-7 hold none).
+    set_spec(proto, "conv", ShardingSpec.split("w", {0: N}, DEVICES), "tp")
+    compiled = onnx2jax.compile(proto)
+    x = np.random.default_rng(1).normal(size=(1, 3, 4, 4)).astype(np.float32)
+    feeds = {"x": x, "iou": np.array([iou], np.float32), "score_min": np.array([score_min], np.float32)}
+    expected = _onnxruntime(proto, feeds)
+    if kept is None:
+        assert 0 < len(expected[0]) < 16
+    else:
+        assert len(expected[0]) == kept
+    _assert_same(compiled(**feeds), expected)
+    # The box channels 0:4 straddle the channel shards: the conv output is gathered once before the
+    # two channel Slices (one all-gather, shared); nothing else moves.
+    assert _collectives(compiled, **feeds) == [{**NONE, "all-gather": 1}, None, NONE]
