@@ -161,7 +161,7 @@ class SegmentedCompiled:
         """Gathers a host step's inputs (the global arrays as numpy) and runs its node there."""
         for name, value in values.items():
             moves.append(self._move(name, index + 1, "gather", value))
-        gathered = {name: np.asarray(value) for name, value in values.items()}
+        gathered = {name: _to_host(value) for name, value in values.items()}
         return self.model.segment_runner(index)(gathered)
 
     def _output(self, name: str, value: Any, moves: list[Move]) -> jax.Array:
@@ -302,6 +302,19 @@ class SegmentedReport:
                 step.report.render(console, every_spec=every_spec)
         for line in self.lines():
             console.print(line, markup=False)
+
+
+def _to_host(value: Any) -> np.ndarray:
+    """The global value as numpy on this host: every shard copied once.
+
+    An array spanning several processes (hosts) is gathered to every process
+    (``process_allgather``); each then runs the host step on the same value.
+    """
+    if isinstance(value, jax.Array) and not value.is_fully_addressable:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(value, tiled=True))
+    return np.asarray(value)
 
 
 def _move_text(move: Move) -> str:

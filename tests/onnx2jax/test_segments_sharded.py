@@ -275,6 +275,39 @@ def test_nonzero_in_the_middle_with_a_sharded_matmul_after() -> None:
     assert "receive 'h' [12, 32] float32 (1,536 bytes) from segment 1 as placed, P(None, 'd0'): no transfer" in text
 
 
+def nonzero_of_a_split_tensor() -> onnx.ModelProto:
+    """x @ w0 (column-parallel) -> h > 0 -> NonZero: the host step reads a tensor split over the devices."""
+    w0 = np.random.default_rng(12).normal(size=(16, 32)).astype(np.float32)
+    nodes = [
+        oh.make_node("MatMul", ["x", "w0"], ["h"], name="column"),
+        oh.make_node("Greater", ["h", "zero_f"], ["mask"], name="mask"),  # [n, 32], split on columns
+        oh.make_node("NonZero", ["mask"], ["where"], name="nonzero"),  # [2, k]
+    ]
+    graph = oh.make_graph(
+        nodes,
+        "nonzero_of_a_split_tensor",
+        [oh.make_tensor_value_info("x", F, ["n", 16])],
+        [oh.make_tensor_value_info("where", I64, [2, None])],
+        [_const("w0", w0), _const("zero_f", np.array(0.0, np.float32))],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    add_configuration(model, "tp", N)
+    set_spec(model, "column", ShardingSpec.split("w0", {1: N}, DEVICES), "tp")
+    return model
+
+
+def test_a_host_step_gathers_a_split_tensor() -> None:
+    proto = nonzero_of_a_split_tensor()
+    compiled = onnx2jax.compile(proto)
+    x = np.random.default_rng(13).normal(size=(4, 16)).astype(np.float32)
+    (where,) = compiled(x)
+    _assert_same([where], _onnxruntime(proto, {"x": x}))
+    (mask,) = compiled.last_outputs[0]
+    assert placement_problem(mask, ShardingSpec.split("mask", {1: N}, DEVICES)) is None  # split on the devices
+    assert _collectives(compiled, x) == [NONE, None]  # the column-parallel MatMul and Greater: local
+    assert "gather 'mask' [4, 32] bool (128 bytes) from segment 1 (P(None, 'd0')) to the host" in _report_text(compiled)
+
+
 def test_each_segment_compiles_once_per_shape_signature() -> None:
     proto = nonzero_then_matmul()
     compiled = onnx2jax.compile(proto)
@@ -412,3 +445,44 @@ def test_helper_head_with_an_uneven_conv_split(iou: float, score_min: float, kep
     # The box channels 0:4 straddle the channel shards: the conv output is gathered once before the
     # two channel Slices (one all-gather, shared); nothing else moves.
     assert _collectives(compiled, **feeds) == [{**NONE, "all-gather": 1}, None, NONE]
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices(tmp_path) -> None:
+    # The gather spans processes (process_allgather); each process runs NonMaxSuppression on the same value.
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        coordinator = f"127.0.0.1:{s.getsockname()[1]}"
+    script = pathlib.Path(__file__).resolve().parent / "multihost_segmented.py"
+    root = pathlib.Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("JAX_NUM_CPU_DEVICES", None)
+    out = tmp_path / "outputs.npz"
+    processes = []
+    try:
+        for rank in range(2):
+            argv = [sys.executable, str(script), "--coordinator", coordinator, "--process-id", str(rank)]
+            argv += ["--output", str(out)] if rank == 0 else []
+            processes.append(subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                              stderr=subprocess.STDOUT, text=True))
+        logs = [p.communicate(timeout=300)[0] for p in processes]
+    finally:
+        for p in processes:  # a process left waiting for its peer would hang around
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, (p, log) in enumerate(zip(processes, logs)):
+        assert p.returncode == 0, f"process {rank}:\n{log[-3000:]}"
+        assert f"process {rank}: ['jit', 'host', 'jit'] over 8 devices, 22 boxes kept" in log
+    expected = np.load(DETECTION / "head.some.ort_outputs.npz")
+    got = np.load(out)
+    for name in ("selected", "kept_boxes"):
+        np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5)
+    x = np.random.default_rng(13).normal(size=(4, 16)).astype(np.float32)  # as the script draws it
+    (where,) = _onnxruntime(nonzero_of_a_split_tensor(), {"x": x})
+    np.testing.assert_array_equal(got["where"], where)
