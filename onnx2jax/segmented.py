@@ -54,8 +54,8 @@ class Move:
       kind: ``"gather"`` (to a host step), ``"re-place"`` (a host step's
         output onto the mesh for a jitted segment), ``"as placed"`` (a
         jitted segment's output read by a later one, where it already is:
-        no transfer), ``"output"`` (a host step's output returned as a
-        graph output).
+        no transfer), ``"output"`` (a graph output no jitted segment
+        returned: a host step's output, a graph input or an initializer).
       shape: its shape.
       dtype: its dtype name.
       nbytes: its bytes (the whole array: a gather copies every shard once).
@@ -137,7 +137,8 @@ class SegmentedCompiled:
         moves: list[Move] = []
         self.last_outputs = []
         with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
-            env: dict[str, Any] = {**self.model.constants, **bound}
+            # Initializers too: a graph output may be one (each segment reads its own copies).
+            env: dict[str, Any] = {**self.model.constants, **self.model.params, **bound}
             for index, (segment, program) in enumerate(zip(self.segments, self.programs)):
                 values = {name: env[name] for name in segment.inputs}
                 if program is None:
@@ -329,7 +330,8 @@ def _move_text(move: Move) -> str:
         return f"re-place {what} from host step {move.source} onto the mesh as {move.sharding} ({reader})"
     if move.kind == "as placed":
         return f"receive {what} from segment {move.source} as placed, {move.sharding}: no transfer"
-    return f"output {what} from host step {move.source}: returned replicated on the mesh ({move.sharding})"
+    source = f"host step {move.source}" if move.source else "a graph input or initializer"
+    return f"output {what} from {source}: returned replicated on the mesh ({move.sharding})"
 
 
 def compile_segmented(

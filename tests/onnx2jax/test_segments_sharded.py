@@ -486,3 +486,18 @@ def test_two_processes_of_four_devices(tmp_path) -> None:
     x = np.random.default_rng(13).normal(size=(4, 16)).astype(np.float32)  # as the script draws it
     (where,) = _onnxruntime(nonzero_of_a_split_tensor(), {"x": x})
     np.testing.assert_array_equal(got["where"], where)
+
+
+def test_graph_outputs_no_jitted_segment_returns_come_back_replicated() -> None:
+    proto = nonzero_then_matmul()
+    proto.graph.output.extend([oh.make_tensor_value_info(n, F, None) for n in ("w2", "zero_f")])
+    proto.graph.output.append(oh.make_tensor_value_info("nz", I64, [1, None]))
+    compiled = onnx2jax.compile(proto)
+    x = np.random.default_rng(14).normal(size=(6, 16)).astype(np.float32)
+    outputs = compiled(x)
+    _assert_same(outputs, _onnxruntime(proto, {"x": x}))
+    for output in outputs[1:]:
+        assert placement_problem(output, None) is None
+    text = _report_text(compiled)
+    assert "output 'w2' [32, 8] float32 (1,024 bytes) from a graph input or initializer: returned replicated" in text
+    assert "output 'nz' [1, " in text and "from host step 2: returned replicated on the mesh" in text
