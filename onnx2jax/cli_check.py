@@ -26,7 +26,7 @@ import onnx
 
 from onnx2jax.cli_errors import CliError, UsageError, check_writable, require_matplotlib
 from onnx2jax.loading import load_model
-from sharding.check import check, check_and_infer, merge
+from sharding.check import check_and_infer, merge
 from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference, completed_model
 from sharding.rules._core import sharded_dims
@@ -192,12 +192,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     model = _load(args.model)
     _require_names(model, _input_shapes(args.input_shape))
     _require_annotations(model, args.model)
-    diags = check(
-        model,
-        args.configuration,
-        input_shapes=_input_shapes(args.input_shape),
-        unsupported="error" if args.strict else "warning",
-    )
+    diags, _, _ = _checked(model, args.configuration, _input_shapes(args.input_shape), args.strict)
     counts = _counts(diags)
     if args.json:
         print(json.dumps({
@@ -325,6 +320,23 @@ def _plot(path: str, model: onnx.ModelProto, inference: Inference, out: str, *, 
         _console().print(f"wrote {out}: {len(drawn)} tensors ({split} split) in {len(tiles.layers)} layers", markup=False)
 
 
+def _checked(model: onnx.ModelProto, configuration: str | None, shapes: dict, strict: bool):
+    """(diagnostics, inference, segments) as compile() sees the model.
+
+    A segmented model (data-dependent output shapes) is inferred one jitted
+    segment at a time, as compile() runs it; segments is None otherwise.
+    """
+    unsupported = "error" if strict else "warning"
+    diagnostics, inference = check_and_infer(model, configuration, input_shapes=shapes, unsupported=unsupported)
+    sharded = _segments(model, inference.configuration, shapes, unsupported)
+    if sharded is not None:
+        from onnx2jax.segment_sharding import merged_inference
+
+        inference = merged_inference(sharded, inference.configuration)
+        diagnostics = merge(validate_model(model, input_shapes=shapes), inference.diagnostics)
+    return diagnostics, inference, sharded
+
+
 def _segments(model: onnx.ModelProto, configuration: str | None, shapes: dict, unsupported: str):
     """A segmented model's jitted segments, annotated and inferred as compile() does; None if it is one program."""
     from onnx2jax import segments
@@ -359,14 +371,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     shapes = _input_shapes(args.input_shape)
     _require_names(model, shapes, args.node, args.tensor)
     _require_annotations(model, args.model)
-    unsupported = "error" if args.strict else "warning"
-    diagnostics, inference = check_and_infer(model, args.configuration, input_shapes=shapes, unsupported=unsupported)
-    sharded = _segments(model, inference.configuration, shapes, unsupported)
-    if sharded is not None:  # compile() infers each jitted segment on its own: list what it runs
-        from onnx2jax.segment_sharding import merged_inference
-
-        inference = merged_inference(sharded, inference.configuration)
-        diagnostics = merge(validate_model(model, input_shapes=shapes), inference.diagnostics)
+    diagnostics, inference, sharded = _checked(model, args.configuration, shapes, args.strict)
     rows = list(_rows(inference, model, not args.placed, set(args.node)))
     problems = [
         d for d in diagnostics

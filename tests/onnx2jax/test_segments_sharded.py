@@ -501,3 +501,19 @@ def test_graph_outputs_no_jitted_segment_returns_come_back_replicated() -> None:
     text = _report_text(compiled)
     assert "output 'w2' [32, 8] float32 (1,024 bytes) from a graph input or initializer: returned replicated" in text
     assert "output 'nz' [1, " in text and "from host step 2: returned replicated on the mesh" in text
+
+
+def test_a_conflict_after_the_host_step_is_refused_by_compile_and_check_alike(tmp_path, capsys) -> None:
+    from onnx2jax.cli import main
+    from sharding import ShardingError
+
+    proto = nonzero_then_matmul()
+    # The row-parallel MatMul's K: 4 shards of 'picked' against 8 of 'w2'.
+    set_spec(proto, "row", ShardingSpec.split("picked", {1: 4}, range(4)), "tp")
+    with pytest.raises(ShardingError) as caught:
+        onnx2jax.compile(proto)
+    assert ("k-sharding-mismatch", "row") in [(d.code, d.node) for d in caught.value.diagnostics]
+    path = tmp_path / "bad.onnx"
+    onnx.save(proto, path)
+    assert main(["check", str(path)]) == 1
+    assert "k-sharding-mismatch" in capsys.readouterr().out
