@@ -7,8 +7,10 @@
   the concatenated axis comes out whole (an all-gather if it was sharded).
 - Split: an unsharded split axis leaves every output sharded like the input;
   a fused axis whose outer sub-axis is the split (GPT-2's q/k/v) gives each
-  output the inner sub-axes; a plain split whose pieces hold whole shards
-  gives each piece its shards; otherwise the axis is gathered.
+  output the inner sub-axes; in a plain split, a piece that holds whole
+  shards keeps them when a mesh can express that block (its shard count
+  divides the axis's, it starts at a multiple of it); any other piece comes
+  out whole on the axis (one all-gather before the cut, with a note).
 - Slice: a sharded axis is kept when the slice takes all of it, else gathered.
 - Expand: like a broadcast from the input; Tile: repeated axes come out whole.
 """
@@ -165,11 +167,14 @@ class Split(Rule):
         if sizes is None and isinstance(size, int):
             block = -(-size // len(names))
             sizes = [min(block, size - i * block) for i in range(len(names))]
-        result = _split_sharded(spec, cut, axis, rank, size, sizes, names) if sizes else None
-        if result is None:
+        pieces = _split_sharded(spec, cut, axis, rank, size, sizes, names) if sizes else None
+        if pieces is None:
             _gather_note(ctx, names[0], [axis], spec)
             return [unshard(spec, [axis], rank, n) for n in names]
-        return result
+        for name, piece in zip(names, pieces, strict=True):
+            if piece is None:
+                _gather_note(ctx, name, [axis], spec)
+        return [piece or unshard(spec, [axis], rank, name) for name, piece in zip(names, pieces, strict=True)]
 
 
 def _radix(spec):
@@ -188,7 +193,11 @@ def _part_position(spec, axis, rank, j):
 
 
 def _split_sharded(spec, cut, axis, rank, size, sizes, names):
-    """Per output spec when the split axis is sharded; None when the pieces straddle shards."""
+    """Per output, its spec when the split axis is sharded, or None where that piece comes out whole.
+
+    None in place of the list when no piece can keep its shards (the pieces
+    straddle shards, or the axis is not a plain split of a known size).
+    """
     dim = cut[axis]
     parts = resolved_parts(dim, size)
     sets = device_sets(spec)
@@ -208,20 +217,56 @@ def _split_sharded(spec, cut, axis, rank, size, sizes, names):
                 dims.insert(index, inner)
             results.append(build_spec(name, dims, [sets[k] for k in picked.ravel()]))
         return results
-    if len(parts) == 1 and isinstance(size, int) and size % n0 == 0:
-        block = size // n0
-        start = 0
-        for piece, name in zip(sizes, names, strict=False):
-            if piece % block or start % block:
-                return None
-            picked = np.take(grid, range(start // block, (start + piece) // block), axis=position)
-            dims = list(others)
-            if piece // block > 1:
-                dims.insert(index, make_dim(axis, [(None, piece // block)]))
-            results.append(build_spec(name, dims, [sets[k] for k in picked.ravel()]))
-            start += piece
-        return results
-    return None
+    if len(parts) > 1 or not isinstance(size, int) or size % n0:
+        return None
+    block = size // n0
+    kept = _expressible_pieces(n0, [(start // block, piece // block) for start, piece in _aligned(sizes, block)])
+    if not kept:
+        return None
+    start = 0
+    for piece, name in zip(sizes, names, strict=False):
+        first, count = start // block, piece // block
+        start += piece
+        if (first, count) not in kept:
+            results.append(None)
+            continue
+        picked = np.take(grid, range(first, first + count), axis=position)
+        dims = list(others)
+        if count > 1:
+            dims.insert(index, make_dim(axis, [(None, count)]))
+        results.append(build_spec(name, dims, [sets[k] for k in picked.ravel()]))
+    return results
+
+
+def _aligned(sizes, block):
+    """The (start, size) of each piece that begins and ends on a shard boundary."""
+    start, found = 0, []
+    for piece in sizes:
+        if piece and not piece % block and not start % block:
+            found.append((start, piece))
+        start += piece
+    return found
+
+
+def _expressible_pieces(num_shards, pieces):
+    """The pieces (first shard, shard count) that can keep their shards on one mesh.
+
+    A piece keeps a block of ``count`` of the axis's ``num_shards`` shards. On a
+    mesh, shard i of the axis sits at the mixed-radix digits of i over the mesh
+    axes that split it, so a block is a sub-mesh only when ``count`` divides
+    ``num_shards`` and the block starts at a multiple of ``count``; and blocks
+    of several sizes fit one radix only when each size divides the next. 8
+    shards split [3, 5]: neither 3 nor 5 divides 8, both pieces come out whole.
+    8 shards split [2, 6]: the first keeps shards 0-1, the second is whole.
+    Larger counts are kept first; a smaller count that does not divide them is
+    dropped.
+    """
+    fits = [(first, count) for first, count in pieces if num_shards % count == 0 and first % count == 0]
+    chain: list[int] = []
+    for count in sorted({c for _, c in fits}, reverse=True):
+        if all(c % count == 0 for c in chain):
+            chain.append(count)
+    return {(first, count) for first, count in fits if count in chain}
 
 
 class Slice(Rule):

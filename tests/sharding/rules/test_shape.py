@@ -153,3 +153,26 @@ def test_concat_of_inputs_sharded_on_the_concat_axis_gathers_without_error(g):
     r = g.one_node("Concat", [("A", [4, 8]), ("B", [4, 8])], {"A": "1:2 @ [0,1]", "B": "1:2 @ [2,3]"},
                    axis=1)
     assert g.codes(r, "error") == ["empty-intersection"]  # the two inputs live on disjoint devices
+
+
+def test_split_pieces_no_mesh_can_hold_come_out_whole(g):
+    # 8 shards cut [3, 5]: 3 and 5 of 8 shards are no sub-mesh of 8 devices (was a MeshMappingError at compile)
+    r = g.one_node("Split", [("X", [8]), ("sp", None)], {"X": "0:8 @ [0,1,2,3,4,5,6,7]"},
+                   outputs=("a", "b"), inits=[g.const("sp", [3, 5])])
+    assert (g.out(r, "a"), g.out(r, "b")) == ("replicated @ [{0,1,2,3,4,5,6,7}]",) * 2
+    assert "collective" in g.codes(r)
+
+
+def test_split_keeps_the_expressible_piece_and_gathers_the_other(g):
+    # [2, 6] of 8 shards: shards 0-1 are a sub-mesh, 6 of 8 is not
+    r = g.one_node("Split", [("X", [8]), ("sp", None)], {"X": "0:8 @ [0,1,2,3,4,5,6,7]"},
+                   outputs=("a", "b"), inits=[g.const("sp", [2, 6])])
+    assert (g.out(r, "a"), g.out(r, "b")) == ("0:2 @ [0,1]", "replicated @ [{0,1,2,3,4,5,6,7}]")
+    assert [d.tensor for d in r.diagnostics if d.code == "collective"] == ["b"]
+
+
+def test_split_piece_off_its_alignment_comes_out_whole(g):
+    # [2, 4, 2] of 8 shards: the 4 shards 2-5 start at no multiple of 4 (no sub-mesh); the others keep theirs
+    r = g.one_node("Split", [("X", [8]), ("sp", None)], {"X": "0:8 @ [0,1,2,3,4,5,6,7]"},
+                   outputs=("a", "b", "c"), inits=[g.const("sp", [2, 4, 2])])
+    assert [g.out(r, n) for n in "abc"] == ["0:2 @ [0,1]", "replicated @ [{0,1,2,3,4,5,6,7}]", "0:2 @ [6,7]"]
