@@ -78,8 +78,11 @@ def alternate(ours: Callable[[], object], theirs: Callable[[], object], repeats:
 
 
 def bench_model(path: str | pathlib.Path, inputs: Mapping[str, np.ndarray], repeats: int = 50,
-                warmup: int = 3) -> Row:
-    """Times onnx2jax and onnxruntime (CPU) on one model at ``inputs``; see the module docstring."""
+                warmup: int = 3, scan_layers: bool | str = "auto") -> Row:
+    """Times onnx2jax and onnxruntime (CPU) on one model at ``inputs``; see the module docstring.
+
+    ``scan_layers`` is :func:`onnx2jax.translate`'s (repeated layers as one lax.scan).
+    """
     import jax
     import onnxruntime as ort
 
@@ -88,7 +91,7 @@ def bench_model(path: str | pathlib.Path, inputs: Mapping[str, np.ndarray], repe
 
     path = str(path)
     start = time.perf_counter()
-    model = onnx2jax.translate(path)
+    model = onnx2jax.translate(path, scan_layers=scan_layers)
     ours_out = jax.block_until_ready(model(**inputs))
     ours_first = time.perf_counter() - start
     start = time.perf_counter()

@@ -20,6 +20,23 @@ def _console():
     return make_console()
 
 
+_SCAN_CHOICES = {"auto": "auto", "on": True, "off": False}
+
+
+def add_scan_argument(parser: argparse.ArgumentParser) -> None:
+    """``--scan-layers auto|on|off``: run a transformer's repeated layers as one lax.scan (onnx2jax.scan)."""
+    parser.add_argument(
+        "--scan-layers", choices=sorted(_SCAN_CHOICES), default="auto",
+        help="run the repeated layers of a transformer as one lax.scan, so compile time does not grow with "
+             "depth: auto (default: from 4 repeated layers), on (or fail saying why), off (unrolled)",
+    )
+
+
+def scan_setting(choice: str) -> bool | str:
+    """The ``scan_layers`` argument of ``onnx2jax.translate`` for a ``--scan-layers`` choice."""
+    return _SCAN_CHOICES[choice]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Runs a model on given or random inputs; optionally saves the outputs and compares with onnxruntime."""
     from onnx2jax.cli_inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
@@ -37,7 +54,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         runner = onnx2jax.compile(args.model)
         model = runner.model
     else:
-        runner = model = onnx2jax.translate(args.model)
+        runner = model = onnx2jax.translate(args.model, scan_layers=scan_setting(args.scan_layers))
         if model.segments:
             from onnx2jax.segments import describe
 
@@ -53,6 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with console.status(f"tracing and compiling {args.model} ..."):
         first, outputs, steady, calls = _timed_calls(runner, inputs)
     console.print(f"first call {first:.2f}s (trace + compile + run), then {_ms(steady)} per call (mean of {calls})")
+    console.print(model.layers_report(), markup=False)
     if args.devices:
         runner.report(**inputs).render(console)
     if args.output:
@@ -263,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tolerance", type=float, default=1e-4, help="max |diff| allowed by --check (default 1e-4)")
     run.add_argument("--devices", type=int, default=0, metavar="N",
                      help="run sharded on N devices from the model's annotations")
+    add_scan_argument(run)
     compilation_cache.add_arguments(run)
     run.set_defaults(func=cmd_run)
 

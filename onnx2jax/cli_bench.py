@@ -53,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs (default 0)")
     parser.add_argument("--output", metavar="FILE.md", help="also write the table (and how it was taken) here")
     parser.add_argument("--plot", metavar="FILE.png", help="also write a plot (needs matplotlib)")
+    from onnx2jax.cli import add_scan_argument
+
+    add_scan_argument(parser)
     parser.set_defaults(func=cmd_bench)
     return parser
 
@@ -60,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Times every model, prints the table, writes ``--output`` / ``--plot``."""
     from onnx2jax import benchmark
-    from onnx2jax.cli import _console
+    from onnx2jax.cli import _console, scan_setting
 
     repeats = 3 if args.quick and args.repeats == 50 else args.repeats
     warmup = 1 if args.quick and args.warmup == 3 else args.warmup
@@ -81,7 +84,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for path in paths:
         inputs = _inputs_for(path, args, console)
         with console.status(f"timing {path} ..."):
-            rows.append(benchmark.bench_model(path, inputs, repeats, warmup))
+            rows.append(benchmark.bench_model(path, inputs, repeats, warmup, scan_layers=scan_setting(args.scan_layers)))
     table = benchmark.markdown_table(rows)
     note = benchmark.environment_note(repeats, warmup)
     console.print(table, markup=False, soft_wrap=True)

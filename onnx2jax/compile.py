@@ -545,7 +545,8 @@ def compile_proto(
       structural: what ``sharding.validate`` found (notes of sizes to check
         at each call).
     """
-    jax_model = JaxModel(proto, external_dir)
+    # The sharded path places and constrains every layer's parameters itself: layers run unrolled.
+    jax_model = JaxModel(proto, external_dir, scan_layers=False)
     config = _choose_configuration(proto, configuration)
     if jax_model.segments:
         from onnx2jax.segmented import compile_segmented  # it builds on this module

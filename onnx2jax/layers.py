@@ -207,11 +207,11 @@ def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None
     for start, period, repeats in candidates[:50]:
         # Any phase of a periodic run repeats. Of those that wire up as a chain of layers, keep
         # the most layers, then the fewest carried tensors (a layer cut at its residual stream).
-        valid = []
+        valid: list[Repetition] = []
         for phase in range(period):
-            count = (repeats * period - phase) // period
-            if count < 2:
-                break
+            count = (repeats * period - phase) // period  # non-increasing in phase
+            if count < 2 or (valid and (count < valid[0].count or len(valid[0].carry_in) == 1)):
+                break  # no later phase can beat the first chain found
             try:
                 valid.append(_verify(index, start + phase, period, count, array_of))
             except _NoMatch as err:
@@ -258,6 +258,25 @@ class _Index:
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class _Where:
+    """Names a compared input pair in a mismatch message (formatted only when one is raised)."""
+
+    index: _Index
+    node: int
+    first: int
+    slot: int
+    a: str
+    b: str
+    layer: int
+
+    def __str__(self) -> str:
+        return (
+            f"{_name(self.index, self.node)} input {self.slot} ({self.b!r}, layer {self.layer}) "
+            f"vs {_name(self.index, self.first)} ({self.a!r}, layer 0)"
+        )
+
+
 def _name(index: _Index, i: int) -> str:
     node = index.nodes[i]
     return f"node {node.name or '#' + str(i)!r} ({node.op_type})"
@@ -281,7 +300,7 @@ def _verify(index: _Index, start: int, length: int, count: int, array_of: ArrayO
         for j in range(length):
             n0, nk = nodes[start + j], nodes[base + j]
             for slot, (a, b) in enumerate(zip(n0.input, nk.input)):
-                where = f"{_name(index, base + j)} input {slot} ({b!r}, layer {k}) vs {_name(index, start + j)} ({a!r}, layer 0)"
+                where = _Where(index, base + j, start + j, slot, a, b, k)
                 if not a or not b:
                     if a != b:
                         raise _NoMatch(f"{where}: one is empty")

@@ -171,3 +171,14 @@ def test_a_per_layer_shape_constant_that_differs_is_not_stacked():
     assert not auto.scan.active and "heads_shape_a" in auto.layers_report()
     x = np.random.default_rng(2).standard_normal((2, 4, 64)).astype(np.float32)
     np.testing.assert_allclose(auto(x)[0], _ort(model, {"x": x})[0], atol=2e-5, rtol=1e-5)
+
+
+def test_cli_run_says_which_form_ran(tmp_path, capsys):
+    from onnx2jax.cli import main
+
+    path = tmp_path / "tiny4.onnx"
+    onnx.save(tiny_transformer(4), path)
+    assert main(["run", str(path), "--check", "--dim", "batch=2", "--dim", "seq=4"]) == 0
+    assert "4 repeated layers of 24 nodes run as one lax.scan" in capsys.readouterr().out
+    assert main(["run", str(path), "--scan-layers", "off"]) == 0
+    assert "layers unrolled: scan_layers=False" in capsys.readouterr().out
