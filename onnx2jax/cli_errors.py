@@ -76,7 +76,10 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
 def describe(error: BaseException) -> str:
     """The message printed for ``error``: what went wrong, and what to do where that is known."""
     from onnx2jax.errors import ModelLoadError, UnsupportedOpError
+    from sharding.diagnostics import ShardingError
 
+    if isinstance(error, ShardingError) and error.diagnostics:
+        return describe_sharding_error(error)
     if isinstance(error, FileNotFoundError) and error.filename is not None:
         return f"no such file or directory: {error.filename}"
     if isinstance(error, IsADirectoryError) and error.filename is not None:
@@ -90,6 +93,27 @@ def describe(error: BaseException) -> str:
         return f"{error} (onnx2jax conformance lists what is implemented)"
     text = str(error).strip() or type(error).__name__
     return text
+
+
+MAX_DETAIL_LINES = 10
+
+
+def describe_sharding_error(error: "ShardingError") -> str:  # noqa: F821 - imported lazily
+    """One line naming the first error's code, node, tensor and axis; then each error on an indented line.
+
+    ``onnx2jax run: error: 3 sharding errors; first: axis-out-of-range at node
+    'mm' (MatMul), tensor 'X', axis 7`` and, below it, ``  error[...] ...`` per
+    error (at most `MAX_DETAIL_LINES`; ``onnx2jax check`` lists them all).
+    """
+    errors = [d for d in error.diagnostics if d.severity == "error"] or list(error.diagnostics)
+    first = errors[0]
+    where = f" at {first.location}" if first.location else ""
+    noun = "sharding error" if len(errors) == 1 else "sharding errors"
+    lines = [f"{len(errors)} {noun}; first: {first.code}{where}"]
+    lines += [f"  {d}" for d in errors[:MAX_DETAIL_LINES]]
+    if len(errors) > MAX_DETAIL_LINES:
+        lines.append(f"  ... and {len(errors) - MAX_DETAIL_LINES} more (onnx2jax check MODEL lists them all)")
+    return "\n".join(lines)
 
 
 def run_guarded(command: str, func: Callable[[], int], debug: bool = False) -> int:

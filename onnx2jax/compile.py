@@ -33,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import sharding
 from onnx2jax.constraints import Placement, ShardingHooks, SpecKey
 from onnx2jax.loading import ModelLike, open_model
+from onnx2jax.errors import DeviceCountError
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.parameters import ParameterStore, holdable_sharding, padded_shape
 from onnx2jax.translate import JaxModel
@@ -440,11 +441,11 @@ def _choose_configuration(proto: onnx.ModelProto, configuration: str | None) -> 
     return next(iter(configs))
 
 
-def _plan_for_mesh(mesh: Mesh, num_devices: int, device_ids: Sequence[int] | None) -> MeshPlan:
+def _plan_for_mesh(mesh: Mesh, num_devices: int, device_ids: Sequence[int] | None, configuration: str | None) -> MeshPlan:
     """Configuration device i sits at flat mesh position ``device_ids[i]`` (row-major by default)."""
     if mesh.devices.size != num_devices:
-        raise ValueError(
-            f"the mesh has {mesh.devices.size} devices but the configuration has {num_devices}"
+        raise DeviceCountError(
+            configuration, num_devices, mesh.devices.size, mesh=True, hint=len(jax.devices()) < num_devices
         )
     positions = list(range(num_devices)) if device_ids is None else list(device_ids)
     if sorted(positions) != list(range(num_devices)):
@@ -580,13 +581,10 @@ def mesh_for(
 ) -> tuple[Mesh, MeshMapping]:
     """The mesh the specs run on (the user's, or one searched from the layouts) and the specs mapped onto it."""
     if mesh is not None:
-        return mesh, map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices))
+        return mesh, map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices, config))
     jax_devices = list(jax_devices) if jax_devices is not None else jax.devices()
     if len(jax_devices) < num_devices:
-        raise ValueError(
-            f"configuration {config!r} needs {num_devices} devices, jax has {len(jax_devices)} "
-            "(on CPU: jax.config.update('jax_num_cpu_devices', N) before jax starts)"
-        )
+        raise DeviceCountError(config, num_devices, len(jax_devices))
     mapping = map_specs(layouts, num_devices)
     array = np.array([jax_devices[d] for d in mapping.plan.device_order]).reshape(mapping.plan.axis_sizes)
     return Mesh(array, mapping.plan.axis_names), mapping

@@ -29,3 +29,43 @@ class NodeError(RuntimeError):
 
 class PrecisionError(RuntimeError):
     """A model with 64-bit tensors is traced while JAX's x64 mode is off."""
+
+
+class DeviceCountError(ValueError):
+    """A model's device configuration needs more devices than JAX offers, or than the mesh has.
+
+    The message names the count needed and how to get it (fake CPU devices
+    through ``XLA_FLAGS``). A ``ValueError``, as before it had a class of its own.
+
+    Attributes:
+      configuration: the device configuration's name.
+      needed: its number of devices.
+      available: the devices JAX (or the mesh) has.
+
+    ``hint=False`` leaves out how to get more devices (a mesh of the wrong
+    size, when JAX has enough).
+    """
+
+    def __init__(self, configuration: str | None, needed: int, available: int, *, mesh: bool = False,
+                 hint: bool = True):
+        self.configuration = configuration
+        self.needed = needed
+        self.available = available
+        name = f"configuration {configuration!r}" if configuration is not None else "the model"
+        if mesh:
+            head = (
+                f"the mesh has {available} devices but {name} has {needed}: "
+                f"build the mesh over {needed} devices (e.g. jax.make_mesh(({needed},), ('x',)))"
+            )
+        else:
+            head = f"{name} needs {needed} devices, JAX has {available}"
+        super().__init__(f"{head}; {how_to_get_devices(needed)}" if hint else head)
+
+
+def how_to_get_devices(count: int) -> str:
+    """How to make ``count`` devices visible to JAX, in one clause."""
+    return (
+        f"on CPU, start Python with XLA_FLAGS=--xla_force_host_platform_device_count={count} "
+        f"(or call jax.config.update('jax_num_cpu_devices', {count}) before JAX starts); "
+        f"on GPU or TPU, run where {count} devices are visible"
+    )

@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.compile import Compiled, compile_proto, count_collectives, param_bytes_per_device
 from onnx2jax.constraints import SpecKey
-from onnx2jax.errors import NodeError
+from onnx2jax.errors import DeviceCountError, NodeError
 from onnx2jax.parameters import holdable_sharding
 from onnx2jax.translate import InputInfo, input_info
 from sharding.partition import Partition
@@ -350,9 +350,8 @@ def compile_pipeline(
     num_devices = device_configurations(proto)[configuration].num_devices
     pool = list(mesh.devices.flat) if mesh is not None else jax.devices()
     if len(pool) < num_devices:
-        raise ValueError(
-            f"configuration {configuration!r} needs {num_devices} devices, there are {len(pool)} "
-            "(on CPU: jax.config.update('jax_num_cpu_devices', N) before jax starts)"
+        raise DeviceCountError(
+            configuration, num_devices, len(pool), mesh=mesh is not None, hint=len(jax.devices()) < num_devices
         )
     part = model_partition(proto, configuration)
     groups = stage_devices(proto, configuration, part.parts, num_devices)
