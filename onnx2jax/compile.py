@@ -23,7 +23,7 @@ import dataclasses
 import math
 import re
 import warnings
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -32,6 +32,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import sharding
 from onnx2jax.constraints import Placement, ShardingHooks, SpecKey
+from onnx2jax.fast_call import FastCall, call_key, moved_inputs
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.errors import DeviceCountError
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
@@ -114,6 +115,7 @@ class Compiled:
         self._signatures: dict[tuple, _Signature] = {}
         self._jitted: dict[tuple, Any] = {}
         self._last_args: tuple | None = None
+        self._fast_calls: dict[Hashable, FastCall] = {}  # per call_key: the compiled short path
         # dim_values written on symbolic axes are checked against each call's shapes (fused
         # axes are checked as they are laid out per call, in _layouts).
         self._sizes_at_call = any(d.code == "size-unresolved" for d in structural)
@@ -273,11 +275,26 @@ class Compiled:
         return tuple(shardings)
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
-        """Runs the sharded program; returns jax.Arrays in ONNX output order."""
+        """Runs the sharded program; returns jax.Arrays in ONNX output order.
+
+        A repeated input signature takes the short path of
+        :mod:`onnx2jax.fast_call`: the executable the first such call
+        compiled, called directly.
+        """
+        self._last_args = (inputs, named)
+        key = None if self.model.shape_input_names else call_key(inputs, named)
+        fast = self._fast_calls.get(key)
+        if fast is not None:
+            return fast(inputs, named)
         with self._scope():
-            self._last_args = (inputs, named)
             jitted, args, _ = self._program(inputs, named)
-            return jitted(*args)
+            if key is None:
+                return jitted(*args)
+            executable = jitted.lower(*args).compile()  # the same compile: jit and lower() share their cache
+            names = tuple(self.model.input_names[: len(inputs)])
+            moves = moved_inputs({**dict(zip(names, inputs)), **named}, args[1])
+            self._fast_calls[key] = FastCall(executable, args[0], names, moves, self.model.uses_64bit)
+            return executable(*args)
 
     def _scope(self) -> contextlib.ExitStack:
         """64-bit types for this call only, and this program's mesh whatever mesh the caller set."""
