@@ -261,6 +261,15 @@ class SegmentedReport:
     moves: list[Move]
     ignored: dict[int, list[str]] = dataclasses.field(default_factory=dict)  # per host step: specs that do not apply
 
+    @property
+    def collectives(self) -> dict[str, int]:
+        """Collectives of every jitted segment's compiled HLO, added up by kind."""
+        total: dict[str, int] = {}
+        for step in self.steps:
+            for kind, count in step.collectives.items():
+                total[kind] = total.get(kind, 0) + count
+        return total
+
     def lines(self) -> list[str]:
         """The segments, why each host step is cut, and the moves, as plain text lines."""
         lines = [

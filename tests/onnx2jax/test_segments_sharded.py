@@ -264,6 +264,7 @@ def test_nonzero_in_the_middle_with_a_sharded_matmul_after() -> None:
     # of h arrive split on columns as segment 1 left them (no collective), and the row-parallel
     # MatMul's partial sums meet in 1 all-reduce.
     assert _collectives(compiled, x) == [ONE_ALL_REDUCE, None, ONE_ALL_REDUCE]
+    assert compiled.report().collectives == {**NONE, "all-reduce": 2}
     h, row_sum_mask = (dict(zip(compiled.segments[0].outputs, compiled.last_outputs[0]))[n] for n in ("h", "mask"))
     assert placement_problem(h, ShardingSpec.split("h", {1: N}, DEVICES)) is None
     assert placement_problem(row_sum_mask, None) is None
