@@ -24,7 +24,7 @@ from sharding.annotate import annotate_tensor
 from sharding.check import check_and_infer
 from sharding.megatron import megatron_plan
 from sharding.text import parse_spec
-from sharding.tile_map import AFTER, BEFORE, OUTSIDE, collective_of, node_layer, select, tile_map
+from sharding.tile_map import AFTER, BEFORE, NO_METADATA, OUTSIDE, collective_of, node_layer, select, tile_map
 
 ZOO = Path(__file__).resolve().parents[1] / "data" / "zoo"
 MODELS = {
@@ -165,3 +165,16 @@ def test_a_cut_symbolic_axis_is_listed_not_dropped():
     unplaced = [u for layer in tiles.layers for u in layer.unplaced]
     assert "input_ids" in [u.name for u in unplaced]
     assert "input_ids" not in [t.name for t in tiles.tensors()]
+
+
+def test_a_model_without_layer_metadata_is_one_group_with_every_tensor():
+    model, inference, _, _ = _case("demo")
+    bare = onnx.ModelProto()
+    bare.CopyFrom(model)
+    for node in bare.graph.node:
+        del node.metadata_props[:]
+    tiles = tile_map(bare, inference)
+    assert [layer.name for layer in tiles.layers] == [NO_METADATA]
+    assert sorted(t.name for t in tiles.tensors()) == sorted(t.name for t in tile_map(model, inference).tensors())
+    ((shown,), left_out) = select(tiles, max_rows=20)
+    assert not left_out and len(shown.tensors) == 20 and shown.more == len(tiles.tensors()) - 20

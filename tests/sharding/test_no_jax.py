@@ -18,3 +18,16 @@ def test_importing_sharding_does_not_import_jax():
         [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_what_explain_plot_draws_is_computed_without_jax_or_matplotlib():
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    code = (
+        "import sys; import sharding.tile_map; "
+        "assert 'jax' not in sys.modules and 'matplotlib' not in sys.modules, 'jax or matplotlib was imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
