@@ -124,6 +124,10 @@ def shard_segments(
                     if spec.sharded_dims:  # unsharded is what a reader assumes anyway
                         _write_on_readers(sub, name, spec, configuration)
         own_shapes = {k: v for k, v in (input_shapes or {}).items() if k in {i.name for i in sub.graph.input}}
+        for name, source in sources.items():  # sizes an earlier jitted segment knows
+            known = inferences[source].shapes.get(name) if source is not None and inferences[source] else None
+            if known is not None and all(isinstance(d, int) for d in known):
+                own_shapes[name] = list(known)
         inference = sharding.infer(sub, configuration, input_shapes=own_shapes or None, unsupported=unsupported)
         models.append(sub)
         inferences.append(inference)
