@@ -59,19 +59,23 @@ def render(tiles: TileMap, path: str | os.PathLike, *, title: str, max_rows: int
     )
     palette = plt.get_cmap("tab20").colors
     labels = n <= 16
+    # Row labels are y tick labels, so that tight_layout makes room for them.
+    row_labels, row_styles = [], []
     for y, (kind, item) in enumerate(rows):
         if kind == "layer":
-            grid.text(-0.6, y, item, ha="right", va="center", fontsize=9, fontweight="bold")
+            row_labels.append(item)
+            row_styles.append({"fontsize": 9, "fontweight": "bold"})
             grid.axhline(y - 0.5, color="black", lw=0.8)
             continue
         if kind == "more":
-            grid.text(-0.6, y, item, ha="right", va="center", fontsize=8, style="italic", color="#555555")
+            row_labels.append(item)
+            row_styles.append({"fontsize": 8, "style": "italic", "color": "#555555"})
             continue
         tensor = item
         name = tensor.name if len(tensor.name) <= 36 else "…" + tensor.name[-35:]
-        grid.text(-0.6, y, f"{name} {list(tensor.shape)} {tensor.kind}  "
-                           f"{'replicated' if tensor.replicated else 'cut axis ' + ','.join(map(str, tensor.cut_axes))}",
-                  ha="right", va="center", fontsize=7, family="monospace")
+        cut = "replicated" if tensor.replicated else "cut axis " + ",".join(map(str, tensor.cut_axes))
+        row_labels.append(f"{name} {list(tensor.shape)} {tensor.kind}  {cut}")
+        row_styles.append({"fontsize": 7, "family": "monospace"})
         colour = {piece: palette[i % len(palette)] for i, piece in enumerate(tensor.blocks())}
         for tile in tensor.tiles:
             x = tile.device
@@ -88,7 +92,11 @@ def render(tiles: TileMap, path: str | os.PathLike, *, title: str, max_rows: int
     grid.set_xticks(range(n))
     grid.set_xticklabels([f"device {d}" if n <= 8 else str(d) for d in range(n)], fontsize=7)
     grid.xaxis.tick_top()
-    grid.set_yticks([])
+    grid.set_yticks(range(len(rows)))
+    grid.set_yticklabels(row_labels)
+    for label, style in zip(grid.get_yticklabels(), row_styles, strict=True):
+        label.set(**style)
+    grid.tick_params(axis="y", length=0)
     for side in ("left", "right", "bottom"):
         grid.spines[side].set_visible(False)
 
@@ -115,5 +123,5 @@ def render(tiles: TileMap, path: str | os.PathLike, *, title: str, max_rows: int
     bars.set_xlabel("count", fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.98))
-    fig.savefig(os.fspath(path), dpi=80)
+    fig.savefig(os.fspath(path), dpi=80, bbox_inches="tight", pad_inches=0.15)  # nothing clipped
     plt.close(fig)
