@@ -66,11 +66,22 @@ def iqr(times: Sequence[float]) -> float:
 def alternate(ours: Callable[[], object], theirs: Callable[[], object], repeats: int,
               warmup: int) -> tuple[list[float], list[float]]:
     """Seconds per call of two callables after ``warmup`` calls each, called alternately ``repeats`` times."""
+    first, second = alternate_all((ours, theirs), repeats, warmup)
+    return first, second
+
+
+def alternate_all(fns: Sequence[Callable[[], object]], repeats: int, warmup: int) -> list[list[float]]:
+    """Seconds per call of each callable after ``warmup`` calls each, called in turn ``repeats`` times.
+
+    One list of times per callable, in the order given; round-robin so that the
+    noise of a shared machine hits every runtime alike.
+    """
     for _ in range(warmup):
-        ours(), theirs()
-    times: tuple[list[float], list[float]] = ([], [])
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, bucket in ((ours, times[0]), (theirs, times[1])):
+        for fn, bucket in zip(fns, times):
             start = time.perf_counter()
             fn()
             bucket.append(time.perf_counter() - start)

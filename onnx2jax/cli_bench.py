@@ -2,12 +2,18 @@
 
 Examples::
 
-    onnx2jax bench                                   # the repository's tiny Llama, GPT-2 and BERT fixtures
+    onnx2jax bench                                   # the tiny fixtures, then the medium transformers
+    onnx2jax bench --set medium                      # only the medium Llama-GQA, GPT-2, BERT at 1x128 and 8x256
     onnx2jax bench model.onnx --dim batch=8 --dim seq=256
     onnx2jax bench --output results.md --plot results.png
-    onnx2jax bench --quick                           # a smoke run: few calls
+    onnx2jax bench --quick                           # a smoke run: few calls, the tiny fixtures only
 
-A model's inputs are ``MODEL.inputs.npz`` next to it when that file exists,
+Without named models it times the checkout's tiny Llama, GPT-2 and BERT
+fixtures (tests/data) and the medium transformers of
+bench/medium_transformers.py (6 layers, width 512, vocabulary 8,192; built on
+first use and cached in bench/models/, about 100 MB each) at batch x sequence
+1 x 128 and 8 x 256; ``--set`` picks one of the two sets.
+A named model's inputs are ``MODEL.inputs.npz`` next to it when that file exists,
 else random (as ``onnx2jax run`` draws them; ``--dim`` sets symbolic dims).
 The two runtimes are called alternately in one process after warm-up
 (onnxruntime's idle intra-op threads not spinning, so they do not starve the
@@ -23,14 +29,18 @@ difference between their outputs. ``--plot`` needs matplotlib (``pip install
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import pathlib
+import sys
 
 import numpy as np
 
 from onnx2jax.cli_errors import CliError, UsageError, check_writable, require_matplotlib
 
 FIXTURES = ("tiny_llama", "tiny_gpt2", "tiny_bert")
+SETS = ("all", "fixtures", "medium")
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -42,7 +52,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("models", nargs="*", metavar="MODEL.onnx",
-                        help="models to time (default: tests/data/tiny_{llama,gpt2,bert}.onnx of the checkout)")
+                        help="models to time (default: the --set of the checkout)")
+    parser.add_argument("--set", choices=SETS, dest="model_set",
+                        help="without named models: the tiny fixtures, the medium transformers, or both "
+                             "(default all; fixtures with --quick)")
     parser.add_argument("--repeats", type=int, default=50, metavar="N",
                         help="alternating timed calls of each runtime (default 50; 3 with --quick)")
     parser.add_argument("--warmup", type=int, default=3, metavar="N",
@@ -79,10 +92,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CliError("bench compares with onnxruntime: pip install onnxruntime") from e
 
     console = _console()
-    paths = args.models or _default_models(console)
+    if args.models and args.model_set:
+        raise UsageError("--set chooses the default models; name models or a set, not both")
+    if args.models:
+        jobs = [(path, _inputs_for(path, args, console)) for path in args.models]
+    else:
+        model_set = args.model_set or ("fixtures" if args.quick else "all")
+        jobs = []
+        if model_set in ("all", "fixtures"):
+            jobs += [(path, _inputs_for(path, args, console)) for path in _default_models(console)]
+        if model_set in ("all", "medium"):
+            jobs += _medium_jobs(console)
     rows = []
-    for path in paths:
-        inputs = _inputs_for(path, args, console)
+    for path, inputs in jobs:
         with console.status(f"timing {path} ..."):
             rows.append(benchmark.bench_model(path, inputs, repeats, warmup, scan_layers=scan_setting(args.scan_layers)))
     table = benchmark.markdown_table(rows)
@@ -98,10 +120,31 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _medium_jobs(console) -> list[tuple[str, dict[str, np.ndarray]]]:
+    """The checkout's medium transformers (built and cached on first use) at each of their shapes.
+
+    Raises:
+      CliError: no bench/medium_transformers.py next to this installation (an installed wheel).
+    """
+    script = ROOT / "bench" / "medium_transformers.py"
+    if not script.exists():
+        raise CliError(f"the medium transformers are made by {script.relative_to(ROOT)} of a clone of the "
+                       "repository; run from a clone, or use --set fixtures, or name models")
+    spec = importlib.util.spec_from_file_location("medium_transformers", script)
+    medium = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = medium  # dataclasses resolve the module by name
+    spec.loader.exec_module(medium)
+    jobs = []
+    for kind in medium.KINDS:
+        with console.status(f"building {kind} (cached in {medium.MODELS}) ..."):
+            path = str(medium.ensure(kind))
+        jobs += [(path, medium.inputs(kind, batch, seq)) for batch, seq in medium.SHAPES]
+    return jobs
+
+
 def _default_models(console) -> list[str]:
     """The checkout's transformer fixtures; in an installed wheel (no tests/), the bundled tiny Llama, said."""
-    root = pathlib.Path(__file__).resolve().parents[1]
-    fixtures = [root / "tests" / "data" / f"{name}.onnx" for name in FIXTURES]
+    fixtures = [ROOT / "tests" / "data" / f"{name}.onnx" for name in FIXTURES]
     if all(f.exists() for f in fixtures):
         return [str(f) for f in fixtures]
     bundled = pathlib.Path(__file__).resolve().parent / "data" / "tiny_llama.onnx"
