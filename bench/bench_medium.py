@@ -23,6 +23,7 @@ import os
 import pathlib
 import statistics
 import sys
+import time
 
 import jax
 import numpy as np
@@ -46,6 +47,17 @@ def _session(path: str) -> ort.InferenceSession:
 def _write_hlo(folder: pathlib.Path, stem: str, jitted, *args) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / f"{stem}.hlo.txt").write_text(jitted.lower(*args).compile().as_text())
+
+
+def _cpu_timed(fn, bucket: list[float]):
+    """``fn``, appending the process CPU time (seconds, all threads) of each call to ``bucket``."""
+
+    def timed():
+        start = time.process_time()
+        fn()
+        bucket.append(time.process_time() - start)
+
+    return timed
 
 
 def main() -> None:
@@ -87,7 +99,9 @@ def main() -> None:
                                inputs)
                 if flax_run is not None:
                     _write_hlo(folder, f"{kind}_{batch}x{seq}_flax", forward, state, ids)
-            times = alternate_all(fns, args.repeats, args.warmup)
+            cpu: list[list[float]] = [[] for _ in fns]
+            times = alternate_all([_cpu_timed(fn, bucket) for fn, bucket in zip(fns, cpu)], args.repeats, args.warmup)
+            cpu_medians = [statistics.median(c[args.warmup:]) * 1e3 for c in cpu]
             medians = [statistics.median(t) * 1e3 for t in times]
             spreads = [iqr(t) * 1e3 for t in times]
             ratio_ort = medians[0] / medians[1]
@@ -99,19 +113,22 @@ def main() -> None:
                 cells += [f"{medians[2]:.2f}", f"{spreads[2]:.2f}", f"{ratio_ort:.3f}", f"{medians[0] / medians[2]:.3f}"]
             else:
                 cells += ["-", "-", f"{ratio_ort:.3f}", "-"]
-            cells += [f"{diffs[0]:.1e}", f"{diffs[1]:.1e}" if len(diffs) > 1 else "-"]
+            cells += [f"{cpu_medians[0]:.1f}", f"{cpu_medians[1]:.1f}", f"{cpu_medians[2]:.1f}" if flax_run else "-",
+                      f"{diffs[0]:.1e}", f"{diffs[1]:.1e}" if len(diffs) > 1 else "-"]
             rows.append("| " + " | ".join(cells) + " |")
             print(rows[-1], flush=True)
     geo = lambda r: float(np.exp(np.mean(np.log(r)))) if r else float("nan")  # noqa: E731
     header = ("| model | batch x seq | onnx2jax ms | IQR | onnxruntime ms | IQR | flax NNX ms | IQR | "
-              "onnx2jax / onnxruntime | onnx2jax / flax | max abs diff onnx2jax | max abs diff flax |\n"
-              "|" + "---|" * 12)
+              "onnx2jax / onnxruntime | onnx2jax / flax | CPU ms onnx2jax | CPU ms onnxruntime | CPU ms flax | "
+              "max abs diff onnx2jax | max abs diff flax |\n"
+              "|" + "---|" * 15)
     load_after = os.getloadavg()
     note = (
         f"\n\nGeometric mean of onnx2jax / onnxruntime: {geo(vs_ort):.3f} ({len(vs_ort)} rows); of onnx2jax / flax "
         f"NNX: {geo(vs_flax):.3f} ({len(vs_flax)} rows). Median and interquartile range (ms) of {args.repeats} "
-        f"calls of each runtime in turn after {args.warmup} warm-up calls; max abs diff against onnxruntime's "
-        f"output. Load average (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
+        f"calls of each runtime in turn after {args.warmup} warm-up calls; CPU ms: median process CPU time "
+        f"(all threads) per call, which other processes' load does not inflate; max abs diff against "
+        f"onnxruntime's output. Load average (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
         f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; jax {jax.__version__} "
         f"({jax.devices()[0].platform}), onnxruntime {ort.__version__} CPUExecutionProvider (spinning off), "
         f"{os.cpu_count()} CPU(s).\n"
