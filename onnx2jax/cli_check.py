@@ -28,7 +28,7 @@ from onnx2jax.cli_errors import CliError, UsageError, check_writable, require_ma
 from onnx2jax.loading import load_model
 from sharding.check import check_and_infer, merge
 from sharding.diagnostics import Diagnostic
-from sharding.infer import Inference, completed_model
+from sharding.infer import Inference, completed_model, reshard_note_kind
 from sharding.rules._core import sharded_dims
 from sharding.text import format_spec
 from sharding.tiles import tile_assignment
@@ -242,7 +242,7 @@ def _rows(inference: Inference, model: onnx.ModelProto, everything: bool, only: 
                     inferred, row_given = text, ""
                 kind = ""
                 if note is not None:
-                    kind = note.message.rsplit("(", 1)[-1].rstrip(")")
+                    kind = reshard_note_kind(note)
                 yield (key if first else "", found.op_type if first else "", role, name,
                        row_given, inferred, kind)
                 first = False

@@ -392,6 +392,13 @@ def _reshard_note(
     )
 
 
+def reshard_note_kind(note: Diagnostic) -> str:
+    """The collective a ``reshard`` note names (`_reshard_note` ends its message in ``(kind)``)."""
+    if note.code != "reshard":
+        raise ValueError(f"expected a reshard note, got {note.code!r}")
+    return note.message.rsplit("(", 1)[-1].rstrip(")")
+
+
 def infer(
     model: ModelArg,
     configuration: str | None = None,

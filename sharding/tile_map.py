@@ -31,9 +31,9 @@ from typing import Literal
 import onnx
 
 from .diagnostics import Diagnostic
-from .infer import Inference
-from .rules._core import sharded_dims
-from .spec import device_configurations
+from .infer import Inference, reshard_note_kind
+from .rules._core import Shape, sharded_dims
+from .spec import ShardingSpec, device_configurations
 from .text import format_spec
 from .tiles import Range, device_regions
 
@@ -172,8 +172,7 @@ def collective_of(diagnostic: Diagnostic) -> Collective | None:
     if diagnostic.code == "collective":
         kind = diagnostic.expected or "collective"
     elif diagnostic.code == "reshard":
-        # The message ends in "(kind)": see sharding.infer._reshard_note.
-        kind = diagnostic.message.rsplit("(", 1)[-1].rstrip(")")
+        kind = reshard_note_kind(diagnostic)
     else:
         return None
     return Collective(kind, diagnostic.node, diagnostic.tensor)
@@ -206,7 +205,9 @@ def _layers(model: onnx.ModelProto) -> tuple[dict[str, str], dict[str, str], lis
     return by_node, by_tensor, order
 
 
-def _tensor_tiles(name: str, kind: Kind, layer: str, spec, shape, num_devices: int) -> TensorTiles | Unplaced:
+def _tensor_tiles(
+    name: str, kind: Kind, layer: str, spec: ShardingSpec, shape: Shape | None, num_devices: int
+) -> TensorTiles | Unplaced:
     if shape is None:
         return Unplaced(name, layer, "shape unknown")
     cut = {axis for axis, _ in sharded_dims(spec, len(shape))}
