@@ -37,6 +37,9 @@ from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.errors import DeviceCountError
 from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.parameters import ParameterStore, holdable_sharding, padded_shape
+from onnx2jax.errors import NodeError
+from onnx2jax.scan import ScanSetting, per_layer_names
+from onnx2jax.scan_sharded import layer_specs_differ, place_stacked
 from onnx2jax.translate import JaxModel
 from onnx2jax.user_mesh import auto_axes, auto_input, context_mesh, tracing
 from onnx2jax.xla_options import compiler_options
@@ -108,8 +111,18 @@ class Compiled:
         self.configuration = configuration
         self._placements = placements
         self._mapping = mapping
-        self._store = ParameterStore(mesh, model.params, placements)
+        params: Mapping[str, np.ndarray] = model.params
+        if model.scan.active:
+            why = layer_specs_differ(model.proto, model.scan, placements, model.params)
+            if why:
+                model.unscan(why)
+            else:  # each layer's parameters live only in the stacked copies
+                scanned = per_layer_names(model.scan)
+                params = {k: v for k, v in model.params.items() if k not in scanned}
+        self._store = ParameterStore(mesh, params, placements)
         self.params = self._store.arrays
+        if model.scan.active:
+            self.params.update(place_stacked(model.proto, model.scan, placements, model._stacked, mesh))
         self.param_copies = self._store.copies
         self.check = check  # refuse a call whose shapes give the annotations errors
         self._signatures: dict[tuple, _Signature] = {}
@@ -181,6 +194,13 @@ class Compiled:
         consumer_values = {}
         for key, copy in self._store.consumer_copy.items():
             consumer_values[key] = self._store.view(copy, copies[copy]) or self._store.logical(copy, copies[copy])
+        if self.model.scan.active and signature.placements is not self._placements:
+            why = layer_specs_differ(self.model.proto, self.model.scan, signature.placements, self.model.params)
+            if why:
+                raise NodeError(
+                    f"at these input shapes the layers' specs differ ({why}), but the layers were compiled as one "
+                    "lax.scan; compile with scan_layers=False"
+                )
         hooks = ShardingHooks(signature.placements, views, consumer_values)
         return self.model.evaluate(self._logical_params(params), inputs, hooks)
 
@@ -344,7 +364,7 @@ class Compiled:
         )
 
     def _notes(self) -> list[str]:
-        notes = []
+        notes = [self.model.layers_report()]
         if self._mapping is not None:
             for key, extra in self._mapping.partial.items():
                 notes.append(
@@ -481,6 +501,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     check: bool = True,
     devices: Sequence[int] | None = None,
     microbatches: int = 1,
+    scan_layers: ScanSetting = "auto",
 ) -> "Compiled | PipelineCompiled | SegmentedCompiled":
     """Compiles an annotated ONNX model for a device mesh.
 
@@ -504,6 +525,10 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       microbatches: for a model with pipeline stages (``pipeline_stage``), the
         number of micro-batches a call's batch is split into; such a model
         compiles to a :class:`onnx2jax.pipeline.PipelineCompiled`.
+      scan_layers: as :func:`onnx2jax.translate`'s: run the repeated layers
+        as one ``lax.scan``, each stacked parameter placed with its first
+        layer's spec behind an unsplit layer axis. Layers whose specs differ
+        stay unrolled (``report().notes`` says why; ``True`` raises instead).
 
     Returns:
       A :class:`Compiled`: call it like the model. A model whose output
@@ -535,7 +560,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     if microbatches != 1:
         raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
     return compile_proto(
-        proto, external_dir, mesh, configuration=config, check=check, devices=devices, structural=structural
+        proto, external_dir, mesh, configuration=config, check=check, devices=devices, structural=structural,
+        scan_layers=scan_layers,
     )
 
 
@@ -549,6 +575,7 @@ def compile_proto(
     devices: Sequence[int] | None = None,
     jax_devices: Sequence[jax.Device] | None = None,
     structural: Sequence[Diagnostic] = (),
+    scan_layers: ScanSetting = "auto",
 ) -> "Compiled | SegmentedCompiled":
     """The SPMD compile of an opened model (see :func:`compile`).
 
@@ -563,8 +590,7 @@ def compile_proto(
       structural: what ``sharding.validate`` found (notes of sizes to check
         at each call).
     """
-    # The sharded path places and constrains every layer's parameters itself: layers run unrolled.
-    jax_model = JaxModel(proto, external_dir, scan_layers=False)
+    jax_model = JaxModel(proto, external_dir, scan_layers=scan_layers)
     config = _choose_configuration(proto, configuration)
     if jax_model.segments:
         from onnx2jax.segmented import compile_segmented  # it builds on this module

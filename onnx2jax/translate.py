@@ -533,14 +533,7 @@ class JaxModel:
         self._scan_setting = scan_layers
         self.scan = _scan.plan(proto, scan_layers, self.params, self.constants, segmented=self._plan is not None)
         self.scan_note = ""
-        # Stacked once here, not per call: the runtime passes these instead of the per-layer copies.
-        self._stacked = _scan.stacked_arrays(self.scan, self.params) if self.scan.active else {}
-        scanned = _scan.per_layer_names(self.scan) if self.scan.active else set()
-        self._baked_params = {
-            k: v for k, v in self.params.items() if v.size <= BAKED_PARAMETER_LIMIT and k not in scanned
-        }
-        self._runtime_names = tuple(k for k in self.params if k not in self._baked_params and k not in scanned)
-        self._runtime_names += tuple(self._stacked)
+        self._set_runtime_params()
         self.segments: list[_segments.Segment] = list(self._plan.segments) if self._plan else []
         self.segment_models: list[JaxModel | None] = []  # per segment: its jitted sub-model, None for a host step
         self._segment_runners = [
@@ -549,6 +542,33 @@ class JaxModel:
         if self._plan:  # only what a jitted segment compiles per value; host steps take any value
             per_value = set().union(*(m.shape_input_names for m in self.segment_models if m is not None))
             self.shape_input_names = per_value & set(self.input_names)
+
+    def _set_runtime_params(self) -> None:
+        """Which parameters a call passes (as a tuple, once on the device) and which it bakes in.
+
+        With the layers scanned, their parameters are stacked once here, not
+        per call: the stacked copies go instead of the per-layer ones.
+        """
+        self._stacked = _scan.stacked_arrays(self.scan, self.params) if self.scan.active else {}
+        scanned = _scan.per_layer_names(self.scan) if self.scan.active else set()
+        self._baked_params = {
+            k: v for k, v in self.params.items() if v.size <= BAKED_PARAMETER_LIMIT and k not in scanned
+        }
+        self._runtime_names = tuple(k for k in self.params if k not in self._baked_params and k not in scanned)
+        self._runtime_names += tuple(self._stacked)
+        self._device_runtime_params = None
+        self._jitted.clear()
+
+    def unscan(self, why: str) -> None:
+        """Runs the layers unrolled from now on, recording ``why`` (a sharded plan the scan cannot keep).
+
+        Raises:
+          NodeError: the model was translated with ``scan_layers=True``.
+        """
+        if self._scan_setting is True:
+            raise NodeError(f"scan_layers=True: cannot run the layers as a scan: {why}")
+        self.scan = _scan.ScanPlan(False, self.scan.repetition, f"layers unrolled: {why}")
+        self._set_runtime_params()
 
     @property
     def input_names(self) -> list[str]:
@@ -599,8 +619,7 @@ class JaxModel:
         env.update(params)
         env.update(inputs)
         runner = GraphRunner(self.opsets, hooks, scan_strict=self._scan_setting is True)
-        # The sharded path (hooks) places every layer's parameters itself: it runs unrolled.
-        outputs = runner.run(self.proto.graph, env, scan=self.scan if hooks is None else None)
+        outputs = runner.run(self.proto.graph, env, scan=self.scan)
         if runner.scan_note:
             self.scan_note = runner.scan_note
         return tuple(_to_jax(o) for o in outputs)

@@ -1,0 +1,91 @@
+"""Scanned layers in a sharded program: one spec for every layer, stacked parameters placed once.
+
+A ``lax.scan`` body is traced once, so every layer runs with the first
+layer's sharding constraints. That is only the model's plan when each layer's
+nodes carry the same specs as the first layer's (a Megatron plan does); then
+each stacked parameter is placed with its first-layer spec behind a new,
+unsplit leading axis, and the compiled while loop's body holds one layer's
+collectives. When the layers' specs differ, or a stacked parameter is stored
+unfused, padded or in several layouts (:mod:`onnx2jax.parameters`), the
+layers stay unrolled and :func:`layer_specs_differ` says why.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import jax
+import numpy as np
+import onnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from onnx2jax.constraints import Placement, SpecKey
+from onnx2jax.parameters import padded_shape
+from onnx2jax.scan import ScanPlan
+
+
+def _describe(placement: Placement | None) -> str:
+    if placement is None:
+        return "without a spec"
+    return f"as {placement.sharding.spec}" + (f" (fused {placement.fused})" if placement.fused else "")
+
+
+def layer_specs_differ(
+    proto: onnx.ModelProto, plan: ScanPlan, placements: Mapping[SpecKey, Placement], params: Mapping[str, np.ndarray]
+) -> str:
+    """Why the scanned layers cannot share the first layer's specs ('' when they can)."""
+    rep = plan.repetition
+    nodes = proto.graph.node
+    for k in range(1, rep.count):
+        for i0, ik in zip(rep.layer_nodes(0), rep.layer_nodes(k)):
+            n0, nk = nodes[i0], nodes[ik]
+            for kind, first, other in (("in", n0.input, nk.input), ("out", n0.output, nk.output)):
+                for position, (a, b) in enumerate(zip(first, other)):
+                    p0 = placements.get(SpecKey(n0.name, kind, position, a))
+                    pk = placements.get(SpecKey(nk.name, kind, position, b))
+                    if p0 != pk:
+                        return (
+                            f"node {nk.name!r} {kind}put {position} ({b!r}) of layer {k} is placed {_describe(pk)}, "
+                            f"the first layer's node {n0.name!r} {_describe(p0)}: a scan runs every layer with the "
+                            "first layer's specs"
+                        )
+    for slot in rep.stacked:
+        found = stacked_placements(proto, plan, placements).get(slot, ())
+        if len(set(found)) > 1:
+            return f"parameter {slot!r} is read in {len(set(found))} layouts by the first layer's nodes (stored once per layout)"
+        placement = found[0] if found else None
+        if placement is not None and placement.fused:
+            return f"parameter {slot!r} is placed with a fused axis (stored unfused), which the stacked copy does not support"
+        if placement is not None and padded_shape(params[slot].shape, placement.sharding) != tuple(params[slot].shape):
+            return f"parameter {slot!r} {list(params[slot].shape)} does not divide evenly by its spec {placement.sharding.spec}"
+    return ""
+
+
+def stacked_placements(
+    proto: onnx.ModelProto, plan: ScanPlan, placements: Mapping[SpecKey, Placement]
+) -> dict[str, tuple[Placement | None, ...]]:
+    """For each stacked slot, the placements its first-layer readers ask for."""
+    found: dict[str, list[Placement | None]] = {}
+    for i in plan.repetition.layer_nodes(0):
+        node = proto.graph.node[i]
+        for position, name in enumerate(node.input):
+            if name in plan.repetition.stacked:
+                found.setdefault(name, []).append(placements.get(SpecKey(node.name, "in", position, name)))
+    return {k: tuple(v) for k, v in found.items()}
+
+
+def place_stacked(
+    proto: onnx.ModelProto,
+    plan: ScanPlan,
+    placements: Mapping[SpecKey, Placement],
+    stacked: Mapping[str, np.ndarray],
+    mesh: jax.sharding.Mesh,
+) -> dict[str, jax.Array]:
+    """Each stacked parameter on the mesh: its first-layer spec behind an unsplit layer axis."""
+    readers = stacked_placements(proto, plan, placements)
+    placed = {}
+    for slot in plan.repetition.stacked:
+        placement = (readers.get(slot) or (None,))[0]
+        spec = PartitionSpec(None, *(placement.sharding.spec if placement is not None else ()))
+        placed[plan.stacked_key(slot)] = jax.device_put(stacked[plan.stacked_key(slot)], NamedSharding(mesh, spec))
+    return placed

@@ -1,0 +1,98 @@
+"""Scanned layers in a sharded program (onnx2jax.scan_sharded): the zoo's Megatron plan on 8 fake devices.
+
+References: onnxruntime's stored outputs and the unrolled sharded program: the same values, the same
+collectives once the while loop's body is counted per iteration (exact counts from the compiled HLO),
+the same parameter bytes on every device.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+import numpy as np
+import onnx
+import pytest
+from jax.sharding import PartitionSpec
+from zoo_cases import CASES, ZOO
+
+import onnx2jax
+from onnx2jax.compile import count_collectives, param_bytes_per_device
+from onnx2jax.errors import NodeError
+from onnx2jax.scan_sharded import layer_specs_differ
+from sharding.megatron import megatron_plan
+
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) .*\{$")
+
+
+def loop_collectives(hlo: str) -> tuple[dict[str, int], dict[str, int], int]:
+    """(collectives outside the while loop, in its body, its known trip count) of compiled HLO with one loop."""
+    computations: dict[str, list[str]] = {}
+    current = None
+    for line in hlo.splitlines():
+        match = _COMPUTATION.match(line)
+        if match:
+            current = computations.setdefault(match.group(1), [])
+        elif line == "}":
+            current = None
+        elif current is not None:
+            current.append(line)
+    whiles = [line for lines in computations.values() for line in lines if " while(" in line]
+    assert len(whiles) == 1, whiles
+    body = re.search(r"body=%([^,\s]+)", whiles[0]).group(1)
+    trip = int(re.search(r'known_trip_count":\{"n":"(\d+)"', whiles[0]).group(1))
+    inside = count_collectives("\n".join(computations[body]))
+    outside = count_collectives("\n".join(line for name, lines in computations.items() if name != body for line in lines))
+    return outside, inside, trip
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str, scan: bool):
+    model = megatron_plan(onnx.load(ZOO / f"{name}.onnx"), CASES[name].tp)
+    inputs = dict(np.load(ZOO / f"{name}.inputs.npz"))
+    compiled = onnx2jax.compile(model, scan_layers=scan)
+    return compiled, compiled(**inputs), compiled.compiled_text(**inputs)
+
+
+@pytest.mark.parametrize("name", ["mistral", pytest.param("qwen2", marks=pytest.mark.slow)])
+def test_scanned_megatron_program_has_the_unrolled_collectives_per_layer(name):
+    unrolled, unrolled_out, unrolled_hlo = _compiled(name, False)
+    scanned, scanned_out, scanned_hlo = _compiled(name, True)
+    assert scanned.model.scan.active and "run as one lax.scan" in scanned.model.layers_report()
+    reference = np.load(ZOO / f"{name}.ort_outputs.npz")
+    for output, a, b in zip(scanned.model.output_names, scanned_out, unrolled_out):
+        np.testing.assert_allclose(np.asarray(a), reference[output], atol=1e-4, rtol=1e-4)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6, rtol=1e-5)
+    outside, inside, trip = loop_collectives(scanned_hlo)
+    total = count_collectives(unrolled_hlo)
+    assert trip == scanned.model.scan.repetition.count == 2
+    assert inside["all-reduce"] == 2  # one layer: attention output and MLP down projections
+    assert {k: outside[k] + trip * inside[k] for k in total} == total
+    # Stacked parameters keep the first layer's spec behind an unsplit layer axis, and every device
+    # holds exactly the bytes it held unrolled.
+    for first in scanned.model.scan.repetition.stacked:
+        stacked = scanned.params[f"scan/{first}"]
+        assert stacked.sharding.spec == PartitionSpec(None, *unrolled.params[first].sharding.spec)
+    assert param_bytes_per_device(scanned.stored_params) == param_bytes_per_device(unrolled.stored_params)
+
+
+def test_layers_whose_specs_differ_are_not_scanned():
+    compiled, _, _ = _compiled("mistral", True)
+    model, placements = compiled.model, dict(compiled._placements)
+    rep = model.scan.repetition
+    node = model.proto.graph.node[rep.layer_nodes(1)[0]]
+    key = next(k for k in placements if k.node == node.name)
+    del placements[key]  # layer 1's first node without the spec layer 0's has
+    why = layer_specs_differ(model.proto, model.scan, placements, model.params)
+    assert why.startswith(f"node {node.name!r} {key.kind}put {key.position}") and "first layer's specs" in why
+    assert layer_specs_differ(model.proto, model.scan, compiled._placements, model.params) == ""
+    with pytest.raises(NodeError, match="scan_layers=True: cannot run the layers as a scan"):
+        model.unscan(why)
+
+
+def test_sharded_scan_is_said_in_the_report():
+    compiled, _, _ = _compiled("mistral", True)
+    notes = compiled.report().notes
+    assert notes[0].startswith("2 repeated layers of 60 nodes run as one lax.scan")
+    unrolled, _, _ = _compiled("mistral", False)
+    assert unrolled.report().notes[0] == "layers unrolled: scan_layers=False"
