@@ -155,6 +155,19 @@ class NodeContext:
             )
         )
 
+    def unknown_rank(self, index: int = 0) -> None:
+        """A warning that the rank of input ``index`` is unknown where a rule needs it."""
+        name = self.input_name(index)
+        self.unknown(f"the rank of {name!r} is unknown", tensor=name)
+
+    def data_rank(self) -> int | None:
+        """The rank of input 0, else of output 0 (ops that keep their rank); when neither is
+        known, says so (`unknown_rank`) and returns None."""
+        rank = self.rank(0) if self.rank(0) is not None else self.out_rank(0)
+        if rank is None:
+            self.unknown_rank(0)
+        return rank
+
     def unknown(self, what: str, tensor: str | None = None) -> None:
         """A warning that a rule lacks a shape or constant it needs."""
         self.diag(

@@ -132,21 +132,13 @@ class Conv(Rule):
         return contract(ctx, operands, [(ctx.node.output[0], ly)], label_names=NAMES)
 
 
-def _data_rank(ctx) -> int | None:
-    """The rank of input 0 (else of output 0); when neither is known, says so in a note and returns None."""
-    rank = ctx.rank(0) or ctx.out_rank(0)
-    if rank is None:
-        ctx.unknown(f"the rank of {ctx.input_name(0)!r} is unknown", tensor=ctx.input_name(0))
-    return rank
-
-
 class WindowedPool(Rule):
     """MaxPool, AveragePool, LpPool: batch and channels free, spatial refused."""
 
     ops = WINDOWED_POOLS
 
     def outputs(self, ctx, in_specs):
-        rank = _data_rank(ctx)
+        rank = ctx.data_rank()
         if rank is None:
             return []
         if _refuse_spatial(ctx, 0, in_specs[0], rank):
@@ -162,7 +154,7 @@ class GlobalPool(Rule):
     ops = GLOBAL_POOLS
 
     def outputs(self, ctx, in_specs):
-        rank = _data_rank(ctx)
+        rank = ctx.data_rank()
         if rank is None:
             return []
         labels = list(range(rank))
@@ -178,7 +170,7 @@ class ChannelNorm(Rule):
     ops = frozenset({"BatchNormalization", "InstanceNormalization"})
 
     def outputs(self, ctx, in_specs):
-        rank = _data_rank(ctx)
+        rank = ctx.data_rank()
         if rank is None:
             return []
         labels = list(range(rank))
@@ -202,7 +194,7 @@ class Resize(Rule):
     ops = frozenset({"Resize", "Upsample"})
 
     def outputs(self, ctx, in_specs):
-        rank = _data_rank(ctx)
+        rank = ctx.data_rank()
         spec = in_specs[0]
         if rank is None:
             return []

@@ -50,9 +50,8 @@ class Normalization(Rule):
 
     def outputs(self, ctx, in_specs):
         spec = in_specs[0]
-        rank = ctx.rank(0) if ctx.rank(0) is not None else ctx.out_rank(0)
+        rank = ctx.data_rank()
         if rank is None:
-            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
             return []
         axes = normalised_axes(ctx, rank)
         if axes is None:

@@ -47,7 +47,7 @@ class Reduction(Rule):
         if rank is None:
             if spec is not None and not sharded_dims(spec, None):
                 return contract(ctx, [Operand(spec, [])], [(name, [])])
-            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
+            ctx.unknown_rank(0)
             return [None]
         axes = reduced_axes(ctx, rank)
         if axes is None:
@@ -66,9 +66,8 @@ class TopK(Rule):
     ops = frozenset({"TopK"})
 
     def outputs(self, ctx, in_specs):
-        rank = ctx.rank(0) or ctx.out_rank(0)
+        rank = ctx.data_rank()
         if rank is None:
-            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
             return []
         axis = int(ctx.attr("axis", -1)) % rank
         labels = list(range(rank))

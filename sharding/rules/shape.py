@@ -37,11 +37,6 @@ from ._core import (
 )
 
 
-def _rank(ctx, index=0):
-    """The rank of input ``index``, or None."""
-    return ctx.rank(index)
-
-
 def _shape(ctx, rank, index=0):
     shape = ctx.in_shapes[index] if index < len(ctx.in_shapes) else None
     return shape if shape is not None else (None,) * rank
@@ -108,13 +103,13 @@ class AxisMap(Rule):
         spec, name = in_specs[0], ctx.node.output[0]
         if spec is None:
             return []
-        rank = _rank(ctx)
+        rank = ctx.rank(0)
         if rank is None and ctx.op_type == "Transpose" and ctx.attr("perm"):
             rank = len(ctx.attr("perm"))
         if rank is None:
             if not sharded_dims(spec, None):
                 return [unshard(spec, [], None, name)]
-            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
+            ctx.unknown_rank(0)
             return []
         groups = self.groups(ctx, rank)
         if groups is None:
@@ -154,10 +149,10 @@ class Split(Rule):
         names = list(ctx.node.output)
         if spec is None:
             return []
-        rank = _rank(ctx)
+        rank = ctx.rank(0)
         cut = dict(sharded_dims(spec, rank)) if rank is not None else {}
         if rank is None and sharded_dims(spec, None):
-            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
+            ctx.unknown_rank(0)
             return []
         axis = int(ctx.attr("axis", 0)) % rank if rank else 0
         if axis not in cut:
@@ -276,11 +271,11 @@ class Slice(Rule):
         spec, name = in_specs[0], ctx.node.output[0]
         if spec is None:
             return []
-        rank = _rank(ctx)
+        rank = ctx.rank(0)
         if not sharded_dims(spec, rank):
             return [unshard(spec, [], rank, name)]
         if rank is None:
-            ctx.unknown(f"the rank of {ctx.node.input[0]!r} is unknown", tensor=ctx.node.input[0])
+            ctx.unknown_rank(0)
             return []
         if "starts" in ctx.attrs:
             starts, ends, axes, steps = ctx.attr("starts"), ctx.attr("ends"), ctx.attr("axes"), None
@@ -375,7 +370,7 @@ class Tile(Rule):
         if spec is None:
             return []
         repeats = ctx.int_list("", 1)
-        rank = _rank(ctx) or (len(repeats) if repeats is not None else None)
+        rank = ctx.rank(0) or (len(repeats) if repeats is not None else None)
         if repeats is None or rank is None:
             if not sharded_dims(spec, rank):
                 return [unshard(spec, [], rank, name)]
