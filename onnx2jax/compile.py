@@ -40,6 +40,7 @@ from onnx2jax.parameters import ParameterStore, holdable_sharding, padded_shape
 from onnx2jax.errors import NodeError
 from onnx2jax.scan import ScanSetting, per_layer_names
 from onnx2jax.scan_sharded import layer_specs_differ, place_stacked
+from onnx2jax.sizes_at_call import SizesAtCall
 from onnx2jax.translate import JaxModel
 from onnx2jax.user_mesh import auto_axes, auto_input, context_mesh, tracing
 from onnx2jax.xla_options import compiler_options
@@ -131,7 +132,7 @@ class Compiled:
         self._fast_calls: dict[Hashable, FastCall] = {}  # per call_key: the compiled short path
         # dim_values written on symbolic axes are checked against each call's shapes (fused
         # axes are checked as they are laid out per call, in _layouts).
-        self._sizes_at_call = any(d.code == "size-unresolved" for d in structural)
+        self._sizes = SizesAtCall(model.proto, structural)
 
     # -- parameters -------------------------------------------------------
 
@@ -159,8 +160,7 @@ class Compiled:
             found = _Signature(None, {}, (None,) * len(self.model.output_names), {})
         else:
             proto = self.model.proto
-            if self._sizes_at_call:
-                require_valid(proto, input_shapes=input_shapes, strict=True)
+            self._sizes.check(input_shapes)
             laid_out = len(self._placements) == sum(
                 spec is not None for node in self.inference.nodes.values() for spec in (*node.inputs, *node.outputs)
             )
@@ -343,10 +343,7 @@ class Compiled:
         Raises:
           ValueError: no inputs given and the model was never called.
         """
-        if not inputs and not named:
-            if self._last_args is None:
-                raise ValueError("report() needs example inputs, or call the model once first")
-            inputs, named = self._last_args
+        inputs, named = example_inputs(inputs, named, self._last_args)
         with self._scope():
             jitted, args, signature = self._program(inputs, named)
             compiled = jitted.lower(*args).compile()
@@ -478,6 +475,21 @@ def _choose_configuration(proto: onnx.ModelProto, configuration: str | None) -> 
     return next(iter(configs))
 
 
+def example_inputs(
+    inputs: Sequence[Any], named: Mapping[str, Any], last: tuple | None
+) -> tuple[Sequence[Any], Mapping[str, Any]]:
+    """The inputs a ``report()`` measures with: those given, else ``last`` (the last call's).
+
+    Raises:
+      ValueError: none given and the model was never called.
+    """
+    if inputs or named:
+        return inputs, named
+    if last is None:
+        raise ValueError("report() needs example inputs, or call the model once first")
+    return last
+
+
 def _plan_for_mesh(mesh: Mesh, num_devices: int, device_ids: Sequence[int] | None, configuration: str | None) -> MeshPlan:
     """Configuration device i sits at flat mesh position ``device_ids[i]`` (row-major by default)."""
     if mesh.devices.size != num_devices:
@@ -556,7 +568,9 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     if config is not None and has_stages(proto, config):
         from onnx2jax.pipeline import compile_pipeline  # it builds on this module
 
-        return compile_pipeline(proto, external_dir, config, mesh, microbatches=microbatches, check=check)
+        return compile_pipeline(
+            proto, external_dir, config, mesh, microbatches=microbatches, check=check, structural=structural
+        )
     if microbatches != 1:
         raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
     return compile_proto(

@@ -31,11 +31,13 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.compile import Compiled, compile_proto, count_collectives, param_bytes_per_device
+from onnx2jax.compile import Compiled, compile_proto, count_collectives, example_inputs, param_bytes_per_device
 from onnx2jax.constraints import SpecKey
 from onnx2jax.errors import DeviceCountError, NodeError
 from onnx2jax.parameters import holdable_sharding
+from onnx2jax.sizes_at_call import SizesAtCall
 from onnx2jax.translate import InputInfo, input_info
+from sharding.diagnostics import Diagnostic
 from sharding.partition import Partition
 from sharding.spec import NodeConfig, device_configurations, remap_spec
 from sharding.stage_infer import stage_model
@@ -103,6 +105,7 @@ class PipelineCompiled:
         model: PipelineModel,
         microbatches: int,
         configuration: str,
+        structural: Sequence[Diagnostic] = (),
     ):
         static = [f"{i.name!r} {list(i.shape)}" for i in model.inputs if i.shape and isinstance(i.shape[0], int) and i.shape[0] > 0]
         if microbatches > 1 and static:
@@ -120,6 +123,8 @@ class PipelineCompiled:
         self.uses_64bit = any(s.compiled.model.uses_64bit for s in self.stages)
         self._last_inputs: tuple | None = None
         self._stage_args: dict[int, dict[str, Any]] = {}
+        # sizes written on symbolic axes, checked at the shapes the graph runs at (a micro-batch's)
+        self._sizes = SizesAtCall(model.proto, structural)
 
     @property
     def params(self) -> dict[str, jax.Array]:
@@ -172,10 +177,16 @@ class PipelineCompiled:
         return args
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
-        """Runs the pipeline; returns jax.Arrays in ONNX output order, micro-batches joined on axis 0."""
+        """Runs the pipeline; returns jax.Arrays in ONNX output order, micro-batches joined on axis 0.
+
+        Raises:
+          sharding.ShardingError: a size written on a symbolic axis that a
+            micro-batch's shapes contradict (naming the node, tensor and axis).
+        """
         with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
             self._last_inputs = (inputs, named)
             envs = self._split(self._bind(inputs, named))
+            self._sizes.check({name: tuple(np.shape(value)) for name, value in envs[0].items()})
             count = len(self.stages)
             for step in range(len(envs) + count - 1):  # fill-drain: stage k runs micro-batch step - k
                 for k, stage in enumerate(self.stages):
@@ -203,10 +214,7 @@ class PipelineCompiled:
         Raises:
           ValueError: no inputs given and the model was never called.
         """
-        if not inputs and not named:
-            if self._last_inputs is None:
-                raise ValueError("report() needs example inputs, or call the model once first")
-            inputs, named = self._last_inputs
+        inputs, named = example_inputs(inputs, named, self._last_inputs)
         jax.block_until_ready(self(*inputs, **named))  # compiles everything, records stage inputs
         wall: list[float] = []
         alone: list[list[float]] = [[] for _ in self.stages]
@@ -333,12 +341,17 @@ def compile_pipeline(
     *,
     microbatches: int = 1,
     check: bool = True,
+    structural: Sequence[Diagnostic] = (),
 ) -> PipelineCompiled:
     """Compiles each stage of a staged model on its devices (see the module docstring).
 
     Args:
       mesh: when given, its devices in row-major order are the
         configuration's devices; else ``jax.devices()``.
+      structural: what ``sharding.validate`` found on the whole model: a size
+        written on a symbolic axis is checked at each call against a
+        micro-batch's shapes (each stage runs the graph on one), as
+        :class:`onnx2jax.compile.Compiled` checks a call's.
 
     Raises:
       ValueError: bad stages (duplicate names, backward edges, negative
@@ -379,7 +392,7 @@ def compile_pipeline(
         tuple(input_info(i) for i in proto.graph.input if i.name not in initialized),
         tuple(o.name for o in proto.graph.output),
     )
-    return PipelineCompiled(stages, part, model, microbatches, configuration)
+    return PipelineCompiled(stages, part, model, microbatches, configuration, structural)
 
 
 def _stage_model(

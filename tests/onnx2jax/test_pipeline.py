@@ -213,3 +213,27 @@ def test_microbatches_on_a_fixed_batch_axis_are_refused_by_input_name():
     x = np.arange(12, dtype=np.float32).reshape(2, 6) - 5
     (y,) = onnx2jax.compile(model, microbatches=1)(x)
     np.testing.assert_array_equal(np.asarray(y), -np.maximum(x, 0))
+
+
+def test_a_size_on_a_symbolic_axis_is_checked_at_each_call(batch4, unsharded):
+    """A dim_value on the symbolic batch axis, checked at a micro-batch's shapes as Compiled checks a call's."""
+    from sharding.diagnostics import ShardingError
+
+    model = _staged(2, 2)
+    spec = next(
+        s for node in model.graph.node if node.name == "node_embedding"
+        for config in node.device_configurations for s in config.sharding_spec if s.tensor_name == "input_ids"
+    )
+    spec.sharded_dim.add(axis=0, simple_sharding=[onnx.SimpleShardedDimProto(dim_value=4, num_shards=1)])
+    compiled = onnx2jax.compile(model)
+    _check_run(compiled, batch4, unsharded, (1,))  # the call's batch is the written 4
+    ids = batch4[0]["input_ids"]
+    mismatch = (r"error\[dim-value-mismatch\] node 'node_embedding' \(Gather\), tensor 'input_ids', axis 0: "
+                r"dim_value is 4 but axis 0 has size 2")
+    with pytest.raises(ShardingError, match=mismatch):
+        compiled(ids[:2])
+    compiled.microbatches = 2  # each stage runs the graph on a micro-batch of 2
+    with pytest.raises(ShardingError, match=mismatch):
+        compiled(ids)
+    (logits,) = compiled(np.concatenate([ids, ids]))  # micro-batches of the written 4
+    np.testing.assert_allclose(np.asarray(logits)[4:], batch4[1], rtol=0, atol=1e-5)
