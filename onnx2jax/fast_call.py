@@ -13,6 +13,9 @@ shardings. A later call with the same key goes straight to the executable's
 C++ dispatch, which places numpy inputs with the shardings the first call
 chose; only 64-bit models still enter x64 mode (numpy int64 inputs would
 otherwise be read as int32).
+
+:class:`onnx2jax.translate.JaxModel` uses :func:`call_key` too: a signature
+its input checks accepted once is bound without checking again.
 """
 
 from __future__ import annotations

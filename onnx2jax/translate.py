@@ -31,6 +31,7 @@ import onnx.numpy_helper
 
 from onnx2jax import ops as _ops  # noqa: F401  (fills the registry)
 from onnx2jax.errors import NodeError, PrecisionError, UnsupportedOpError
+from onnx2jax.fast_call import call_key
 from onnx2jax.hostvalues import is_host_value, to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
 from onnx2jax.ops.registry import OpImpl, lookup
@@ -527,6 +528,8 @@ class JaxModel:
         strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}
         self.shape_input_names = (shape_setting | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
+        self._bound_keys: set = set()  # fast_call.call_key of input signatures bind_inputs accepted
+        self._input_name_tuple = tuple(self.input_names)
         self._device_runtime_params: tuple | None = None
         cuts = _segments.data_dependent_nodes(graph) if segmentable else []
         self._plan = _segments.plan(proto, cuts) if cuts else None
@@ -697,7 +700,15 @@ class JaxModel:
         return tuple(to_host(o) for o in self._call(inputs, named))
 
     def _call(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple:
-        bound = self.bind_inputs(inputs, named)
+        key = call_key(inputs, named)
+        if key is not None and key in self._bound_keys:
+            # Types, shapes and names this model already checked: bind without checking again.
+            bound = dict(zip(self._input_name_tuple, inputs))
+            bound.update(named)
+        else:
+            bound = self.bind_inputs(inputs, named)
+            if key is not None:
+                self._bound_keys.add(key)
         if self._plan is not None:
             # Constants in the environment too: a graph output may be an initializer.
             return _segments.run(self._plan, self._segment_runners, {**self.constants, **self.params, **bound}, self.output_names)
