@@ -67,9 +67,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     inputs = {**drawn.values, **given.values}
     for note in drawn.notes + given.notes:
         console.print(f"note: {note}", markup=False)
-    with console.status(f"tracing and compiling {args.model} ..."):
+    with console.status(f"tracing and compiling {args.model} ..."), compilation_cache.watch() as lookups:
         first, outputs, steady, calls = _timed_calls(runner, inputs)
-    console.print(f"first call {first:.2f}s (trace + compile + run), then {_ms(steady)} per call (mean of {calls})")
+    console.print(
+        f"first call {first:.2f}s (trace + {lookups.describe()} + run), then {_ms(steady)} per call (mean of {calls})"
+    )
     console.print(model.layers_report(), markup=False)
     if args.devices:
         runner.report(**inputs).render(console)

@@ -13,7 +13,10 @@ setting); :func:`enable` is the one call that turns it on (see README).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
+from typing import Iterator
 
 
 def default_dir() -> str:
@@ -39,6 +42,48 @@ def enable(path: str | None = None) -> str:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     return path
+
+
+@dataclasses.dataclass
+class Lookups:
+    """Persistent-cache lookups seen by :func:`watch`: executables loaded from the cache, and compiled."""
+
+    hits: int = 0
+    misses: int = 0
+
+    def describe(self) -> str:
+        """How the executables of the watched calls were obtained, for a timing line."""
+        if self.hits and not self.misses:
+            return "executable from cache"
+        if self.hits:
+            return f"compile, {self.hits} of {self.hits + self.misses} executables from cache"
+        return "compile"
+
+
+_HIT, _MISS = "/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[Lookups]:
+    """Counts the persistent-cache hits and misses of the calls in the ``with`` block (jax's monitoring events).
+
+    Both stay 0 when the cache is off.
+    """
+    import jax
+
+    lookups = Lookups()
+
+    def listen(event: str, **kwargs) -> None:
+        if event == _HIT:
+            lookups.hits += 1
+        elif event == _MISS:
+            lookups.misses += 1
+
+    jax.monitoring.register_event_listener(listen)
+    try:
+        yield lookups
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

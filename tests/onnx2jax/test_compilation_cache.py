@@ -29,7 +29,11 @@ def test_run_caches_in_cache_dir_or_by_default_in_the_user_cache_dir(tmp_path):
     result = _cli(["run", MODEL, "--cache", str(tmp_path / "c")], home)
     assert result.returncode == 0, result.stderr
     assert any(name.startswith("jit_") for name in os.listdir(tmp_path / "c"))
+    assert "(trace + compile + run)" in result.stdout
     assert not home.exists()
+    again = _cli(["run", MODEL, "--cache", str(tmp_path / "c")], home)
+    assert again.returncode == 0, again.stderr
+    assert "(trace + executable from cache + run)" in again.stdout, "the timing line says where the executable came from"
     result = _cli(["run", MODEL], home)
     assert result.returncode == 0, result.stderr
     assert any(name.startswith("jit_") for name in os.listdir(home / "onnx2jax" / "xla"))
