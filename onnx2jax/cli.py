@@ -42,6 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from onnx2jax.cli_inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
 
     _check_output_path(args.output)
+    if args.microbatches != 1 and not args.devices:
+        from onnx2jax.cli_errors import UsageError
+
+        raise UsageError("--microbatches splits the batch of a model with pipeline stages; it goes with --devices N")
     if args.devices:
         from onnx2jax.demo import ensure_devices
 
@@ -51,7 +55,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = _console()
     if args.devices:
         _check_annotated(args.model, args.devices)
-        runner = onnx2jax.compile(args.model)
+        runner = onnx2jax.compile(args.model, microbatches=args.microbatches)
         model = runner.model
     else:
         runner = model = onnx2jax.translate(args.model, scan_layers=scan_setting(args.scan_layers))
@@ -283,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--tolerance", type=float, default=1e-4, help="max |diff| allowed by --check (default 1e-4)")
     run.add_argument("--devices", type=int, default=0, metavar="N",
                      help="run sharded on N devices from the model's annotations")
+    run.add_argument("--microbatches", type=int, default=1, metavar="M",
+                     help="with --devices, for a model with pipeline stages: split each call's batch into M "
+                          "micro-batches run fill-drain through the stages (default 1)")
     add_scan_argument(run)
     compilation_cache.add_arguments(run)
     run.set_defaults(func=cmd_run)

@@ -74,15 +74,22 @@ class PipelineModel:
       proto: the whole ModelProto.
       inputs: its runtime inputs (name, dtype, shape), in order.
       output_names: its outputs, in order.
+      stage_layers: per stage, its program's ``layers_report()`` (whether its
+        repeated layers run as one ``lax.scan``).
     """
 
     proto: onnx.ModelProto
     inputs: tuple[InputInfo, ...]
     output_names: tuple[str, ...]
+    stage_layers: tuple[tuple[int, str], ...] = ()
 
     @property
     def input_names(self) -> list[str]:
         return [i.name for i in self.inputs]
+
+    def layers_report(self) -> str:
+        """One line per stage, as ``JaxModel.layers_report`` says it for one program."""
+        return "\n".join(f"stage {stage}: {line}" for stage, line in self.stage_layers)
 
 
 class PipelineCompiled:
@@ -391,6 +398,7 @@ def compile_pipeline(
         proto,
         tuple(input_info(i) for i in proto.graph.input if i.name not in initialized),
         tuple(o.name for o in proto.graph.output),
+        tuple((s.stage, s.compiled.model.layers_report()) for s in stages),
     )
     return PipelineCompiled(stages, part, model, microbatches, configuration, structural)
 

@@ -237,3 +237,24 @@ def test_a_size_on_a_symbolic_axis_is_checked_at_each_call(batch4, unsharded):
         compiled(ids)
     (logits,) = compiled(np.concatenate([ids, ids]))  # micro-batches of the written 4
     np.testing.assert_allclose(np.asarray(logits)[4:], batch4[1], rtol=0, atol=1e-5)
+
+
+def test_cli_run_with_microbatches_equals_the_unstaged_run(tmp_path: Path, capsys):
+    """``onnx2jax run --microbatches 2`` on a 2-stage model: the outputs of the unstaged run, and onnxruntime's."""
+    staged = tmp_path / "staged.onnx"
+    assert main(["annotate", str(LLAMA), "--stages", "auto:2", "--devices", "4", "--plan", "megatron", "-o", str(staged)]) == 0
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.random.default_rng(5).integers(0, 256, (4, 8)).astype(np.int64))
+    out = tmp_path / "out.npz"
+    capsys.readouterr()
+    assert main(["run", str(staged), "--devices", "4", "--microbatches", "2", "--input", f"input_ids={ids}",
+                 "--check", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "pipeline: 2 stages, 2 micro-batches" in printed and "vs onnxruntime" in printed
+    assert "stage 0: layers unrolled" in printed
+    (unstaged,) = onnx2jax.translate(str(LLAMA))(input_ids=np.load(ids))
+    np.testing.assert_allclose(np.load(out)["logits"], np.asarray(unstaged), rtol=0, atol=1e-5)
+    assert main(["run", str(staged), "--devices", "4", "--microbatches", "3", "--input", f"input_ids={ids}"]) == 1
+    assert "microbatches=3" in capsys.readouterr().err
+    assert main(["run", str(LLAMA), "--microbatches", "2"]) == 2
+    assert "--microbatches" in capsys.readouterr().err
