@@ -42,34 +42,11 @@ def _band(q_len, kv_len, offset, allowed_fn, dtype):
     return jnp.where(allowed, jnp.zeros((), dtype), jnp.full((), -jnp.inf, dtype))
 
 
-def _bf16_rounding(dtype):
-    """Rounding after each op for bfloat16, or None.
-
-    ONNX's reference computes bfloat16 attention op by op in bfloat16 (numpy
-    rounds every elementwise result and every step of a sum); XLA keeps float32
-    between fused ops. To match it, bfloat16 attention runs in float32 with an
-    explicit rounding to bfloat16 after each step and a sequential sum.
-    """
-    if dtype != jnp.bfloat16:
-        return None
-    return lambda t: jax.lax.reduce_precision(t, exponent_bits=8, mantissa_bits=7)
-
-
-def _sequential_sum(e, rnd):
-    """Sum over the last axis left to right, rounding after each addition (numpy's bfloat16 reduce)."""
-    steps = jnp.moveaxis(e, -1, 0)
-    total, _ = jax.lax.scan(lambda acc, x: (rnd(acc + x), None), steps[0], steps[1:])
-    return total[..., None]
-
-
 def _attention(
     q, k, v, attn_mask, past_key, past_value, nonpad_kv_seqlen, *, scale, is_causal, q_num_heads,
     kv_num_heads, softmax_precision, softcap, qk_matmul_output_mode, left_window_size=-1, right_window_size=-1,
 ):
     dtype = q.dtype
-    rounding = _bf16_rounding(dtype)
-    rnd = rounding or (lambda t: t)
-    work = jnp.float32 if rounding else dtype
     rank3 = q.ndim == 3
     if rank3:
         q = _split_heads(q, q_num_heads)
@@ -78,13 +55,12 @@ def _attention(
     if scale is None:
         scale = 1 / np.sqrt(q.shape[3])
     # The reference scales Q and K by sqrt(scale) each, in the input dtype.
-    root = jnp.asarray(np.sqrt(scale), dtype).astype(work)
+    root = jnp.asarray(np.sqrt(scale), dtype)
     if past_key is not None:
         k = jnp.concatenate([past_key, k], axis=2)
     if past_value is not None:
         v = jnp.concatenate([past_value, v], axis=2)
     present_key, present_value = k, v
-    q, k, v = q.astype(work), k.astype(work), v.astype(work)
     q_len, kv_len = q.shape[2], k.shape[2]
 
     if attn_mask is not None and attn_mask.shape[-1] < kv_len:
@@ -96,12 +72,11 @@ def _attention(
         offset = nonpad_kv_seqlen.reshape(-1).astype(jnp.int64) - q_len
     else:
         offset = past_key.shape[2] if past_key is not None else 0
-    # Every term below is 0, -inf or the mask itself: no rounding is needed.
-    bias = jnp.zeros((q_len, kv_len), work)
+    bias = jnp.zeros((q_len, kv_len), dtype)
     if attn_mask is not None:
-        bias = bias + _additive(attn_mask, dtype).astype(work)
+        bias = bias + _additive(attn_mask, dtype)
     if is_causal:
-        bias = bias + _band(q_len, kv_len, offset, lambda i, j: j <= i, work)
+        bias = bias + _band(q_len, kv_len, offset, lambda i, j: j <= i, dtype)
     if left_window_size >= 0 or right_window_size >= 0:
 
         def window(i, j):
@@ -112,48 +87,43 @@ def _attention(
                 allowed &= j - i <= right_window_size
             return allowed
 
-        bias = bias + _band(q_len, kv_len, offset, window, work)
+        bias = bias + _band(q_len, kv_len, offset, window, dtype)
     if nonpad_kv_seqlen is not None:
         valid = jnp.arange(kv_len)[None, :] < nonpad_kv_seqlen.reshape(-1, 1)
-        bias = bias + _additive(valid, work).reshape(-1, 1, 1, kv_len)
+        bias = bias + _additive(valid, dtype).reshape(-1, 1, 1, kv_len)
 
     heads_q, heads_kv = q.shape[1], k.shape[1]
     if heads_q != heads_kv and heads_q % heads_kv == 0:
         k = jnp.repeat(k, heads_q // heads_kv, axis=1)
         v = jnp.repeat(v, heads_q // heads_kv, axis=1)
 
-    qk = rnd(jnp.matmul(rnd(q * root), jnp.swapaxes(rnd(k * root), -1, -2), precision=_HIGHEST))
+    qk = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2), precision=_HIGHEST)
     raw_qk = qk
     if softcap and softcap > 0:
-        cap = jnp.asarray(softcap, dtype).astype(work)
-        qk = rnd(rnd(jnp.tanh(rnd(qk / cap))) * cap)
-    scores = rnd(qk + bias)
+        cap = jnp.asarray(softcap, dtype)
+        qk = jnp.tanh(qk / cap) * cap
+    scores = qk + bias
     # Mode 0 is the plain Q K^T product (onnxruntime; ONNX's reference returns it
     # softcapped, and no node case tells them apart); mode 1 is after the softcap.
     qk_output = raw_qk if qk_matmul_output_mode == 0 else qk
     if qk_matmul_output_mode == 2:
         qk_output = scores
-    srnd = rounding
     if softmax_precision is not None:
-        softmax_dtype = onnx.helper.tensor_dtype_to_np_dtype(softmax_precision)
-        srnd = _bf16_rounding(softmax_dtype)
-        scores = scores.astype(jnp.float32 if srnd else softmax_dtype)
-    srnd_or_id = srnd or (lambda t: t)
+        scores = scores.astype(onnx.helper.tensor_dtype_to_np_dtype(softmax_precision))
     # Softmax that maps a fully masked row (all -inf) to zeros instead of NaN.
     row_max = jnp.max(scores, axis=-1, keepdims=True)
     safe_max = jnp.where(jnp.isneginf(row_max), jnp.zeros_like(row_max), row_max)
     # Clamped at the max first so that XLA CPU cannot contract the subtraction into an FMA
     # over unrounded scores (see onnx2jax.ops.softmax.shifted_by_max).
     safe_max = jax.lax.stop_gradient(safe_max)
-    e = srnd_or_id(jnp.exp(srnd_or_id(jnp.where(scores > safe_max, safe_max, scores) - safe_max)))
-    total = _sequential_sum(e, srnd) if srnd else jnp.sum(e, axis=-1, keepdims=True)
-    probs = srnd_or_id(e / jnp.where(total == 0, jnp.ones_like(total), total))
+    e = jnp.exp(jnp.where(scores > safe_max, safe_max, scores) - safe_max)
+    total = jnp.sum(e, axis=-1, keepdims=True)
+    probs = e / jnp.where(total == 0, jnp.ones_like(total), total)
     masked_row = jnp.isneginf(jnp.max(bias, axis=-1, keepdims=True))
     probs = jnp.where(masked_row, jnp.zeros((), probs.dtype), probs)
     if qk_matmul_output_mode == 3:
         qk_output = probs
-    probs = rnd(probs.astype(dtype).astype(work))
-    y = rnd(jnp.matmul(probs, v, precision=_HIGHEST))
+    y = jnp.matmul(probs.astype(dtype), v, precision=_HIGHEST)
     if rank3:
         y = jnp.transpose(y, (0, 2, 1, 3)).reshape(y.shape[0], y.shape[2], -1)
     return y.astype(dtype), present_key, present_value, qk_output.astype(dtype)

@@ -79,6 +79,27 @@ def test_attention_float16():
     check("Attention", 23, [q, k, v], is_causal=1, rtol=5e-3, atol=5e-3)
 
 
+def test_attention_bfloat16_long_rows_sum_to_one():
+    # Scores of 2,048 keys: a sum accumulated in bfloat16 (as ONNX's numpy reference does) stalls
+    # once it nears 1 and the probabilities come out twice too large; onnx2jax sums in float32.
+    import ml_dtypes
+
+    q, k, v = (a.astype(ml_dtypes.bfloat16) for a in _qkv(batch=1, heads_q=2, heads_kv=2, q_len=2, kv_len=2048))
+    node = oh.make_node("Attention", ["q", "k", "v"], ["y"])
+    bf16 = onnx.TensorProto.BFLOAT16
+    model = oh.make_model(
+        oh.make_graph([node], "g", [oh.make_tensor_value_info(n, bf16, None) for n in "qkv"],
+                      [oh.make_tensor_value_info("y", bf16, None)]),
+        opset_imports=[oh.make_opsetid("", 23)],
+    )
+    (y,) = translate(model)(q, k, v)
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    scores = q64 @ np.swapaxes(k64, -1, -2) / np.sqrt(q.shape[-1])
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    expected = (p / p.sum(-1, keepdims=True)) @ v64
+    np.testing.assert_allclose(np.asarray(y).astype(np.float64), expected, rtol=0, atol=2e-2)
+
+
 def _caches(positions, half):
     inv = 1.0 / (10000 ** (np.arange(half) / half))
     angles = np.arange(positions)[:, None] * inv[None, :]
