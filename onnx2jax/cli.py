@@ -202,7 +202,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     import warnings
 
     from onnx2jax.cli_errors import UsageError
-    from onnx2jax.conformance import expected_failures, node_cases, run_cases, tested_ops
+    from onnx2jax.conformance import expected_failures, node_cases, pass_rates, run_cases, tested_ops
 
     console = _console()
     cases = node_cases()
@@ -224,10 +224,11 @@ def cmd_conformance(args: argparse.Namespace) -> int:
         tag = "xfail" if r.name in known_failures else "FAIL"
         error = " ".join(r.error.split())  # one line per case
         console.print(f"{tag} {r.name} [{','.join(r.op_types)}]: {error[:200]}", markup=False)
-    passed = len(results) - len(failed)
-    console.print(f"{passed}/{len(results)} node cases pass ({100 * passed / max(len(results), 1):.1f}%); "
-                  f"{len(failed) - len(unexpected)} known failures (node_xfails.yaml), {len(unexpected)} unexpected",
-                  markup=False)
+    overall, *by_category = pass_rates(results)
+    console.print(f"{overall}; {len(failed) - len(unexpected)} known failures (node_xfails.yaml), "
+                  f"{len(unexpected)} unexpected", markup=False)
+    for line in by_category:
+        console.print(line, markup=False)
     return 1 if unexpected else 0
 
 

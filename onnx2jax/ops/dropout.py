@@ -3,16 +3,18 @@
 In inference (the default since opset 7, and whenever opset 12's
 ``training_mode`` input is absent or false) Dropout returns its input and an
 all-True mask. In training mode it keeps each element with probability
-``1 - ratio`` and scales the kept ones by ``1 / (1 - ratio)``. The random draw
-uses ``jax.random`` with a key made from the ``seed`` attribute, or the fixed
-key 0 when there is none: it is a constant of the traced program, so every
-call of a jitted model drops the same elements (and they differ from
-onnxruntime's).
+``1 - ratio`` and scales the kept ones by ``1 / (1 - ratio)``.
+
+The draw is ONNX's reference draw: numpy's ``RandomState(seed).uniform(0, 1,
+shape)`` with the ``seed`` attribute (taken modulo 2**32, numpy's seed range),
+or seed 0 when there is none, made on the host while tracing. It is a constant
+of the traced program (as large as the input), so every call of a jitted model
+drops the same elements, the ones ONNX's reference evaluator drops with that
+seed; onnxruntime's generator drops others.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -23,9 +25,29 @@ def _is_static(value) -> bool:
     return isinstance(value, (np.ndarray, np.generic))
 
 
+def _reference_draw(shape, seed) -> np.ndarray:
+    """ONNX's reference draw for Dropout: numpy's legacy generator seeded with ``seed`` (float64 in [0, 1))."""
+    return np.random.RandomState(0 if seed is None else int(seed) % 2**32).uniform(0.0, 1.0, tuple(shape))
+
+
+def _rounded_down(values: np.ndarray, dtype) -> np.ndarray:
+    """``values`` in ``dtype``, each the largest ``dtype`` number not above it.
+
+    Then ``rounded >= r`` exactly when ``values >= r`` for any ``r`` of ``dtype``:
+    the float64 draw compares with a float32 ratio as numpy compares them.
+    """
+    rounded = values.astype(dtype)
+    above = rounded.astype(np.float64) > values
+    rounded[above] = np.nextafter(rounded[above], np.asarray(-np.inf, dtype))
+    return rounded
+
+
 def _keep_mask(shape, ratio, seed):
-    draw = jax.random.uniform(jax.random.key(0 if seed is None else int(seed)), tuple(shape), dtype=jnp.float32)
-    return draw >= jnp.asarray(ratio, jnp.float32)
+    draw = _reference_draw(shape, seed)
+    if _is_static(ratio):
+        return draw >= np.float64(ratio)
+    ratio = jnp.asarray(ratio)
+    return jnp.asarray(_rounded_down(draw, np.dtype(ratio.dtype))) >= ratio
 
 
 def _drop(x, ratio, seed):

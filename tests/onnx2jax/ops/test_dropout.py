@@ -67,3 +67,35 @@ def test_opset6_is_test():
     y, mask = (np.asarray(v) for v in translate(_model(6, {"x": X}, is_test=1))(X))
     np.testing.assert_array_equal(y, X)
     assert mask.dtype == np.float32 and (mask == 1).all()
+
+
+@pytest.mark.parametrize("seed", [0, 5, 2**32 + 7])
+@pytest.mark.parametrize("ratio_input", ["static", "runtime"])
+@pytest.mark.parametrize("ratio_value", [0.3, 0.5, 0.75])
+def test_training_mode_draws_what_onnx_reference_draws(seed, ratio_input, ratio_value):
+    # With a seed, ONNX's reference evaluator draws numpy's RandomState(seed).uniform: the same mask here,
+    # whether the ratio is an initializer (a mask computed while tracing) or a runtime input.
+    from onnx.reference import ReferenceEvaluator
+
+    ratio, training = np.asarray(ratio_value, np.float32), np.asarray(True)
+    if ratio_input == "static":
+        model = _model(13, {"x": X}, {"r": ratio, "t": training}, seed=seed)
+        feeds = {"x": X}
+    else:
+        model = _model(13, {"x": X, "r": ratio, "t": training}, seed=seed)
+        feeds = {"x": X, "r": ratio, "t": training}
+    # numpy's seeds stop at 2**32 - 1; onnx2jax takes the attribute modulo 2**32.
+    reference_model = _model(13, {"x": X}, {"r": ratio, "t": training}, seed=seed % 2**32)
+    expected = ReferenceEvaluator(reference_model).run(None, {"x": X})
+    actual = [np.asarray(a) for a in translate(model)(*feeds.values())]
+    np.testing.assert_array_equal(actual[1], expected[1])
+    np.testing.assert_allclose(actual[0], expected[0], rtol=1e-6)
+
+
+def test_rounded_down_compares_like_float64():
+    from onnx2jax.ops.dropout import _rounded_down
+
+    draws = np.array([0.75 - 2.0**-40, 0.75, 0.75 + 2.0**-40, 0.3 - 1e-12, 0.3 + 1e-12])
+    for dtype in (np.float32, np.float16):
+        for r in (np.asarray(0.75, dtype), np.asarray(0.3, dtype)):
+            np.testing.assert_array_equal(_rounded_down(draws, dtype) >= r, draws >= r.astype(np.float64))
