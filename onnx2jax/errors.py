@@ -24,7 +24,21 @@ class UnsupportedOpError(NotImplementedError):
 
 
 class NodeError(RuntimeError):
-    """An op failed while tracing; names the node, its op_type and opset."""
+    """An op failed while tracing; names the node, its op_type and opset.
+
+    Attributes:
+      node: the failing node, when the graph runner raised it (else None).
+    """
+
+    node = None
+
+
+class BranchShapesDiffer(ValueError):
+    """An If's condition is known only at run time and its branches return different shapes.
+
+    One XLA program cannot hold it (``lax.cond`` needs one shape); a main-graph
+    If that raises it is cut out as a host step (:mod:`onnx2jax.segments`).
+    """
 
 
 class PrecisionError(RuntimeError):

@@ -9,6 +9,12 @@ ordinary translated models, jitted and cached per shape signature; the node
 itself runs on the host in numpy between them, and its output shapes
 specialise the next segment. The cut uses the partition routine that pipeline
 stages use (:mod:`sharding.partition`).
+
+An If whose condition is computed at run time and whose branches return
+outputs of different shapes (by ONNX shape inference) is cut the same way:
+the host step reads the condition and runs the chosen branch as its own
+jitted model (:mod:`onnx2jax.branch_step`). An If whose branches agree stays
+inside its segment as ``lax.cond``.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from sharding.partition import GraphIndex, Partition, extract_part, partition
+from sharding.partition import GraphIndex, Partition, extract_part, inferred_graph, partition
 
 DATA_DEPENDENT: Mapping[str, tuple[int, ...] | None] = {
     "NonMaxSuppression": None,  # every input: boxes, scores and the thresholds
@@ -66,25 +72,68 @@ def _label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"#{index}"
 
 
-def data_dependent_nodes(graph: onnx.GraphProto) -> list[tuple[int, onnx.NodeProto]]:
+def data_dependent_nodes(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto]]:
     """Main-graph nodes whose output shape depends on values computed at run time.
 
     A node whose value inputs are constants or follow from input shapes only
-    folds while tracing and is not listed.
+    folds while tracing and is not listed. An If is listed when its condition
+    is computed at run time and its branches' outputs differ in shape
+    (:func:`branch_shapes_differ`).
     """
-    if not any(node.op_type in DATA_DEPENDENT for node in graph.node):
+    graph = model.graph
+    if not any(node.op_type in DATA_DEPENDENT or node.op_type == "If" for node in graph.node):
         return []  # the common case: no graph index to build
     index = GraphIndex.of(graph)
     shape_only = index.shape_only()
     found = []
+    runtime_ifs = []
     for i, node in enumerate(graph.node):
-        if node.op_type not in DATA_DEPENDENT or node.domain not in ("", "ai.onnx"):
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        if node.op_type == "If" and node.input[0] not in shape_only:
+            runtime_ifs.append(i)
+        if node.op_type not in DATA_DEPENDENT:
             continue
         positions = DATA_DEPENDENT[node.op_type]
         names = [n for p, n in enumerate(node.input) if n and (positions is None or p in positions)]
         if any(n not in shape_only for n in names):
             found.append((i, node))
-    return found
+    if runtime_ifs:
+        inferred = inferred_graph(model).node
+        found += [(i, graph.node[i]) for i in runtime_ifs if branch_shapes_differ(inferred[i])]
+    return sorted(found, key=lambda pair: pair[0])
+
+
+def _branches(node: onnx.NodeProto) -> tuple[onnx.GraphProto, onnx.GraphProto]:
+    graphs = {a.name: a.g for a in node.attribute if a.type == onnx.AttributeProto.GRAPH}
+    return graphs["then_branch"], graphs["else_branch"]
+
+
+def branch_shapes_differ(node: onnx.NodeProto) -> bool:
+    """Whether an If's branches (shape-inferred) return tensors that surely differ in shape.
+
+    Surely: a different rank or element type, or one dimension known in both
+    and different. Unknown or symbolic dimensions may agree at run time, so
+    such an If stays ``lax.cond`` (which checks while tracing).
+    """
+    then_branch, else_branch = _branches(node)
+    return any(_shapes_differ(a.type, b.type) for a, b in zip(then_branch.output, else_branch.output))
+
+
+def _shapes_differ(a: onnx.TypeProto, b: onnx.TypeProto) -> bool:
+    if not (a.HasField("tensor_type") and b.HasField("tensor_type")):
+        return False  # sequences and optionals: see translate's container choices
+    ta, tb = a.tensor_type, b.tensor_type
+    if ta.elem_type and tb.elem_type and ta.elem_type != tb.elem_type:
+        return True
+    if not (ta.HasField("shape") and tb.HasField("shape")):
+        return False
+    if len(ta.shape.dim) != len(tb.shape.dim):
+        return True
+    return any(
+        da.HasField("dim_value") and db.HasField("dim_value") and da.dim_value != db.dim_value
+        for da, db in zip(ta.shape.dim, tb.shape.dim)
+    )
 
 
 def _named(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -154,6 +203,12 @@ def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> 
 
 
 def _reason(node: onnx.NodeProto) -> str:
+    if node.op_type == "If":
+        return (
+            "If's branches return outputs of different shapes and its condition is computed at run time; "
+            "XLA needs static shapes, so the condition is read on the host and the chosen branch runs "
+            "as its own jitted program"
+        )
     return (
         f"{node.op_type}'s output length depends on the values of its inputs, computed at run time; "
         "XLA needs static shapes, so it runs on the host between jitted segments"

@@ -30,13 +30,14 @@ import onnx.helper
 import onnx.numpy_helper
 
 from onnx2jax import ops as _ops  # noqa: F401  (fills the registry)
-from onnx2jax.errors import NodeError, PrecisionError, UnsupportedOpError
+from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.fast_call import call_key
 from onnx2jax.hostvalues import is_host_value, to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
 from onnx2jax.ops.registry import OpImpl, lookup
 from onnx2jax import scan as _scan
 from onnx2jax import segments as _segments
+from onnx2jax.branch_step import if_step
 from onnx2jax.xla_options import compiler_options
 
 STATIC_INITIALIZER_LIMIT = 4096
@@ -382,7 +383,9 @@ class GraphRunner:
         except (NodeError, UnsupportedOpError):
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with the node named
-            raise NodeError(f"{where}: {type(e).__name__}: {e}") from e
+            error = NodeError(f"{where}: {type(e).__name__}: {e}")
+            error.node = node
+            raise error from e
         outputs = list(result) if isinstance(result, (tuple, list)) else [result]
         if len(outputs) < len([o for o in node.output if o]):
             raise NodeError(f"{where}: produced {len(outputs)} outputs, the node names {len(node.output)}")
@@ -531,16 +534,26 @@ class JaxModel:
         self._bound_keys: set = set()  # fast_call.call_key of input signatures bind_inputs accepted
         self._input_name_tuple = tuple(self.input_names)
         self._device_runtime_params: tuple | None = None
-        cuts = _segments.data_dependent_nodes(graph) if segmentable else []
-        self._plan = _segments.plan(proto, cuts) if cuts else None
+        self._segmentable, self._external_dir = segmentable, external_dir
         self._scan_setting = scan_layers
-        self.scan = _scan.plan(proto, scan_layers, self.params, self.constants, segmented=self._plan is not None)
         self.scan_note = ""
+        self._cuts = _segments.data_dependent_nodes(proto) if segmentable else []
+        self._segment(self._cuts)
+
+    def _segment(self, cuts: list[tuple[int, onnx.NodeProto]]) -> None:
+        """Cuts the graph at ``cuts`` (none: one program), plans the layer scan and makes each segment's runner.
+
+        A segmented model's layers are never scanned (:func:`onnx2jax.scan.plan`).
+        """
+        self._plan = _segments.plan(self.proto, cuts) if cuts else None
+        self.scan = _scan.plan(
+            self.proto, self._scan_setting, self.params, self.constants, segmented=self._plan is not None
+        )
         self._set_runtime_params()
         self.segments: list[_segments.Segment] = list(self._plan.segments) if self._plan else []
         self.segment_models: list[JaxModel | None] = []  # per segment: its jitted sub-model, None for a host step
         self._segment_runners = [
-            self._segment_runner(s, m, external_dir) for s, m in zip(self.segments, self._plan.models)
+            self._segment_runner(s, m, self._external_dir) for s, m in zip(self.segments, self._plan.models)
         ] if self._plan else []
         if self._plan:  # only what a jitted segment compiles per value; host steps take any value
             per_value = set().union(*(m.shape_input_names for m in self.segment_models if m is not None))
@@ -572,6 +585,26 @@ class JaxModel:
             raise NodeError(f"scan_layers=True: cannot run the layers as a scan: {why}")
         self.scan = _scan.ScanPlan(False, self.scan.repetition, f"layers unrolled: {why}")
         self._set_runtime_params()
+
+    def _cut_if(self, error: NodeError) -> bool:
+        """Cuts the graph at the main-graph If whose branches ``error`` found to differ in shape.
+
+        ONNX shape inference proves that branches differ only when it knows
+        their dimensions (:func:`onnx2jax.segments.branch_shapes_differ`); with
+        unknown ones, tracing finds out. An If nested in a main-graph If's
+        branch cuts that If (see :func:`_holds`); one in a Loop or Scan body
+        cannot be cut. Returns whether it cut (then the caller runs again,
+        segmented).
+        """
+        if not (self._segmentable and isinstance(error.__cause__, BranchShapesDiffer) and error.node is not None):
+            return False
+        outputs = list(error.node.output)  # unique in a graph; segments rename unnamed nodes
+        found = [(i, n) for i, n in enumerate(self.proto.graph.node) if n.op_type == "If" and _holds(n, outputs)]
+        if not found or any(i == found[0][0] for i, _ in self._cuts):
+            return False
+        self._cuts = sorted([*self._cuts, found[0]], key=lambda pair: pair[0])
+        self._segment(self._cuts)
+        return True
 
     @property
     def input_names(self) -> list[str]:
@@ -647,6 +680,8 @@ class JaxModel:
             self.segment_models.append(sub)
             return lambda values: sub._call((), values)
         self.segment_models.append(None)
+        if any(n.op_type == "If" for n in model.graph.node):
+            return if_step(model, lambda branch: _named_runner(JaxModel(branch, external_dir)))
         constants = {i.name: initializer_array(i, external_dir) for i in model.graph.initializer}
         opsets = _opsets(model)
 
@@ -700,6 +735,14 @@ class JaxModel:
         return tuple(to_host(o) for o in self._call(inputs, named))
 
     def _call(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple:
+        try:
+            return self._call_once(inputs, named)
+        except NodeError as e:
+            if not self._cut_if(e):
+                raise
+        return self._call(inputs, named)
+
+    def _call_once(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple:
         key = call_key(inputs, named)
         if key is not None and key in self._bound_keys:
             # Types, shapes and names this model already checked: bind without checking again.
@@ -745,6 +788,21 @@ class JaxModel:
             arrays = {**self.params, **self._stacked}
             self._device_runtime_params = tuple(jax.device_put([arrays[k] for k in self._runtime_names]))
         return self._device_runtime_params
+
+
+def _holds(node: onnx.NodeProto, outputs: list[str]) -> bool:
+    """Whether ``node`` is the node with these outputs, or holds it in a subgraph (at any depth).
+
+    An If nested in a branch that fails on its shapes makes the main-graph If
+    around it the one to cut: its branch then runs as a model of its own, where
+    the nested If is a main-graph node.
+    """
+    return list(node.output) == outputs or any(_holds(n, outputs) for sub in _subgraphs(node) for n in sub.node)
+
+
+def _named_runner(model: JaxModel) -> Callable[[Mapping[str, Any]], tuple]:
+    """Runs ``model`` on named inputs (a segment's runner): outputs in its order, left on the device."""
+    return lambda values: model._call((), values)
 
 
 def _is_parameter(array: np.ndarray) -> bool:

@@ -380,7 +380,25 @@ def _without_graph(model: onnx.ModelProto) -> onnx.ModelProto:
 
 def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     """Every tensor's ValueInfo from the model and ONNX shape inference (initializers excluded)."""
-    light = _without_graph(model)  # inference needs the weights' dims and types only
+    inferred = inferred_graph(model)
+    types = {}
+    for info in list(inferred.value_info) + list(inferred.output) + list(inferred.input):
+        types[info.name] = info
+    for info in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
+        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
+            types.setdefault(info.name, info)
+    return types
+
+
+def inferred_graph(model: onnx.ModelProto) -> onnx.GraphProto:
+    """The main graph after ONNX shape inference (with data propagation), subgraphs included.
+
+    Inference runs on a light copy: large weights become typed graph inputs
+    (their dims and types are all it needs), small ones stay for data
+    propagation. Inference is best effort: where it fails, the graph comes back
+    as the model holds it.
+    """
+    light = _without_graph(model)
     for field, value in model.graph.ListFields():
         if field.name in ("initializer", "sparse_initializer"):
             continue
@@ -403,16 +421,9 @@ def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
                 onnx.helper.make_tensor_value_info(sparse.values.name, sparse.values.data_type, list(sparse.dims))
             )
     try:
-        inferred = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
+        return onnx.shape_inference.infer_shapes(light, data_prop=True).graph
     except Exception:  # noqa: BLE001 - inference is best effort; the model's own value_info remains
-        inferred = light.graph
-    types = {}
-    for info in list(inferred.value_info) + list(inferred.output) + list(inferred.input):
-        types[info.name] = info
-    for info in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
-        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
-            types.setdefault(info.name, info)
-    return types
+        return light.graph
 
 
 def _numel(init: onnx.TensorProto) -> int:

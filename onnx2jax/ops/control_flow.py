@@ -25,7 +25,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
-from onnx2jax.errors import NodeError
+from onnx2jax.errors import BranchShapesDiffer, NodeError
 from onnx2jax.ops.registry import register
 
 _UNROLL_LIMIT = 1024
@@ -93,7 +93,7 @@ def if_(ctx, cond, *, then_branch, else_branch):
         (a.shape, a.dtype) != (b.shape, b.dtype)
         for a, b in zip(jax.tree_util.tree_leaves(then_shapes), jax.tree_util.tree_leaves(else_shapes))
     ):
-        raise ValueError(
+        raise BranchShapesDiffer(
             "the condition is only known at run time, so both branches must produce the same "
             f"structure, shapes and dtypes; then_branch gives {_describe(then_shapes)}, "
             f"else_branch gives {_describe(else_shapes)}"
