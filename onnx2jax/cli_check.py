@@ -341,7 +341,7 @@ def _segments(model: onnx.ModelProto, configuration: str | None, shapes: dict, u
     """A segmented model's jitted segments, annotated and inferred as compile() does; None if it is one program."""
     from onnx2jax import segments
 
-    cuts = segments.data_dependent_nodes(model.graph)
+    cuts = segments.data_dependent_nodes(model)
     if not cuts or configuration is None:
         return None
     from onnx2jax.segment_sharding import shard_segments
