@@ -678,10 +678,10 @@ class JaxModel:
         if segment.kind == "jit":
             sub = JaxModel(model, external_dir, segmentable=False, scan_layers=False)
             self.segment_models.append(sub)
-            return lambda values: sub._call((), values)
+            return _named_runner(sub)
         self.segment_models.append(None)
         if any(n.op_type == "If" for n in model.graph.node):
-            return if_step(model, lambda branch: _named_runner(JaxModel(branch, external_dir)))
+            return if_step(model, lambda branch: _named_runner(JaxModel(branch, external_dir, scan_layers=False)))
         constants = {i.name: initializer_array(i, external_dir) for i in model.graph.initializer}
         opsets = _opsets(model)
 
