@@ -100,6 +100,9 @@ def main() -> None:
     cases = [(path, onnx.load(path)) for path in args.models] or [
         (f"tiny_transformer {n} layers", tiny_transformer(n)) for n in args.layers
     ]
+    # Warm-up: the first trace in a process pays for imports and jax's own setup; time neither form with it.
+    warm = onnx2jax.translate(cases[0][1], scan_layers=False)
+    warm(**_inputs(warm, dims, seed=0))
     print(f"jax {jax.__version__}, {jax.default_backend()}, {os.cpu_count()} cpus; load average {os.getloadavg()[0]:.1f}")
     print()
     print("| model | unrolled: load + trace + XLA compile | unrolled: per call, median (IQR) | scan: load + trace + XLA compile | scan: per call, median (IQR) | max abs diff |")

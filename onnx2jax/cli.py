@@ -55,7 +55,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     console = _console()
     if args.devices:
         _check_annotated(args.model, args.devices)
-        runner = onnx2jax.compile(args.model, microbatches=args.microbatches)
+        runner = onnx2jax.compile(
+            args.model, microbatches=args.microbatches, scan_layers=scan_setting(args.scan_layers)
+        )
         model = runner.model
     else:
         runner = model = onnx2jax.translate(args.model, scan_layers=scan_setting(args.scan_layers))
@@ -76,9 +78,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(
         f"first call {first:.2f}s (trace + {lookups.describe()} + run), then {_ms(steady)} per call (mean of {calls})"
     )
-    console.print(model.layers_report(), markup=False)
     if args.devices:
-        runner.report(**inputs).render(console)
+        runner.report(**inputs).render(console)  # its notes say whether the layers ran as a scan
+    else:
+        console.print(model.layers_report(), markup=False)
     if args.output:
         np.savez(args.output, **dict(zip(model.output_names, outputs, strict=True)))
     reference, why_not = _onnxruntime_outputs(args.model, inputs) if args.check else (None, None)
