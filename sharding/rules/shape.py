@@ -42,11 +42,14 @@ def _shape(ctx, rank, index=0):
     return shape if shape is not None else (None,) * rank
 
 
-def _gather_note(ctx, name, axes, spec):
+def _gather_note(ctx, name, axes, spec, why=None):
+    """A note that ``name`` comes out whole on ``axes`` of ``spec`` (an all-gather); ``why``: the reason, when it is not
+    simply that the op needs the axes whole."""
+    reason = f"{ctx.op_type} needs them whole" if why is None else f"{name!r} {why}"
     ctx.diag(
         "collective",
-        f"axes {axes} of {spec.tensor_name!r} are sharded ({text(spec)}) but {ctx.op_type} needs "
-        f"them whole: {name!r} comes out unsharded there (an all-gather)",
+        f"axes {axes} of {spec.tensor_name!r} are sharded ({text(spec)}) but {reason}: {name!r} comes out "
+        "unsharded there (an all-gather)",
         severity="note",
         tensor=name,
         expected="all-gather",
@@ -166,10 +169,13 @@ class Split(Rule):
         if pieces is None:
             _gather_note(ctx, names[0], [axis], spec)
             return [unshard(spec, [axis], rank, n) for n in names]
+        results = []
         for name, piece in zip(names, pieces, strict=True):
-            if piece is None:
-                _gather_note(ctx, name, [axis], spec)
-        return [piece or unshard(spec, [axis], rank, name) for name, piece in zip(names, pieces, strict=True)]
+            if isinstance(piece, str):
+                _gather_note(ctx, name, [axis], spec, piece)
+                piece = unshard(spec, [axis], rank, name)
+            results.append(piece)
+        return results
 
 
 def _radix(spec):
@@ -188,7 +194,7 @@ def _part_position(spec, axis, rank, j):
 
 
 def _split_sharded(spec, cut, axis, rank, size, sizes, names):
-    """Per output, its spec when the split axis is sharded, or None where that piece comes out whole.
+    """Per output, its spec when the split axis is sharded, or why that piece comes out whole (a str).
 
     None in place of the list when no piece can keep its shards (the pieces
     straddle shards, or the axis is not a plain split of a known size).
@@ -223,7 +229,11 @@ def _split_sharded(spec, cut, axis, rank, size, sizes, names):
         first, count = start // block, piece // block
         start += piece
         if (first, count) not in kept:
-            results.append(None)
+            aligned = count and not piece % block and not (start - piece) % block
+            results.append(
+                f"would hold {count} of the {n0} shards of axis {axis}, a block no mesh of the devices can hold"
+                if aligned else f"does not begin and end on shard boundaries (every {block} of axis {axis})"
+            )
             continue
         picked = np.take(grid, range(first, first + count), axis=position)
         dims = list(others)

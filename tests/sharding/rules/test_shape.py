@@ -176,3 +176,16 @@ def test_split_piece_off_its_alignment_comes_out_whole(g):
     r = g.one_node("Split", [("X", [8]), ("sp", None)], {"X": "0:8 @ [0,1,2,3,4,5,6,7]"},
                    outputs=("a", "b", "c"), inits=[g.const("sp", [2, 4, 2])])
     assert [g.out(r, n) for n in "abc"] == ["0:2 @ [0,1]", "replicated @ [{0,1,2,3,4,5,6,7}]", "0:2 @ [6,7]"]
+
+
+def test_split_notes_say_why_a_piece_comes_out_whole(g):
+    r = g.one_node("Split", [("X", [16]), ("sp", None)], {"X": "0:8 @ [0,1,2,3,4,5,6,7]"},
+                   outputs=("a", "b", "c"), inits=[g.const("sp", [4, 3, 9])])
+    assert g.out(r, "a") == "0:2 @ [0,1]"
+    notes = {d.tensor: d.message for d in r.diagnostics if d.code == "collective"}
+    assert "'b' does not begin and end on shard boundaries (every 2 of axis 0)" in notes["b"]
+    assert "'c' does not begin and end" in notes["c"]
+    r = g.one_node("Split", [("X", [8]), ("sp", None)], {"X": "0:8 @ [0,1,2,3,4,5,6,7]"},
+                   outputs=("a", "b"), inits=[g.const("sp", [2, 6])])
+    [note] = [d.message for d in r.diagnostics if d.code == "collective"]
+    assert "'b' would hold 6 of the 8 shards of axis 0, a block no mesh of the devices can hold" in note
