@@ -7,10 +7,13 @@ turn (onnx2jax, onnxruntime, and for the Llama the flax NNX model of
 bench/flax_llama.py with the same weights, jitted) so that the noise of a
 shared machine hits all alike; the table gives each one's median and
 interquartile range, the ratios of the medians and the largest difference of
-the outputs from onnxruntime's, then the geometric means of the ratios. The
-load average (``os.getloadavg``) before and after is printed with it.
+the outputs from onnxruntime's, then the geometric means of the ratios. Each
+call's process CPU time (all threads) is recorded too: on a machine shared
+with other processes the wall time is mostly waiting for a core, the CPU time
+is the work. The load average (``os.getloadavg``) before and after is printed
+with it.
 
-    python bench/bench_medium.py [--repeats 30] [--kinds llama_gqa,gpt2,bert] [--hlo DIR]
+    python bench/bench_medium.py [--repeats 30] [--kinds llama_gqa,gpt2,bert] [--scan-layers off] [--hlo DIR]
 
 ``--hlo DIR`` also writes the optimized HLO of each jitted program
 (onnx2jax and flax) for reading, one file per model and shape.
@@ -66,6 +69,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--kinds", default=",".join(mt.KINDS))
     parser.add_argument("--shapes", default="1x128,8x256")
+    parser.add_argument("--scan-layers", choices=("auto", "on", "off"), default="auto",
+                        help="onnx2jax.translate's scan_layers (default auto: the 6 layers run as one lax.scan)")
     parser.add_argument("--hlo", metavar="DIR", help="write each jitted program's optimized HLO here")
     parser.add_argument("--output", default=str(pathlib.Path(__file__).resolve().parent / "results" / "medium.md"))
     args = parser.parse_args()
@@ -74,7 +79,7 @@ def main() -> None:
     rows, vs_ort, vs_flax = [], [], []
     for kind in args.kinds.split(","):
         path = str(mt.ensure(kind))
-        model = onnx2jax.translate(path)
+        model = onnx2jax.translate(path, scan_layers={"auto": "auto", "on": True, "off": False}[args.scan_layers])
         session = _session(path)
         flax_run = None
         if kind == "llama_gqa":
@@ -129,7 +134,7 @@ def main() -> None:
         f"calls of each runtime in turn after {args.warmup} warm-up calls; CPU ms: median process CPU time "
         f"(all threads) per call, which other processes' load does not inflate; max abs diff against "
         f"onnxruntime's output. Load average (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
-        f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; jax {jax.__version__} "
+        f"after {load_after[0]:.2f} {load_after[1]:.2f} {load_after[2]:.2f}; onnx2jax scan_layers={args.scan_layers}; jax {jax.__version__} "
         f"({jax.devices()[0].platform}), onnxruntime {ort.__version__} CPUExecutionProvider (spinning off), "
         f"{os.cpu_count()} CPU(s).\n"
     )

@@ -38,6 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 KINDS = ("llama_gqa", "gpt2", "bert")
 SHAPES = ((1, 128), (8, 256))  # batch x sequence of the issue's medium benchmark
 MODELS = pathlib.Path(__file__).resolve().parent / "models"
+VERSION = 2  # of the graphs this script writes; part of the cached file's name, so a change rebuilds
 _INT64_MAX = np.iinfo(np.int64).max
 _FLOAT_MIN = np.finfo(np.float32).min
 
@@ -75,6 +76,7 @@ class _Graph:
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._consts: dict[tuple, str] = {}
+        self._nodes_by_key: dict[tuple, str | list[str]] = {}
         self._count = 0
 
     def _fresh(self, stem: str) -> str:
@@ -104,9 +106,14 @@ class _Graph:
         return self.param(name, center + self.rng.standard_normal(size) * std)
 
     def op(self, op_type: str, *inputs: str, outputs: int = 1, **attrs):
-        names = [self._fresh(op_type.lower()) for _ in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=f"node_{names[0]}", **attrs))
-        return names[0] if outputs == 1 else names
+        """A node's output name(s); a node with the same op, inputs and attributes as an earlier one is not
+        added again (the exporter's common-subexpression elimination: every layer reuses one reshape target)."""
+        key = (op_type, inputs, outputs, tuple(sorted((k, str(v)) for k, v in attrs.items())))
+        if key not in self._nodes_by_key:
+            names = [self._fresh(op_type.lower()) for _ in range(outputs)]
+            self.nodes.append(helper.make_node(op_type, list(inputs), names, name=f"node_{names[0]}", **attrs))
+            self._nodes_by_key[key] = names[0] if outputs == 1 else names
+        return self._nodes_by_key[key]
 
 
 def _batch_and_seq(g: _Graph) -> tuple[str, str, str, str]:
@@ -335,7 +342,7 @@ def build(kind: str, config: Config = MEDIUM, seed: int = 0) -> onnx.ModelProto:
 
 def path_for(kind: str, config: Config = MEDIUM, seed: int = 0, folder: pathlib.Path | str = MODELS) -> pathlib.Path:
     """Where the cached ``kind`` model lives: one file per kind, config and seed."""
-    return pathlib.Path(folder) / f"{kind}-{config.tag()}-s{seed}.onnx"
+    return pathlib.Path(folder) / f"{kind}-{config.tag()}-s{seed}-v{VERSION}.onnx"
 
 
 def ensure(kind: str, config: Config = MEDIUM, seed: int = 0, folder: pathlib.Path | str = MODELS) -> pathlib.Path:
