@@ -165,6 +165,10 @@ def run(plan_: ScanPlan, graph: onnx.GraphProto, run_nodes: RunNodes, env: dict[
         )
         if strict:
             raise NodeError(f"scan_layers=True: {note}") from err
+        for s in slots:  # the unrolled layers read their own parameters, which only the stacked copy holds
+            key = plan_.stacked_key(s)
+            if key in env:
+                env.update({n: env[key][k] for k, n in enumerate(rep.stacked[s]) if n not in env})
         for k in range(rep.count):
             run_nodes([nodes[i] for i in rep.layer_nodes(k)], env)
         final = tuple(env[n] for n in rep.outputs)

@@ -81,3 +81,16 @@ def test_bench_refuses_a_set_together_with_named_models(capsys):
     data = pathlib.Path(__file__).parents[1] / "data"
     assert main(["bench", str(data / "tiny_gpt2.onnx"), "--set", "medium"]) == 2
     assert "name models or a set, not both" in capsys.readouterr().err
+
+
+def test_gpt2_layers_whose_carry_broadcasts_fall_back_to_unrolled_and_match_onnxruntime():
+    # 4 layers: scan_layers='auto' tries a scan; GPT-2's carried position embeddings are [1, S, W] on the way
+    # in and [B, S, W] on the way out, so for B > 1 the layers run unrolled, reading their own parameters.
+    import dataclasses
+
+    config = dataclasses.replace(mt.TINY, layers=4)
+    model = mt.build("gpt2", config)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    translated = onnx2jax.translate(model)
+    inputs = mt.inputs("gpt2", 2, 16, config)
+    np.testing.assert_allclose(np.asarray(translated(**inputs)[0]), session.run(None, inputs)[0], rtol=1e-5, atol=2e-6)
