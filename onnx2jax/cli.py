@@ -78,10 +78,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     console.print(
         f"first call {first:.2f}s (trace + {lookups.describe()} + run), then {_ms(steady)} per call (mean of {calls})"
     )
+    console.print(model.layers_report(), markup=False)
     if args.devices:
-        runner.report(**inputs).render(console)  # its notes say whether the layers ran as a scan
-    else:
-        console.print(model.layers_report(), markup=False)
+        runner.report(**inputs).render(console)
     if args.output:
         np.savez(args.output, **dict(zip(model.output_names, outputs, strict=True)))
     reference, why_not = _onnxruntime_outputs(args.model, inputs) if args.check else (None, None)

@@ -569,7 +569,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         from onnx2jax.pipeline import compile_pipeline  # it builds on this module
 
         return compile_pipeline(
-            proto, external_dir, config, mesh, microbatches=microbatches, check=check, structural=structural
+            proto, external_dir, config, mesh, microbatches=microbatches, check=check, structural=structural,
+            scan_layers=scan_layers,
         )
     if microbatches != 1:
         raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")

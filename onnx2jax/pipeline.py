@@ -349,6 +349,7 @@ def compile_pipeline(
     microbatches: int = 1,
     check: bool = True,
     structural: Sequence[Diagnostic] = (),
+    scan_layers: bool | str = "auto",
 ) -> PipelineCompiled:
     """Compiles each stage of a staged model on its devices (see the module docstring).
 
@@ -359,6 +360,8 @@ def compile_pipeline(
         written on a symbolic axis is checked at each call against a
         micro-batch's shapes (each stage runs the graph on one), as
         :class:`onnx2jax.compile.Compiled` checks a call's.
+      scan_layers: each stage's, as :func:`onnx2jax.compile`'s (the
+        repeated layers within one stage run as one ``lax.scan``).
 
     Raises:
       ValueError: bad stages (duplicate names, backward edges, negative
@@ -381,9 +384,12 @@ def compile_pipeline(
         sub, annotated = _stage_model(proto, part, stage_id, configuration, group)
         devices = [pool[d] for d in group]
         if annotated:
-            compiled = compile_proto(sub, external_dir, None, configuration=configuration, check=check, jax_devices=devices)
+            compiled = compile_proto(
+                sub, external_dir, None, configuration=configuration, check=check, jax_devices=devices,
+                scan_layers=scan_layers,
+            )
         else:
-            compiled = compile_proto(sub, external_dir, Mesh(np.array(devices), ("d0",)))
+            compiled = compile_proto(sub, external_dir, Mesh(np.array(devices), ("d0",)), scan_layers=scan_layers)
         if not isinstance(compiled, Compiled):
             host = next(s for s in compiled.segments if s.kind == "host")
             raise NodeError(
