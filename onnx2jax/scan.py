@@ -11,7 +11,10 @@ closed over. The program then holds one layer and a while loop.
 Policy (``scan_layers``): ``True`` scans or raises saying why it cannot;
 ``False`` keeps the unrolled form; ``"auto"`` scans from
 :data:`AUTO_MIN_LAYERS` repeated layers on (below that the compile saved is
-small and the loop costs a little per call; bench/bench_scan.py measures it).
+nil within noise; bench/RESULTS.md, "Repeated layers"), and only layers with
+per-layer parameters: a chain of identical parameter-free ops (Relu, Neg,
+Relu, Neg, ...) is one fused kernel unrolled and thousands of tiny loop
+iterations scanned.
 The decision and its reason are in :attr:`ScanPlan.reason`, shown by
 ``onnx2jax run`` and :meth:`JaxModel.describe_layers`.
 """
@@ -85,6 +88,12 @@ def plan(
             setting, repetition,
             f"{repetition.count} repeated layers found, but initializer {traced_constants[0]!r} differs between "
             "layers and is a compile-time constant (it sets a shape), which a scan cannot stack",
+        )
+    if setting == "auto" and not repetition.stacked:
+        return ScanPlan(
+            False, repetition,
+            f"layers unrolled: {repetition.count} repeated blocks of {repetition.length} nodes hold no per-layer "
+            "parameters (a chain of identical ops, which XLA fuses better unrolled; pass scan_layers=True to force)",
         )
     if setting == "auto" and repetition.count < AUTO_MIN_LAYERS:
         return ScanPlan(

@@ -182,3 +182,26 @@ def test_cli_run_says_which_form_ran(tmp_path, capsys):
     assert "4 repeated layers of 24 nodes run as one lax.scan" in capsys.readouterr().out
     assert main(["run", str(path), "--scan-layers", "off"]) == 0
     assert "layers unrolled: scan_layers=False" in capsys.readouterr().out
+
+
+def test_auto_leaves_a_parameter_free_chain_unrolled():
+    """A chain of identical parameter-free ops repeats too, but XLA fuses it unrolled: "auto" says so."""
+    from onnx import TensorProto, helper
+
+    ops = ["Relu", "Neg", "Exp", "Tanh"]
+    nodes = [helper.make_node(ops[i % 4], [f"t{i}"], [f"t{i + 1}"]) for i in range(40)]
+    graph = helper.make_graph(
+        nodes, "chain", [helper.make_tensor_value_info("t0", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("t40", TensorProto.FLOAT, [3])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    auto = onnx2jax.translate(model)
+    assert not auto.scan.active and "hold no per-layer parameters" in auto.layers_report()
+    forced = onnx2jax.translate(model, scan_layers=True)
+    assert forced.scan.active and forced.scan.repetition.count == 10
+    x = np.array([-0.5, 0.1, 0.7], np.float32)
+    expected = x
+    for _ in range(10):
+        expected = np.tanh(np.exp(-np.maximum(expected, 0)))
+    np.testing.assert_allclose(forced(x)[0], expected, rtol=1e-6)
+    np.testing.assert_allclose(auto(x)[0], expected, rtol=1e-6)
