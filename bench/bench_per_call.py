@@ -1,8 +1,9 @@
 """Where a small model's call goes: onnx2jax's Python, jit's dispatch, XLA CPU's runtime, against onnxruntime.
 
-All in one process, the callables of a group called in turn ``--repeats``
-times (so that a shared machine's noise hits them alike), median and
-interquartile range in microseconds:
+All in one process, the callables of a group called in a new random order in
+each of ``--repeats`` rounds (so that a shared machine's noise, and what one
+call leaves behind for the next, hit them alike), median and interquartile
+range in microseconds:
 
 * **floor**: one-op models ([2, 16, 64] float32 ``y = x * 2``): onnxruntime's
   ``session.run``; a jitted ``lambda x: x * 2`` called with the numpy array
@@ -22,6 +23,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import random
 import sys
 import tempfile
 import time
@@ -58,15 +60,22 @@ def _session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 
 def _times(calls: dict[str, Callable[[], object]], repeats: int, warmup: int = 20) -> dict[str, list[float]]:
-    """Seconds per call of each callable, called in turn ``repeats`` times after ``warmup`` rounds."""
+    """Seconds per call of each callable: ``repeats`` rounds after ``warmup``, each round in a new random order.
+
+    A fixed order would charge one callable for what the one before it left
+    behind (onnxruntime's threads going to sleep, say) on every round.
+    """
     for _ in range(warmup):
         for fn in calls.values():
             fn()
     times: dict[str, list[float]] = {name: [] for name in calls}
+    names = list(calls)
+    rng = random.Random(0)
     for _ in range(repeats):
-        for name, fn in calls.items():
+        rng.shuffle(names)
+        for name in names:
             start = time.perf_counter()
-            fn()
+            calls[name]()
             times[name].append(time.perf_counter() - start)
     return times
 
