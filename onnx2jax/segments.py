@@ -14,7 +14,8 @@ An If whose condition is computed at run time and whose branches return
 outputs of different shapes (by ONNX shape inference) is cut the same way:
 the host step reads the condition and runs the chosen branch as its own
 jitted model (:mod:`onnx2jax.branch_step`). An If whose branches agree stays
-inside its segment as ``lax.cond``.
+inside its segment as ``lax.cond``. DictVectorizer and CastMap, which read a
+map, are always host steps (:mod:`onnx2jax.ops.ml_maps`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ DATA_DEPENDENT: Mapping[str, tuple[int, ...] | None] = {
     "Compress": (1,),  # the condition
 }
 """Ops whose output shape depends on the values of these inputs (None: all of them)."""
+
+MAP_READERS = ("DictVectorizer", "CastMap")
+"""ai.onnx.ml ops whose input is a map (a Python dict), which XLA cannot hold: host steps always."""
 
 VARIABLE_OUTPUTS: Mapping[str, tuple[int, ...]] = {
     "NonMaxSuppression": (0,),  # selected_indices: one row per kept box
@@ -81,13 +85,15 @@ def data_dependent_nodes(model: onnx.ModelProto) -> list[tuple[int, onnx.NodePro
     (:func:`branch_shapes_differ`).
     """
     graph = model.graph
-    if not any(node.op_type in DATA_DEPENDENT or node.op_type == "If" for node in graph.node):
+    if not any(node.op_type in DATA_DEPENDENT or node.op_type in ("If", *MAP_READERS) for node in graph.node):
         return []  # the common case: no graph index to build
     index = GraphIndex.of(graph)
     shape_only = index.shape_only()
     found = []
     runtime_ifs = []
     for i, node in enumerate(graph.node):
+        if node.domain == "ai.onnx.ml" and node.op_type in MAP_READERS:
+            found.append((i, node))
         if node.domain not in ("", "ai.onnx"):
             continue
         if node.op_type == "If" and node.input[0] not in shape_only:
@@ -203,6 +209,11 @@ def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> 
 
 
 def _reason(node: onnx.NodeProto) -> str:
+    if node.op_type in MAP_READERS:
+        return (
+            f"{node.op_type} reads a map (a Python dict), which XLA cannot hold; it runs on the host and "
+            "the next segment takes the tensor it makes"
+        )
     if node.op_type == "If":
         return (
             "If's branches return outputs of different shapes and its condition is computed at run time; "

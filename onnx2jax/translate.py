@@ -34,6 +34,7 @@ from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, Unsup
 from onnx2jax.fast_call import call_key
 from onnx2jax.hostvalues import is_host_value, to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
+from onnx2jax.ops.ml_maps import MapValue
 from onnx2jax.ops.registry import OpImpl, lookup
 from onnx2jax import scan as _scan
 from onnx2jax import segments as _segments
@@ -453,15 +454,22 @@ def _uses_wide_types(graph: onnx.GraphProto) -> bool:
 
 @dataclasses.dataclass
 class InputInfo:
-    """A graph input: its name, ONNX dtype and shape (ints, dim_param strings or None)."""
+    """A graph input: its name, ONNX dtype and shape (ints, dim_param strings or None).
+
+    A map input (``is_map``) has its values' dtype and no shape.
+    """
 
     name: str
     dtype: np.dtype | None
     shape: tuple[int | str | None, ...] | None
+    is_map: bool = False
 
 
 def input_info(info: onnx.ValueInfoProto) -> InputInfo:
     """A graph input's name, numpy dtype and shape (ints, dim_param strings or None) from its ValueInfo."""
+    if info.type.HasField("map_type"):
+        values = info.type.map_type.value_type.tensor_type.elem_type
+        return InputInfo(info.name, onnx.helper.tensor_dtype_to_np_dtype(values) if values else None, None, True)
     tt = info.type.tensor_type
     dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
     shape = None
@@ -638,6 +646,8 @@ class JaxModel:
         if absent:
             raise TypeError(f"missing inputs {absent}")
         for info in self.inputs:
+            if info.is_map:
+                bound[info.name] = _map_input(info, bound[info.name])
             _check_input(info, bound[info.name])
         return bound
 
@@ -818,6 +828,15 @@ def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
     flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, tuple(sparse.dims))
     dense[flat] = values
     return dense.reshape(tuple(sparse.dims))
+
+
+def _map_input(info: InputInfo, value: Any) -> MapValue:
+    """A dict given for a map input, as the MapValue the ops that read maps take (:mod:`onnx2jax.ops.ml_maps`)."""
+    if isinstance(value, MapValue):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(f"input {info.name!r} is a map: give a dict, got {type(value).__name__}")
+    return MapValue.of(value, info.dtype)
 
 
 def _check_input(info: InputInfo, value: Any) -> None:

@@ -29,5 +29,6 @@ from onnx2jax.ops import ml_preprocessing as ml_preprocessing
 from onnx2jax.ops import ml_encoders as ml_encoders
 from onnx2jax.ops import ml_trees as ml_trees
 from onnx2jax.ops import ml_svm as ml_svm
+from onnx2jax.ops import ml_maps as ml_maps
 from onnx2jax.ops import tfidf as tfidf
 from onnx2jax.ops import image as image
