@@ -39,7 +39,7 @@ from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
 from onnx2jax.parameters import ParameterStore, holdable_sharding, padded_shape
 from onnx2jax.errors import NodeError
 from onnx2jax.scan import ScanSetting, per_layer_names
-from onnx2jax.scan_sharded import layer_specs_differ, place_stacked
+from onnx2jax.scan_sharded import layer_specs_differ, loop_collectives, place_stacked
 from onnx2jax.sizes_at_call import SizesAtCall
 from onnx2jax.translate import JaxModel
 from onnx2jax.user_mesh import auto_axes, auto_input, context_mesh, tracing
@@ -357,7 +357,7 @@ class Compiled:
             param_bytes_total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.model.params.values()),
             temp_bytes=getattr(memory, "temp_size_in_bytes", None),
             node_specs=_node_rows(signature),
-            notes=self._notes(),
+            notes=self._notes() + _loop_note(self.model, text),
         )
 
     def _notes(self) -> list[str]:
@@ -386,6 +386,20 @@ def _node_rows(signature: _Signature) -> list[tuple[str, str, str, str, str]]:
                 origin = "given" if given[position] else "inferred"
                 rows.append((f"{name} ({node.op_type})", f"{kind} {spec.tensor_name}", _short(format_spec(spec)), origin, pspec))
     return rows
+
+
+def _loop_note(model: JaxModel, text: str) -> list[str]:
+    """For scanned layers: the collectives a call runs, the loop's body counted once per layer."""
+    split = loop_collectives(text, count_collectives) if model.scan.active else None
+    if split is None:
+        return []
+    outside, inside, trip = split
+    body = ", ".join(f"{k} {v}" for k, v in inside.items() if v) or "no collectives"
+    total = ", ".join(f"{k} {outside[k] + trip * v}" for k, v in inside.items() if outside[k] + trip * v) or "none"
+    return [
+        f"the collectives above are the program text's: the while loop's body (one layer) holds {body} "
+        f"and runs {trip} times, so a call runs {total}"
+    ]
 
 
 def count_collectives(hlo_text: str) -> dict[str, int]:

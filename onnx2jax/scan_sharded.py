@@ -12,7 +12,8 @@ layers stay unrolled and :func:`layer_specs_differ` says why.
 
 from __future__ import annotations
 
-from typing import Mapping
+import re
+from typing import Callable, Mapping
 
 import jax
 import numpy as np
@@ -89,3 +90,39 @@ def place_stacked(
         spec = PartitionSpec(None, *(placement.sharding.spec if placement is not None else ()))
         placed[plan.stacked_key(slot)] = jax.device_put(stacked[plan.stacked_key(slot)], NamedSharding(mesh, spec))
     return placed
+
+
+_COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) .*\{$")
+
+
+def loop_collectives(
+    hlo: str, count: Callable[[str], dict[str, int]]
+) -> tuple[dict[str, int], dict[str, int], int] | None:
+    """Collectives of compiled HLO text with one while loop of known trip count, split around the loop.
+
+    ``count`` counts collectives in HLO text (``onnx2jax.compile.count_collectives``).
+
+    Returns:
+      (outside the loop's body, in its body, the trip count), or None when the
+      program has no single while loop with a known trip count.
+    """
+    computations: dict[str, list[str]] = {}
+    current = None
+    for line in hlo.splitlines():
+        match = _COMPUTATION.match(line)
+        if match:
+            current = computations.setdefault(match.group(1), [])
+        elif line == "}":
+            current = None
+        elif current is not None:
+            current.append(line)
+    whiles = [line for lines in computations.values() for line in lines if " while(" in line]
+    if len(whiles) != 1:
+        return None
+    body = re.search(r"body=%([^,\s]+)", whiles[0])
+    trip = re.search(r'known_trip_count":\{"n":"(\d+)"', whiles[0])
+    if body is None or trip is None or body.group(1) not in computations:
+        return None
+    inside = count("\n".join(computations[body.group(1)]))
+    outside = count("\n".join(line for name, lines in computations.items() if name != body.group(1) for line in lines))
+    return outside, inside, int(trip.group(1))
