@@ -156,7 +156,11 @@ def _labels(graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto]) -> list[tup
 
 
 def _candidates(ids: np.ndarray) -> list[tuple[int, int, int]]:
-    """(start, period, repeats) of every maximal periodic run of the label sequence, best cover first."""
+    """(start, period, length) of every maximal periodic run of the label sequence, best cover first.
+
+    A run of ``length`` nodes from ``start`` has period ``period``: it holds
+    ``(length - phase) // period`` whole blocks starting at ``start + phase``.
+    """
     n = len(ids)
     found = []
     for period in range(MIN_LAYER_NODES, n // 2 + 1):
@@ -170,7 +174,7 @@ def _candidates(ids: np.ndarray) -> list[tuple[int, int, int]]:
                 found.append((int(r0), period, int((run + period) // period), int(run + period)))
     # Most nodes covered first; then the shorter period (more, smaller layers).
     found.sort(key=lambda c: (-(c[2] * c[1]), c[1], c[0]))
-    return [(s, p, r) for s, p, r, _ in found]
+    return [(s, p, length) for s, p, _, length in found]
 
 
 ArrayOf = Callable[[str], np.ndarray]
@@ -204,12 +208,12 @@ def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None
         return Repetition(reason=f"no block of {MIN_LAYER_NODES} or more nodes repeats with the same ops, attributes and initializer shapes")
     index = _Index(graph, nodes)
     reasons = []
-    for start, period, repeats in candidates[:50]:
+    for start, period, covered in candidates[:50]:
         # Any phase of a periodic run repeats. Of those that wire up as a chain of layers, keep
         # the most layers, then the fewest carried tensors (a layer cut at its residual stream).
         valid: list[Repetition] = []
         for phase in range(period):
-            count = (repeats * period - phase) // period  # non-increasing in phase
+            count = (covered - phase) // period  # non-increasing in phase
             if count < 2 or (valid and (count < valid[0].count or len(valid[0].carry_in) == 1)):
                 break  # no later phase can beat the first chain found
             try:
@@ -222,7 +226,7 @@ def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None
     best = candidates[0]
     return Repetition(
         reason=(
-            f"the best repeated run ({best[2]} blocks of {best[1]} nodes at node {best[0]}) is not a chain of layers: "
+            f"the best repeated run ({best[2] // best[1]} blocks of {best[1]} nodes at node {best[0]}) is not a chain of layers: "
             + (reasons[0] if reasons else "no phase of it wires up")
         )
     )
