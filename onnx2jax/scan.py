@@ -168,12 +168,13 @@ def run(plan_: ScanPlan, graph: onnx.GraphProto, run_nodes: RunNodes, env: dict[
         final, _ = jax.lax.scan(body, init, xs, length=rep.count)
         note = ""
     except TypeError as err:  # lax.scan: the carry's output type differs from its input type
-        note = (
-            f"layers unrolled: a layer's output differs in shape or dtype from its input "
-            f"(carrying {list(rep.carry_in)}), so the {rep.count} layers cannot run as a scan: {err}"
+        why = (
+            f"a layer's output differs in shape or dtype from its input (carrying {list(rep.carry_in)}), "
+            f"so the {rep.count} layers cannot run as a scan: {err}"
         )
         if strict:
-            raise NodeError(f"scan_layers=True: {note}") from err
+            raise NodeError(f"scan_layers=True: cannot run the layers as a scan: {why}") from err
+        note = f"layers unrolled: {why}"
         for s in slots:  # the unrolled layers read their own parameters, which only the stacked copy holds
             key = plan_.stacked_key(s)
             if key in env:

@@ -207,3 +207,22 @@ def test_auto_leaves_a_parameter_free_chain_unrolled():
         expected = np.tanh(np.exp(-np.maximum(expected, 0)))
     np.testing.assert_allclose(forced(x)[0], expected, rtol=1e-6)
     np.testing.assert_allclose(auto(x)[0], expected, rtol=1e-6)
+
+
+def test_a_carry_that_changes_shape_at_run_time_runs_unrolled_and_says_why():
+    """Each layer's down projection is a batch of 2 matrices: a batch-1 stream comes out batch 2. The export
+    records no intermediate shapes, so detection cannot see it; lax.scan rejects the carry while tracing and
+    "auto" runs the layers unrolled (reading each layer's slice of the stacked parameters)."""
+    model = tiny_transformer(4)
+    rng = np.random.default_rng(3)
+    for init in model.graph.initializer:
+        if init.name.endswith("_w2"):
+            init.CopyFrom(onnx.numpy_helper.from_array((rng.standard_normal((2, 256, 64)) * 0.05).astype(np.float32), init.name))
+    x = np.random.default_rng(4).standard_normal((1, 4, 64)).astype(np.float32)
+    (reference,) = _ort(model, {"x": x})
+    auto = onnx2jax.translate(model)
+    assert auto.scan.active
+    np.testing.assert_allclose(auto(x)[0], reference, atol=2e-5, rtol=1e-5)
+    assert auto.layers_report().startswith("layers unrolled: a layer's output differs in shape or dtype from its input")
+    with pytest.raises(NodeError, match="scan_layers=True: cannot run the layers as a scan: a layer's output differs"):
+        onnx2jax.translate(model, scan_layers=True)(x)
