@@ -76,7 +76,7 @@ def main() -> None:
     args = parser.parse_args()
     shapes = [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     load_before = os.getloadavg()
-    rows, vs_ort, vs_flax = [], [], []
+    rows, vs_ort, vs_flax, cpu_vs_ort, cpu_vs_flax = [], [], [], [], []
     for kind in args.kinds.split(","):
         path = str(mt.ensure(kind))
         model = onnx2jax.translate(path, scan_layers={"auto": "auto", "on": True, "off": False}[args.scan_layers])
@@ -110,6 +110,9 @@ def main() -> None:
             medians = [statistics.median(t) * 1e3 for t in times]
             spreads = [iqr(t) * 1e3 for t in times]
             ratio_ort = medians[0] / medians[1]
+            cpu_vs_ort.append(cpu_medians[0] / cpu_medians[1])
+            if flax_run is not None:
+                cpu_vs_flax.append(cpu_medians[0] / cpu_medians[2])
             vs_ort.append(ratio_ort)
             cells = [kind, f"{batch}x{seq}", f"{medians[0]:.2f}", f"{spreads[0]:.2f}", f"{medians[1]:.2f}",
                      f"{spreads[1]:.2f}"]
@@ -130,7 +133,7 @@ def main() -> None:
     load_after = os.getloadavg()
     note = (
         f"\n\nGeometric mean of onnx2jax / onnxruntime: {geo(vs_ort):.3f} ({len(vs_ort)} rows); of onnx2jax / flax "
-        f"NNX: {geo(vs_flax):.3f} ({len(vs_flax)} rows). Median and interquartile range (ms) of {args.repeats} "
+        f"NNX: {geo(vs_flax):.3f} ({len(vs_flax)} rows). In CPU time: {geo(cpu_vs_ort):.3f} and {geo(cpu_vs_flax):.3f}. Median and interquartile range (ms) of {args.repeats} "
         f"calls of each runtime in turn after {args.warmup} warm-up calls; CPU ms: median process CPU time "
         f"(all threads) per call, which other processes' load does not inflate; max abs diff against "
         f"onnxruntime's output. Load average (1, 5, 15 min) before {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}, "
