@@ -28,7 +28,7 @@ def add_scan_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scan-layers", choices=sorted(_SCAN_CHOICES), default="auto",
         help="run the repeated layers of a transformer as one lax.scan, so compile time does not grow with "
-             "depth: auto (default: from 4 repeated layers), on (or fail saying why), off (unrolled)",
+             "depth: auto (default: from 16 repeated layers), on (or fail saying why), off (unrolled)",
     )
 
 

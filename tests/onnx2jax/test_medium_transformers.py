@@ -84,11 +84,13 @@ def test_bench_refuses_a_set_together_with_named_models(capsys):
 
 
 def test_gpt2_layers_whose_carry_broadcasts_fall_back_to_unrolled_and_match_onnxruntime():
-    # 4 layers: scan_layers='auto' tries a scan; GPT-2's carried position embeddings are [1, S, W] on the way
-    # in and [B, S, W] on the way out, so for B > 1 the layers run unrolled, reading their own parameters.
+    # AUTO_MIN_LAYERS layers: scan_layers='auto' tries a scan; GPT-2's carried position embeddings are [1, S, W]
+    # on the way in and [B, S, W] on the way out, so for B > 1 the layers run unrolled, reading their own parameters.
     import dataclasses
 
-    config = dataclasses.replace(mt.TINY, layers=4)
+    from onnx2jax.scan import AUTO_MIN_LAYERS
+
+    config = dataclasses.replace(mt.TINY, layers=AUTO_MIN_LAYERS)
     model = mt.build("gpt2", config)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     translated = onnx2jax.translate(model)

@@ -181,6 +181,8 @@ def test_cli_run_says_which_form_ran(tmp_path, capsys):
     path = tmp_path / "tiny4.onnx"
     onnx.save(tiny_transformer(4), path)
     assert main(["run", str(path), "--check", "--dim", "batch=2", "--dim", "seq=4"]) == 0
+    assert "4 repeated layers of 24 nodes, fewer than 16" in capsys.readouterr().out
+    assert main(["run", str(path), "--check", "--scan-layers", "on", "--dim", "batch=2", "--dim", "seq=4"]) == 0
     assert "4 repeated layers of 24 nodes run as one lax.scan" in capsys.readouterr().out
     assert main(["run", str(path), "--scan-layers", "off"]) == 0
     assert "layers unrolled: scan_layers=False" in capsys.readouterr().out
@@ -213,7 +215,9 @@ def test_a_carry_that_changes_shape_at_run_time_runs_unrolled_and_says_why():
     """Each layer's down projection is a batch of 2 matrices: a batch-1 stream comes out batch 2. The export
     records no intermediate shapes, so detection cannot see it; lax.scan rejects the carry while tracing and
     "auto" runs the layers unrolled (reading each layer's slice of the stacked parameters)."""
-    model = tiny_transformer(4)
+    from onnx2jax.scan import AUTO_MIN_LAYERS
+
+    model = tiny_transformer(AUTO_MIN_LAYERS)
     rng = np.random.default_rng(3)
     for init in model.graph.initializer:
         if init.name.endswith("_w2"):
