@@ -34,8 +34,8 @@ import numpy as np
 import onnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from onnx2jax.graph_runner import is_static
 from onnx2jax.mesh import expand_shape
-from onnx2jax.translate import is_static
 
 ELEMENTWISE = frozenset(
     """Abs Acos Acosh Add And Asin Asinh Atan Atanh BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Cast Ceil
@@ -104,7 +104,7 @@ def view_of(array: Any, shape: tuple[int, ...], placement: Placement) -> View:
 
 
 class ShardingHooks:
-    """The translator hook (see ``onnx2jax.translate.Hooks``) of one trace of a compiled model.
+    """The translator hook (see ``onnx2jax.graph_runner.Hooks``) of one trace of a compiled model.
 
     Args:
       placements: by node input/output, where the value must live.

@@ -128,7 +128,7 @@ def branch_shapes_differ(node: onnx.NodeProto) -> bool:
 
 def _shapes_differ(a: onnx.TypeProto, b: onnx.TypeProto) -> bool:
     if not (a.HasField("tensor_type") and b.HasField("tensor_type")):
-        return False  # sequences and optionals: see translate's container choices
+        return False  # sequences and optionals: see graph_runner's container choices
     ta, tb = a.tensor_type, b.tensor_type
     if ta.elem_type and tb.elem_type and ta.elem_type != tb.elem_type:
         return True

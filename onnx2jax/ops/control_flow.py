@@ -32,7 +32,7 @@ _UNROLL_LIMIT = 1024
 """Most iterations a Loop is unrolled at trace time (sequence or shape-changing carries)."""
 
 _NEEDS_STATIC = "must be known while tracing"
-"""How translate.py words a static-input error; a scanned body that hits it is unrolled instead."""
+"""How graph_runner.py words a static-input error; a scanned body that hits it is unrolled instead."""
 
 _STATIC_COND_LIMIT = 10_000
 """Most iterations whose condition is evaluated at trace time to find the trip count."""
