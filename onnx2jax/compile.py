@@ -14,32 +14,49 @@ The steps, in order:
    the specs onto the mesh, trace the graph with ``with_sharding_constraint``
    on every node input and output that has a spec, and jit it; XLA inserts
    the collectives.
+
+Where values live on the mesh (spec layouts, placements, the inputs' and
+outputs' shardings) is :mod:`onnx2jax.placements`; what ``report()``
+measures is :mod:`onnx2jax.compile_report`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
-import re
-import warnings
 from typing import TYPE_CHECKING, Any, Hashable, Mapping, Sequence
 
 import jax
 import numpy as np
 import onnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 import sharding
+from onnx2jax.compile_report import (  # count_collectives and param_bytes_per_device: imported from here too
+    Report,
+    count_collectives,
+    example_inputs,
+    loop_note,
+    node_rows,
+    param_bytes_per_device,
+)
 from onnx2jax.constraints import Placement, ShardingHooks, SpecKey
+from onnx2jax.errors import NodeError
 from onnx2jax.fast_call import FastCall, call_key, moved_inputs
 from onnx2jax.loading import ModelLike, open_model
-from onnx2jax.errors import DeviceCountError
-from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
-from onnx2jax.parameters import ParameterStore, holdable_sharding, padded_shape
-from onnx2jax.errors import NodeError
+from onnx2jax.mesh import MeshMapping, map_specs
+from onnx2jax.parameters import ParameterStore
+from onnx2jax.placements import (
+    input_placements,
+    mesh_for,
+    output_placements,
+    output_shardings,
+    place_on_mesh,
+    placements_on,
+    spec_layouts,
+)
 from onnx2jax.scan import ScanSetting, per_layer_names
-from onnx2jax.scan_sharded import layer_specs_differ, loop_collectives, place_stacked
+from onnx2jax.scan_sharded import layer_specs_differ, place_stacked
 from onnx2jax.sizes_at_call import SizesAtCall
 from onnx2jax.translate import JaxModel
 from onnx2jax.user_mesh import auto_axes, auto_input, context_mesh, tracing
@@ -47,20 +64,11 @@ from onnx2jax.xla_options import compiler_options
 from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.spec import device_configurations
 from sharding.stages import has_stages
-from sharding.text import format_spec
 from sharding.validate import require_valid
 
 if TYPE_CHECKING:
     from onnx2jax.pipeline import PipelineCompiled
     from onnx2jax.segmented import SegmentedCompiled
-
-_COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
-
-
-def _concrete(shape: tuple) -> tuple[int, ...]:
-    """Sizes for layout purposes; unknown dims only matter for fused axes, which carry their sizes."""
-    return tuple(d if isinstance(d, int) else 0 for d in shape)
-
 
 @dataclasses.dataclass(frozen=True)
 class _Signature:
@@ -131,7 +139,7 @@ class Compiled:
         self._last_args: tuple | None = None
         self._fast_calls: dict[Hashable, FastCall] = {}  # per call_key: the compiled short path
         # dim_values written on symbolic axes are checked against each call's shapes (fused
-        # axes are checked as they are laid out per call, in _layouts).
+        # axes are checked as they are laid out per call, in spec_layouts).
         self._sizes = SizesAtCall(model.proto, structural)
 
     # -- parameters -------------------------------------------------------
@@ -172,12 +180,12 @@ class Compiled:
                 errors = inference.errors()
                 if self.check and errors:
                     raise ShardingError(list(errors))
-                layouts = _layouts(inference, strict=True)
+                layouts = spec_layouts(inference, strict=True)
                 num_devices = self._mapping.plan.device_array().size
                 mapping = map_specs(layouts, num_devices, self._mapping.plan)
-                placements = _placements(mapping, layouts, self.mesh)
+                placements = placements_on(mapping, layouts, self.mesh)
             found = _Signature(
-                inference, placements, _output_placements(proto, placements), _input_placements(proto, placements)
+                inference, placements, output_placements(proto, placements), input_placements(proto, placements)
             )
         self._signatures[key] = found
         return found
@@ -217,7 +225,9 @@ class Compiled:
         jitted = self._jitted.get((key, shapes))
         if jitted is None:
             evaluate = lambda stored, values: self._evaluate(signature, stored, {**values, **static})  # noqa: E731
-            out_shardings = self._output_shardings(signature.out_placements, jax.eval_shape(evaluate, *args))
+            out_shardings = output_shardings(
+                self.mesh, self.model.output_names, signature.out_placements, jax.eval_shape(evaluate, *args)
+            )
             options = compiler_options(self.mesh.devices.flat[0].platform)
             jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings, compiler_options=options)
         return jitted, args, signature
@@ -229,10 +239,10 @@ class Compiled:
         shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
         input_shapes = {k: tuple(np.shape(v)) for k, v in {**dynamic, **static}.items()}
         signature = self._signature((key, shapes), input_shapes)
-        return self._place_inputs(dynamic, signature), static, key, shapes, signature
+        return place_on_mesh(dynamic, signature.in_placements, self.mesh), static, key, shapes, signature
 
     def place_inputs(self, **named: Any) -> dict[str, Any]:
-        """The named inputs as a call places them (see ``_place_inputs``); shape-setting ones stay numpy.
+        """The named inputs as a call places them (``placements.place_on_mesh``); shape-setting ones stay numpy.
 
         A segmented run (:mod:`onnx2jax.segmented`) places a host step's
         outputs with this before calling, so that it can report where they went.
@@ -240,59 +250,6 @@ class Compiled:
         with self._scope():
             placed, static, _, _, _ = self._prepare((), named)
         return {**placed, **static}
-
-    def _place_inputs(self, values: Mapping[str, Any], signature: _Signature) -> dict[str, Any]:
-        """Every runtime input as a jax.Array on the mesh, so that XLA never picks an input layout.
-
-        A jax.Array already on the mesh's devices is used as it is. Anything
-        else is placed with its first reader's spec when JAX can hold it
-        (each device receives only its slice), else replicated; the reader's
-        constraint then reshards inside the program. (Left to XLA, an input
-        whose spec does not divide its shape got an uneven layout that jax
-        then refused with IndivisibleError.)
-        """
-        mesh_devices = set(self.mesh.devices.flat)
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        placed = {}
-        for name, value in values.items():
-            if isinstance(value, jax.core.Tracer) or (
-                isinstance(value, jax.Array) and value.sharding.device_set == mesh_devices
-            ):
-                placed[name] = value
-                continue
-            placement = signature.in_placements.get(name)
-            target = replicated
-            if placement is not None and not placement.fused:
-                target = holdable_sharding(tuple(np.shape(value)), placement.sharding)
-            placed[name] = jax.device_put(value, target)
-        return placed
-
-    def _output_shardings(self, wanted: tuple, outputs: Sequence[jax.ShapeDtypeStruct]) -> tuple:
-        """The sharding each output comes back with: never left to XLA.
-
-        An output whose producer has a spec comes back in it; one without a
-        spec comes back replicated on the mesh. A spec JAX cannot hold (its
-        sharded axes do not divide the shape, or it fuses an axis, which is
-        not a tile of the ONNX tensor) comes back replicated, with a warning
-        naming the output.
-        """
-        replicated = NamedSharding(self.mesh, PartitionSpec())
-        shardings = []
-        for name, placement, output in zip(self.model.output_names, wanted, outputs):
-            why = None
-            if placement is None:
-                named = replicated
-            elif placement.fused:
-                why = "its sharding spec fuses an axis, so its shards are not tiles of the ONNX tensor"
-            elif padded_shape(output.shape, placement.sharding) != tuple(output.shape):
-                why = "its sharding spec does not divide its shape evenly, and JAX cannot hold an unevenly sharded array"
-            else:
-                named = placement.sharding
-            if why is not None:
-                warnings.warn(f"output {name!r} {list(output.shape)}: {why}, so it comes back replicated", stacklevel=4)
-                named = replicated
-            shardings.append(named)
-        return tuple(shardings)
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """Runs the sharded program; returns jax.Arrays in ONNX output order.
@@ -356,8 +313,8 @@ class Compiled:
             param_bytes_per_device=param_bytes_per_device(self.stored_params),
             param_bytes_total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.model.params.values()),
             temp_bytes=getattr(memory, "temp_size_in_bytes", None),
-            node_specs=_node_rows(signature),
-            notes=self._notes() + _loop_note(self.model, text),
+            node_specs=node_rows(signature.inference, signature.placements),
+            notes=self._notes() + loop_note(self.model, text),
         )
 
     def _notes(self) -> list[str]:
@@ -371,111 +328,6 @@ class Compiled:
         return notes + self._store.notes()
 
 
-def _node_rows(signature: _Signature) -> list[tuple[str, str, str, str, str]]:
-    """Per node input and output with a spec: node, tensor, spec, given/inferred, PartitionSpec."""
-    rows = []
-    if signature.inference is None:
-        return rows
-    for name, node in signature.inference.nodes.items():
-        for kind, specs, given in (("in", node.inputs, node.given_inputs), ("out", node.outputs, node.given_outputs)):
-            for position, spec in enumerate(specs):
-                if spec is None:
-                    continue
-                placement = signature.placements.get(SpecKey(name, kind, position, spec.tensor_name))
-                pspec = str(placement.sharding.spec) if placement else "-"
-                origin = "given" if given[position] else "inferred"
-                rows.append((f"{name} ({node.op_type})", f"{kind} {spec.tensor_name}", _short(format_spec(spec)), origin, pspec))
-    return rows
-
-
-def _loop_note(model: JaxModel, text: str) -> list[str]:
-    """For scanned layers: the collectives a call runs, the loop's body counted once per layer."""
-    split = loop_collectives(text, count_collectives) if model.scan.active else None
-    if split is None:
-        return []
-    outside, inside, trip = split
-    body = ", ".join(f"{k} {v}" for k, v in inside.items() if v) or "no collectives"
-    total = ", ".join(f"{k} {outside[k] + trip * v}" for k, v in inside.items() if outside[k] + trip * v) or "none"
-    return [
-        f"the collectives above are the program text's: the while loop's body (one layer) holds {body} "
-        f"and runs {trip} times, so a call runs {total}"
-    ]
-
-
-def count_collectives(hlo_text: str) -> dict[str, int]:
-    """Counts collective instructions in compiled HLO text (async start/done pairs count once)."""
-    counts = {}
-    for kind in _COLLECTIVES:
-        pattern = re.compile(rf"=\s*[^=\n]*?\b{kind}(?:-start)?\(")
-        counts[kind] = len(pattern.findall(hlo_text))
-    return counts
-
-
-def param_bytes_per_device(params: Mapping[str, jax.Array]) -> dict[int, int]:
-    """Bytes of parameters each device holds, by device id."""
-    per_device: dict[int, int] = {}
-    for array in params.values():
-        for shard in array.addressable_shards:
-            per_device[shard.device.id] = per_device.get(shard.device.id, 0) + shard.data.nbytes
-    return per_device
-
-
-@dataclasses.dataclass
-class Report:
-    """What :meth:`Compiled.report` measured."""
-
-    mesh: dict[str, int]
-    configuration: str | None
-    collectives: dict[str, int]
-    param_bytes_per_device: dict[int, int]
-    param_bytes_total: int
-    temp_bytes: int | None
-    node_specs: list[tuple[str, str, str, str, str]]
-    notes: list[str]
-
-    def render(self, console=None, *, every_spec: bool = False) -> None:
-        """Prints the report as tables (rich).
-
-        Args:
-          every_spec: list inferred specs too, not only the ones written in the model.
-        """
-        from rich.console import Console
-        from rich.table import Table
-
-        console = console or Console()
-        rows = [r for r in self.node_specs if every_spec or r[3] == "given"]
-        inferred = sum(1 for r in self.node_specs if r[3] == "inferred")
-        title = "sharding specs" + ("" if every_spec else f" written in the model (+{inferred} inferred, not shown)")
-        table = Table(title=title, box=None, pad_edge=False)
-        for column in ("node", "tensor", "spec", "from", "PartitionSpec"):
-            table.add_column(column, overflow="fold")  # at 80 columns a long name folds, nothing is cut
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-        console.print(f"mesh {self.mesh}  configuration {self.configuration!r}")
-        console.print("collectives: " + ", ".join(f"{k} {v}" for k, v in self.collectives.items()))
-        per_device = sorted(self.param_bytes_per_device.values())
-        if per_device:
-            console.print(
-                f"parameter bytes per device: {per_device[-1]:,} (max) / {per_device[0]:,} (min); "
-                f"unsharded total {self.param_bytes_total:,}"
-            )
-        for note in self.notes:
-            console.print(f"note: {note}")
-
-
-def _short(text: str) -> str:
-    """Spec text with runs of consecutive devices written as ranges: [0,1,2,3] -> [0..3]."""
-
-    def compact(match: re.Match) -> str:
-        numbers = [int(n) for n in match.group(1).split(",")]
-        if len(numbers) > 2 and numbers == list(range(numbers[0], numbers[0] + len(numbers))):
-            return f"{match.group(0)[0]}{numbers[0]}..{numbers[-1]}{match.group(0)[-1]}"
-        return match.group(0)
-
-    return re.sub(r"[\[{]([0-9]+(?:,[0-9]+)+)[\]}]", compact, text)
-
-
 def _choose_configuration(proto: onnx.ModelProto, configuration: str | None) -> str | None:
     configs = device_configurations(proto)
     if configuration is not None:
@@ -487,36 +339,6 @@ def _choose_configuration(proto: onnx.ModelProto, configuration: str | None) -> 
     if len(configs) > 1:
         raise ValueError(f"the model has several device configurations {sorted(configs)}; pass configuration=")
     return next(iter(configs))
-
-
-def example_inputs(
-    inputs: Sequence[Any], named: Mapping[str, Any], last: tuple | None
-) -> tuple[Sequence[Any], Mapping[str, Any]]:
-    """The inputs a ``report()`` measures with: those given, else ``last`` (the last call's).
-
-    Raises:
-      ValueError: none given and the model was never called.
-    """
-    if inputs or named:
-        return inputs, named
-    if last is None:
-        raise ValueError("report() needs example inputs, or call the model once first")
-    return last
-
-
-def _plan_for_mesh(mesh: Mesh, num_devices: int, device_ids: Sequence[int] | None, configuration: str | None) -> MeshPlan:
-    """Configuration device i sits at flat mesh position ``device_ids[i]`` (row-major by default)."""
-    if mesh.devices.size != num_devices:
-        raise DeviceCountError(
-            configuration, num_devices, mesh.devices.size, mesh=True, hint=len(jax.devices()) < num_devices
-        )
-    positions = list(range(num_devices)) if device_ids is None else list(device_ids)
-    if sorted(positions) != list(range(num_devices)):
-        raise ValueError(f"devices= must be a permutation of range({num_devices}), got {positions}")
-    order = [0] * num_devices
-    for config_device, position in enumerate(positions):
-        order[position] = config_device
-    return MeshPlan(tuple(mesh.axis_names), tuple(mesh.devices.shape), tuple(order))
 
 
 def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
@@ -637,122 +459,7 @@ def compile_proto(
     if check and errors:
         raise ShardingError(list(errors))
     # At the model's own shapes: a fused spec on a symbolic axis waits for the call's shapes.
-    layouts = _layouts(inference, strict=False)
+    layouts = spec_layouts(inference, strict=False)
     mesh, mapping = mesh_for(layouts, config, num_devices, mesh, devices, jax_devices)
-    placements = _placements(mapping, layouts, mesh)
+    placements = placements_on(mapping, layouts, mesh)
     return Compiled(jax_model, mesh, inference, placements, mapping, config, check=check, structural=structural)
-
-
-def mesh_for(
-    layouts: Mapping[SpecKey, Layout],
-    config: str,
-    num_devices: int,
-    mesh: Mesh | None,
-    devices: Sequence[int] | None,
-    jax_devices: Sequence[jax.Device] | None,
-) -> tuple[Mesh, MeshMapping]:
-    """The mesh the specs run on (the user's, or one searched from the layouts) and the specs mapped onto it."""
-    if mesh is not None:
-        return mesh, map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices, config))
-    jax_devices = list(jax_devices) if jax_devices is not None else jax.devices()
-    if len(jax_devices) < num_devices:
-        raise DeviceCountError(config, num_devices, len(jax_devices))
-    mapping = map_specs(layouts, num_devices)
-    array = np.array([jax_devices[d] for d in mapping.plan.device_order]).reshape(mapping.plan.axis_sizes)
-    return Mesh(array, mapping.plan.axis_names), mapping
-
-
-def _layouts(inference: "sharding.Inference", *, strict: bool) -> dict[SpecKey, Layout]:
-    """The layout of every spec of ``inference`` at its shapes.
-
-    Args:
-      strict: the shapes are a call's: every fused axis must have its size.
-        Otherwise (the model's own shapes) a spec that fuses an axis of
-        unknown size is left out, to be laid out per call.
-
-    Raises:
-      ShardingError: a spec has no shape, or its fused sub-axis sizes do not
-        match the axis (naming node, tensor and axis).
-    """
-    layouts: dict[SpecKey, Layout] = {}
-    for name, node in inference.nodes.items():
-        for kind, values in (("in", node.inputs), ("out", node.outputs)):
-            for position, spec in enumerate(values):
-                if spec is None:
-                    continue
-                shape = inference.shapes.get(spec.tensor_name)
-                if shape is None:
-                    raise ShardingError([_unknown_shape(name, node.op_type, spec.tensor_name)])
-                fused_unknown = [
-                    d.axis for d in spec.sharded_dims if len(d.parts) > 1 and not isinstance(shape[d.axis], int)
-                ]
-                if fused_unknown and not strict:
-                    continue
-                if fused_unknown:
-                    why = f"fused axis {fused_unknown[0]}: its size is not known even at the call's shapes"
-                    raise ShardingError([_fused_axis_error(name, node.op_type, spec.tensor_name, fused_unknown[0], why)])
-                try:
-                    layouts[SpecKey(name, kind, position, spec.tensor_name)] = layout_of(spec, _concrete(shape))
-                except ValueError as e:
-                    axis = next((d.axis for d in spec.sharded_dims if len(d.parts) > 1), None)
-                    raise ShardingError([_fused_axis_error(name, node.op_type, spec.tensor_name, axis, str(e))]) from e
-    return layouts
-
-
-def _placements(mapping: MeshMapping, layouts: Mapping[SpecKey, Layout], mesh: Mesh) -> dict[SpecKey, Placement]:
-    return {
-        key: Placement(NamedSharding(mesh, PartitionSpec(*pspec)), layouts[key].fused)
-        for key, pspec in mapping.pspecs.items()
-    }
-
-
-def _output_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> tuple:
-    """Each graph output's placement from its producer's spec (None: no spec)."""
-    produced: dict[str, Placement] = {}
-    for node in proto.graph.node:
-        for position, name in enumerate(node.output):
-            placement = placements.get(SpecKey(node.name, "out", position, name))
-            if placement is not None:
-                produced[name] = placement
-    shardings = []
-    for output in proto.graph.output:
-        placement = produced.get(output.name)
-        shardings.append(placement)
-    return tuple(shardings)
-
-
-def _input_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> dict[str, Placement]:
-    """Each graph input's placement from the first node input that reads it with a spec."""
-    names = {i.name for i in proto.graph.input}
-    found: dict[str, Placement] = {}
-    for node in proto.graph.node:
-        for position, name in enumerate(node.input):
-            placement = placements.get(SpecKey(node.name, "in", position, name))
-            if name in names and name not in found and placement is not None:
-                found[name] = placement
-    return found
-
-
-def _fused_axis_error(node: str, op_type: str, tensor: str, axis: int | None, why: str) -> Diagnostic:
-    return Diagnostic(
-        code="fused-axis-size",
-        severity="error",
-        node=node,
-        op_type=op_type,
-        tensor=tensor,
-        axis=axis,
-        message=f"the spec's sub-axes cannot be laid out at the call's shapes ({why})",
-        hint="write sub-axis sizes (dim_value) whose product is the axis size at the shapes the model is called with",
-    )
-
-
-def _unknown_shape(node: str, op_type: str, tensor: str) -> Diagnostic:
-    return Diagnostic(
-        code="unknown-shape",
-        severity="error",
-        node=node,
-        op_type=op_type,
-        tensor=tensor,
-        message="the tensor has a sharding spec but ONNX shape inference gives it no shape",
-        hint="add value_info with the tensor's shape to the model",
-    )

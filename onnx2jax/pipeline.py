@@ -31,7 +31,8 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.compile import Compiled, compile_proto, count_collectives, example_inputs, param_bytes_per_device
+from onnx2jax.compile import Compiled, compile_proto
+from onnx2jax.compile_report import count_collectives, example_inputs, param_bytes_per_device
 from onnx2jax.constraints import SpecKey
 from onnx2jax.errors import DeviceCountError, NodeError
 from onnx2jax.parameters import holdable_sharding

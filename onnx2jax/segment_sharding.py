@@ -265,7 +265,7 @@ def first_reader(
 ) -> tuple[str | None, ShardingSpec | None]:
     """The first node (graph order) reading ``tensor`` with a spec, and that spec; (None, None) if none.
 
-    The same rule compile() uses to place a graph input (``_input_placements``).
+    The same rule compile() uses to place a graph input (:func:`onnx2jax.placements.input_placements`).
     """
     for node in model.graph.node:
         found = inference.nodes.get(node.name)

@@ -34,8 +34,10 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.compile import Compiled, Report, _layouts, compile_proto, mesh_for
+from onnx2jax.compile import Compiled, compile_proto
+from onnx2jax.compile_report import Report
 from onnx2jax.errors import NodeError
+from onnx2jax.placements import mesh_for, spec_layouts
 from onnx2jax.segment_sharding import ShardedSegments, ignored_specs, ignored_text, shard_segments
 from onnx2jax.segments import Segment
 from onnx2jax.translate import JaxModel
@@ -377,7 +379,7 @@ def compile_segmented(
     layouts = {}
     for inference in sharded.inferences:
         if inference is not None:
-            layouts.update(_layouts(inference, strict=False))
+            layouts.update(spec_layouts(inference, strict=False))
     if mesh is None:
         mesh, mapping = mesh_for(layouts, configuration, num_devices, None, None, jax_devices)
         positions = [0] * num_devices

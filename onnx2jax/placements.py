@@ -1,0 +1,223 @@
+"""Where a compiled model's values live on the mesh.
+
+A completed inference's specs are laid out at concrete shapes
+(:func:`spec_layouts`), mapped onto one jax ``Mesh`` (:func:`mesh_for`, the
+user's or one searched from the layouts) and turned into a
+:class:`~onnx2jax.constraints.Placement` per node input and output
+(:func:`placements_on`). From those come each graph input's placement (its
+first annotated reader's: :func:`input_placements`, :func:`place_on_mesh`)
+and each graph output's sharding (its producer's: :func:`output_placements`,
+:func:`output_shardings`), so that XLA never picks an input or output layout.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import jax
+import numpy as np
+import onnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from onnx2jax.constraints import Placement, SpecKey
+from onnx2jax.errors import DeviceCountError
+from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
+from onnx2jax.parameters import holdable_sharding, padded_shape
+from sharding.diagnostics import Diagnostic, ShardingError
+
+if TYPE_CHECKING:
+    import sharding
+
+
+def _concrete(shape: tuple) -> tuple[int, ...]:
+    """Sizes for layout purposes; unknown dims only matter for fused axes, which carry their sizes."""
+    return tuple(d if isinstance(d, int) else 0 for d in shape)
+
+
+def _plan_for_mesh(mesh: Mesh, num_devices: int, device_ids: Sequence[int] | None, configuration: str | None) -> MeshPlan:
+    """Configuration device i sits at flat mesh position ``device_ids[i]`` (row-major by default)."""
+    if mesh.devices.size != num_devices:
+        raise DeviceCountError(
+            configuration, num_devices, mesh.devices.size, mesh=True, hint=len(jax.devices()) < num_devices
+        )
+    positions = list(range(num_devices)) if device_ids is None else list(device_ids)
+    if sorted(positions) != list(range(num_devices)):
+        raise ValueError(f"devices= must be a permutation of range({num_devices}), got {positions}")
+    order = [0] * num_devices
+    for config_device, position in enumerate(positions):
+        order[position] = config_device
+    return MeshPlan(tuple(mesh.axis_names), tuple(mesh.devices.shape), tuple(order))
+
+
+def mesh_for(
+    layouts: Mapping[SpecKey, Layout],
+    config: str,
+    num_devices: int,
+    mesh: Mesh | None,
+    devices: Sequence[int] | None,
+    jax_devices: Sequence[jax.Device] | None,
+) -> tuple[Mesh, MeshMapping]:
+    """The mesh the specs run on (the user's, or one searched from the layouts) and the specs mapped onto it."""
+    if mesh is not None:
+        return mesh, map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices, config))
+    jax_devices = list(jax_devices) if jax_devices is not None else jax.devices()
+    if len(jax_devices) < num_devices:
+        raise DeviceCountError(config, num_devices, len(jax_devices))
+    mapping = map_specs(layouts, num_devices)
+    array = np.array([jax_devices[d] for d in mapping.plan.device_order]).reshape(mapping.plan.axis_sizes)
+    return Mesh(array, mapping.plan.axis_names), mapping
+
+
+def spec_layouts(inference: "sharding.Inference", *, strict: bool) -> dict[SpecKey, Layout]:
+    """The layout of every spec of ``inference`` at its shapes.
+
+    Args:
+      strict: the shapes are a call's: every fused axis must have its size.
+        Otherwise (the model's own shapes) a spec that fuses an axis of
+        unknown size is left out, to be laid out per call.
+
+    Raises:
+      ShardingError: a spec has no shape, or its fused sub-axis sizes do not
+        match the axis (naming node, tensor and axis).
+    """
+    layouts: dict[SpecKey, Layout] = {}
+    for name, node in inference.nodes.items():
+        for kind, values in (("in", node.inputs), ("out", node.outputs)):
+            for position, spec in enumerate(values):
+                if spec is None:
+                    continue
+                shape = inference.shapes.get(spec.tensor_name)
+                if shape is None:
+                    raise ShardingError([_unknown_shape(name, node.op_type, spec.tensor_name)])
+                fused_unknown = [
+                    d.axis for d in spec.sharded_dims if len(d.parts) > 1 and not isinstance(shape[d.axis], int)
+                ]
+                if fused_unknown and not strict:
+                    continue
+                if fused_unknown:
+                    why = f"fused axis {fused_unknown[0]}: its size is not known even at the call's shapes"
+                    raise ShardingError([_fused_axis_error(name, node.op_type, spec.tensor_name, fused_unknown[0], why)])
+                try:
+                    layouts[SpecKey(name, kind, position, spec.tensor_name)] = layout_of(spec, _concrete(shape))
+                except ValueError as e:
+                    axis = next((d.axis for d in spec.sharded_dims if len(d.parts) > 1), None)
+                    raise ShardingError([_fused_axis_error(name, node.op_type, spec.tensor_name, axis, str(e))]) from e
+    return layouts
+
+
+def placements_on(mapping: MeshMapping, layouts: Mapping[SpecKey, Layout], mesh: Mesh) -> dict[SpecKey, Placement]:
+    """Every laid-out spec as a NamedSharding on ``mesh`` (with whether it fuses an axis)."""
+    return {
+        key: Placement(NamedSharding(mesh, PartitionSpec(*pspec)), layouts[key].fused)
+        for key, pspec in mapping.pspecs.items()
+    }
+
+
+def output_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> tuple:
+    """Each graph output's placement from its producer's spec (None: no spec)."""
+    produced: dict[str, Placement] = {}
+    for node in proto.graph.node:
+        for position, name in enumerate(node.output):
+            placement = placements.get(SpecKey(node.name, "out", position, name))
+            if placement is not None:
+                produced[name] = placement
+    shardings = []
+    for output in proto.graph.output:
+        placement = produced.get(output.name)
+        shardings.append(placement)
+    return tuple(shardings)
+
+
+def input_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> dict[str, Placement]:
+    """Each graph input's placement from the first node input that reads it with a spec."""
+    names = {i.name for i in proto.graph.input}
+    found: dict[str, Placement] = {}
+    for node in proto.graph.node:
+        for position, name in enumerate(node.input):
+            placement = placements.get(SpecKey(node.name, "in", position, name))
+            if name in names and name not in found and placement is not None:
+                found[name] = placement
+    return found
+
+
+def place_on_mesh(values: Mapping[str, Any], in_placements: Mapping[str, Placement], mesh: Mesh) -> dict[str, Any]:
+    """Every runtime input as a jax.Array on ``mesh``, so that XLA never picks an input layout.
+
+    A jax.Array already on the mesh's devices is used as it is. Anything
+    else is placed with its first reader's spec when JAX can hold it
+    (each device receives only its slice), else replicated; the reader's
+    constraint then reshards inside the program. (Left to XLA, an input
+    whose spec does not divide its shape got an uneven layout that jax
+    then refused with IndivisibleError.)
+    """
+    mesh_devices = set(mesh.devices.flat)
+    replicated = NamedSharding(mesh, PartitionSpec())
+    placed = {}
+    for name, value in values.items():
+        if isinstance(value, jax.core.Tracer) or (
+            isinstance(value, jax.Array) and value.sharding.device_set == mesh_devices
+        ):
+            placed[name] = value
+            continue
+        placement = in_placements.get(name)
+        target = replicated
+        if placement is not None and not placement.fused:
+            target = holdable_sharding(tuple(np.shape(value)), placement.sharding)
+        placed[name] = jax.device_put(value, target)
+    return placed
+
+
+def output_shardings(
+    mesh: Mesh, names: Sequence[str], wanted: tuple, outputs: Sequence[jax.ShapeDtypeStruct]
+) -> tuple:
+    """The sharding each of the outputs ``names`` comes back with: never left to XLA.
+
+    An output whose producer has a spec comes back in it; one without a
+    spec comes back replicated on the mesh. A spec JAX cannot hold (its
+    sharded axes do not divide the shape, or it fuses an axis, which is
+    not a tile of the ONNX tensor) comes back replicated, with a warning
+    naming the output.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    shardings = []
+    for name, placement, output in zip(names, wanted, outputs):
+        why = None
+        if placement is None:
+            named = replicated
+        elif placement.fused:
+            why = "its sharding spec fuses an axis, so its shards are not tiles of the ONNX tensor"
+        elif padded_shape(output.shape, placement.sharding) != tuple(output.shape):
+            why = "its sharding spec does not divide its shape evenly, and JAX cannot hold an unevenly sharded array"
+        else:
+            named = placement.sharding
+        if why is not None:  # stacklevel 4: past this, Compiled._program and the Compiled method called
+            warnings.warn(f"output {name!r} {list(output.shape)}: {why}, so it comes back replicated", stacklevel=4)
+            named = replicated
+        shardings.append(named)
+    return tuple(shardings)
+
+
+def _fused_axis_error(node: str, op_type: str, tensor: str, axis: int | None, why: str) -> Diagnostic:
+    return Diagnostic(
+        code="fused-axis-size",
+        severity="error",
+        node=node,
+        op_type=op_type,
+        tensor=tensor,
+        axis=axis,
+        message=f"the spec's sub-axes cannot be laid out at the call's shapes ({why})",
+        hint="write sub-axis sizes (dim_value) whose product is the axis size at the shapes the model is called with",
+    )
+
+
+def _unknown_shape(node: str, op_type: str, tensor: str) -> Diagnostic:
+    return Diagnostic(
+        code="unknown-shape",
+        severity="error",
+        node=node,
+        op_type=op_type,
+        tensor=tensor,
+        message="the tensor has a sharding spec but ONNX shape inference gives it no shape",
+        hint="add value_info with the tensor's shape to the model",
+    )
