@@ -38,6 +38,7 @@ import sharding
 from onnx2jax.segments import Segment, SegmentPlan
 from sharding.annotate import set_spec
 from sharding.spec import NodeConfig, ShardingSpec
+from sharding.stage_infer import PartsMerger
 from sharding.text import format_spec
 
 
@@ -158,20 +159,11 @@ def merged_inference(sharded: ShardedSegments, configuration: str) -> "sharding.
 
     Host steps have none: their nodes run unsharded on the host.
     """
-    nodes, tensors, shapes, diagnostics, seen = {}, {}, {}, [], set()
+    merged = PartsMerger(configuration)
     for segment, inference in zip(sharded.segments, sharded.inferences):
-        if inference is None:
-            continue
-        own = set(segment.nodes)
-        nodes.update((k, v) for k, v in inference.nodes.items() if k in own)
-        tensors.update(inference.tensors)
-        shapes.update(inference.shapes)
-        for d in inference.diagnostics:
-            key = (d.code, d.node, d.tensor, d.message)
-            if key not in seen and (d.node is None or d.node in own):
-                seen.add(key)
-                diagnostics.append(d)
-    return sharding.Inference(configuration, nodes, tensors, tuple(diagnostics), shapes)
+        if inference is not None:
+            merged.add(segment.nodes, inference)
+    return merged.inference()
 
 
 def describe(sharded: ShardedSegments) -> list[str]:

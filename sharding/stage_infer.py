@@ -6,12 +6,16 @@ So the op rules run stage by stage, each stage extracted as its own model
 (`sharding.partition.extract_part`), and the results are merged. Problems of
 the partition itself (duplicate names, backward edges, negative stages) are
 ``stage-invalid`` errors; each stage gets a ``pipeline-stage`` note saying
-its nodes, devices and what it sends.
+its nodes, devices and what it sends. `PartsMerger` does the merging, here
+and for the jitted segments of a model with data-dependent shapes
+(``onnx2jax.segment_sharding``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -19,6 +23,9 @@ from .diagnostics import Diagnostic
 from .partition import extract_part
 from .spec import device_configurations
 from .stages import model_partition, stage_devices
+
+if TYPE_CHECKING:  # infer imports this module lazily, and this one infer only when it runs
+    from .infer import Inference
 
 
 def infer_by_stage(
@@ -46,10 +53,10 @@ def infer_by_stage(
     except ValueError as e:
         diags.append(Diagnostic(code="stage-invalid", severity="error", message=str(e)))
         return Inference(configuration, {}, {}, tuple(diags))
-    nodes, tensors, shapes, seen = {}, {}, {}, set()
+    merged = PartsMerger(configuration, diags)
     for stage in part.parts:
         sends = sorted({t for t, f, _ in part.crossing if f == stage})
-        diags.append(
+        merged.diagnostics.append(
             Diagnostic(
                 code="pipeline-stage",
                 severity="note",
@@ -58,19 +65,53 @@ def infer_by_stage(
             )
         )
         sub = stage_model(model, part, stage, configuration)
-        result = infer(sub, configuration, input_shapes=input_shapes, unsupported=unsupported)
-        own = set(part.nodes[stage])
-        nodes.update((k, v) for k, v in result.nodes.items() if k in own)
-        tensors.update(result.tensors)
-        shapes.update(result.shapes)
-        for d in result.diagnostics:
-            key = (d.code, d.node, d.tensor, d.message)
-            if key not in seen and (d.node is None or d.node in own):
-                seen.add(key)
-                diags.append(d)
+        merged.add(part.nodes[stage], infer(sub, configuration, input_shapes=input_shapes, unsupported=unsupported))
     order = {n.name: i for i, n in enumerate(model.graph.node)}
-    nodes = dict(sorted(nodes.items(), key=lambda kv: order.get(kv[0], 0)))
-    return Inference(configuration, nodes, tensors, tuple(diags), shapes)
+    merged.nodes = dict(sorted(merged.nodes.items(), key=lambda kv: order.get(kv[0], 0)))
+    return merged.inference()
+
+
+@dataclass
+class PartsMerger:
+    """One `Inference` from the inferences of a model's parts, each run on its own extracted model.
+
+    A part's model also holds copies of other parts' nodes (recomputed
+    producers), so each part contributes only its own nodes and the
+    diagnostics about them (or about no node); a diagnostic several parts
+    report is kept once. Tensors and shapes of every part are kept, later
+    parts winning.
+
+    Attributes:
+        configuration: the device configuration inferred.
+        diagnostics: those found so far, in order; callers may append their
+            own between parts.
+        nodes: the parts' own nodes, in the order they were added.
+    """
+
+    configuration: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    nodes: dict = field(default_factory=dict)
+    tensors: dict = field(default_factory=dict)
+    shapes: dict = field(default_factory=dict)
+    _seen: set = field(default_factory=set)
+
+    def add(self, own_nodes: Iterable[str], part: "Inference") -> None:
+        """Takes in one part's `Inference`, keeping only the nodes named in ``own_nodes``."""
+        own = set(own_nodes)
+        self.nodes.update((k, v) for k, v in part.nodes.items() if k in own)
+        self.tensors.update(part.tensors)
+        self.shapes.update(part.shapes)
+        for d in part.diagnostics:
+            key = (d.code, d.node, d.tensor, d.message)
+            if key not in self._seen and (d.node is None or d.node in own):
+                self._seen.add(key)
+                self.diagnostics.append(d)
+
+    def inference(self) -> "Inference":
+        """The merged `Inference`."""
+        from .infer import Inference
+
+        return Inference(self.configuration, self.nodes, self.tensors, tuple(self.diagnostics), self.shapes)
 
 
 def stage_model(model: onnx.ModelProto, part, stage: int, configuration: str) -> onnx.ModelProto:
@@ -90,4 +131,4 @@ def stage_model(model: onnx.ModelProto, part, stage: int, configuration: str) ->
     return sub
 
 
-__all__ = ["infer_by_stage", "stage_model"]
+__all__ = ["PartsMerger", "infer_by_stage", "stage_model"]
