@@ -6,11 +6,12 @@ import jax
 import numpy as np
 import onnx
 import onnx.helper as oh
-import onnxruntime as ort
 import pytest
 
 import onnx2jax
 from onnx2jax.errors import NodeError
+
+from onnxruntime_reference import onnxruntime_outputs
 
 F = onnx.TensorProto.FLOAT
 I64 = onnx.TensorProto.INT64
@@ -63,11 +64,6 @@ def if_model(then_length: int = 3, else_length: int = 5, x_shape: list = ("n",))
     return model
 
 
-def _onnxruntime(model: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, {"x": x})
-
-
 @pytest.mark.parametrize("x_shape", [["n"], [8]])
 @pytest.mark.parametrize("sign, length", [(1.0, 3), (-1.0, 5)])
 def test_both_branches_equal_onnxruntime(x_shape: list, sign: float, length: int) -> None:
@@ -75,7 +71,7 @@ def test_both_branches_equal_onnxruntime(x_shape: list, sign: float, length: int
     translated = onnx2jax.translate(model)
     for n in (8, 11) if x_shape == ["n"] else (8, 8):  # two input shapes: each compiled once per shape
         x = sign * np.linspace(0.5, 2.0, n).astype(np.float32)
-        expected = _onnxruntime(model, x)
+        expected = onnxruntime_outputs(model, {"x": x})
         actual = translated(x)
         assert np.asarray(actual[0]).shape == (length,)
         for e, a in zip(expected, actual):
@@ -97,7 +93,7 @@ def test_an_if_whose_branches_agree_stays_one_program() -> None:
     assert translated.segments == []
     for sign in (1.0, -1.0):
         x = sign * np.linspace(0.5, 2.0, 8).astype(np.float32)
-        for e, a in zip(_onnxruntime(model, x), translated(x)):
+        for e, a in zip(onnxruntime_outputs(model, {"x": x}), translated(x)):
             np.testing.assert_allclose(np.asarray(a), e, rtol=1e-6)
     with jax.enable_x64(True):  # the model has int64 constants
         jax.jit(translated.fn)(translated.params, np.ones(8, np.float32))  # one traceable function
@@ -132,11 +128,10 @@ def test_if_nested_in_a_branch_is_cut_in_the_branch_model() -> None:
         [oh.make_tensor_value_info("out", F, None)], list(inner.graph.initializer),
     )
     model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)], ir_version=10)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     translated = onnx2jax.translate(model)
     for flag in (True, False):
         for sign in (1.0, -1.0):
             x = sign * np.linspace(0.5, 2.0, 8).astype(np.float32)
-            (expected,) = session.run(None, {"flag": np.array(flag), "x": x})
+            (expected,) = onnxruntime_outputs(model, {"flag": np.array(flag), "x": x})
             (actual,) = translated(np.array(flag), x)
             np.testing.assert_allclose(np.asarray(actual), expected, rtol=1e-6)

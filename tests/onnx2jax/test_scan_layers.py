@@ -14,7 +14,6 @@ import sys
 import jax
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 
 import onnx2jax
@@ -26,6 +25,7 @@ ZOO = ROOT / "tests" / "data" / "zoo"
 DATA = ROOT / "tests" / "data"
 sys.path.insert(0, str(ROOT / "bench"))
 from tiny_transformer import tiny_transformer  # noqa: E402
+from onnxruntime_reference import onnxruntime_outputs  # noqa: E402
 
 # Layers found per export (0: none, and a word the reason must contain). Checked independently below
 # against the torch module path in each node's metadata.
@@ -82,12 +82,6 @@ def test_tiny_transformer_layers_and_their_parameters(layers):
     assert set(found.shared) >= {"l0_ln1_g", "l0_ln1_b", "scale", "heads_shape"}
 
 
-def _ort(model: onnx.ModelProto, feeds: dict) -> list:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
-
-
 def _has_scan(model: onnx2jax.JaxModel, *inputs) -> bool:
     with jax.enable_x64(model.uses_64bit):
         jaxpr = jax.make_jaxpr(lambda *xs: model.fn(model.params, *xs))(*inputs)
@@ -97,7 +91,7 @@ def _has_scan(model: onnx2jax.JaxModel, *inputs) -> bool:
 def test_scanned_equals_unrolled_and_onnxruntime_tiny_transformer():
     model = tiny_transformer(8)
     x = np.random.default_rng(0).standard_normal((2, 16, 64)).astype(np.float32)
-    (reference,) = _ort(model, {"x": x})
+    (reference,) = onnxruntime_outputs(model, {"x": x})
     scanned = onnx2jax.translate(model, scan_layers=True)
     unrolled = onnx2jax.translate(model, scan_layers=False)
     assert _has_scan(scanned, x) and not _has_scan(unrolled, x)
@@ -131,7 +125,7 @@ def test_fn_with_per_layer_params_stacks_them_in_the_trace():
     for init in edited.graph.initializer:
         if init.name == "l2_w1":
             init.CopyFrom(onnx.numpy_helper.from_array(params["l2_w1"], "l2_w1"))
-    (reference,) = _ort(edited, {"x": x})
+    (reference,) = onnxruntime_outputs(edited, {"x": x})
     with jax.enable_x64(True):  # the model's shape vectors are int64
         (value,) = jax.jit(model.fn)(params, x)
     np.testing.assert_allclose(value, reference, atol=2e-5, rtol=1e-5)
@@ -172,7 +166,7 @@ def test_a_per_layer_shape_constant_that_differs_is_not_stacked():
     auto = onnx2jax.translate(model)
     assert not auto.scan.active and "heads_shape_a" in auto.layers_report()
     x = np.random.default_rng(2).standard_normal((2, 4, 64)).astype(np.float32)
-    np.testing.assert_allclose(auto(x)[0], _ort(model, {"x": x})[0], atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(auto(x)[0], onnxruntime_outputs(model, {"x": x})[0], atol=2e-5, rtol=1e-5)
 
 
 def test_cli_run_says_which_form_ran(tmp_path, capsys):
@@ -223,7 +217,7 @@ def test_a_carry_that_changes_shape_at_run_time_runs_unrolled_and_says_why():
         if init.name.endswith("_w2"):
             init.CopyFrom(onnx.numpy_helper.from_array((rng.standard_normal((2, 256, 64)) * 0.05).astype(np.float32), init.name))
     x = np.random.default_rng(4).standard_normal((1, 4, 64)).astype(np.float32)
-    (reference,) = _ort(model, {"x": x})
+    (reference,) = onnxruntime_outputs(model, {"x": x})
     auto = onnx2jax.translate(model)
     assert auto.scan.active
     np.testing.assert_allclose(auto(x)[0], reference, atol=2e-5, rtol=1e-5)

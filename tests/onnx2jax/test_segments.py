@@ -8,11 +8,12 @@ import jax
 import numpy as np
 import onnx
 import onnx.helper as oh
-import onnxruntime as ort
 import pytest
 
 import onnx2jax
 from onnx2jax.errors import NodeError
+
+from onnxruntime_reference import assert_same_outputs, onnxruntime_outputs
 
 F = onnx.TensorProto.FLOAT
 I64 = onnx.TensorProto.INT64
@@ -86,29 +87,20 @@ def nonzero_model() -> onnx.ModelProto:
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
 
 
-def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> list:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
 def _assert_same(ours, theirs) -> None:
-    assert len(ours) == len(theirs)
-    for a, b in zip(ours, theirs):
-        a = np.asarray(a)
-        assert a.shape == b.shape and a.dtype == b.dtype
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert_same_outputs(ours, theirs, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(
     "iou, score_min, kept",
     [(0.5, 1.0, "none"), (0.3, 0.5, "some"), (1.0, -1.0, "all")],
 )
-def test_detection_head_equals_onnxruntime(iou: float, score_min: float, kept: str) -> None:
+def test_detection_head_equalsonnxruntime_outputs(iou: float, score_min: float, kept: str) -> None:
     proto = detection_head()
     model = onnx2jax.translate(proto)
     x = np.random.default_rng(1).normal(size=(1, 3, 4, 4)).astype(np.float32)
     feeds = {"x": x, "iou": np.array([iou], np.float32), "score_min": np.array([score_min], np.float32)}
-    expected = _onnxruntime(proto, feeds)
+    expected = onnxruntime_outputs(proto, feeds)
     count = {"none": 0, "all": 16}.get(kept)
     if count is None:
         assert 0 < len(expected[0]) < 16
@@ -125,12 +117,12 @@ def test_detection_head_segments_name_the_cut() -> None:
     assert "selected" in host.outputs and "boxes" in host.inputs
 
 
-def test_nonzero_on_computed_values_equals_onnxruntime() -> None:
+def test_nonzero_on_computed_values_equalsonnxruntime_outputs() -> None:
     proto = nonzero_model()
     model = onnx2jax.translate(proto)
     assert [s.kind for s in model.segments] == ["jit", "host", "jit"]
     x = np.random.default_rng(2).normal(size=(5, 4)).astype(np.float32)
-    _assert_same(model(x), _onnxruntime(proto, {"x": x}))
+    _assert_same(model(x), onnxruntime_outputs(proto, {"x": x}))
 
 
 def test_second_shape_signature_reuses_cached_segments() -> None:
@@ -140,7 +132,7 @@ def test_second_shape_signature_reuses_cached_segments() -> None:
     small = rng.normal(size=(5, 4)).astype(np.float32)
     large = rng.normal(size=(9, 4)).astype(np.float32)
     for x in (small, large, small, rng.normal(size=(5, 4)).astype(np.float32)):
-        _assert_same(model(x), _onnxruntime(proto, {"x": x}))
+        _assert_same(model(x), onnxruntime_outputs(proto, {"x": x}))
     first = model.segment_models[0]
     # One jitted program, traced once per input shape: two shapes, two entries.
     assert list(first._jitted) == [()]
@@ -163,10 +155,10 @@ def test_compile_runs_an_unannotated_segmented_model() -> None:
     proto = detection_head()
     x = np.random.default_rng(1).normal(size=(1, 3, 4, 4)).astype(np.float32)
     feeds = {"x": x, "iou": np.array([0.3], np.float32), "score_min": np.array([0.5], np.float32)}
-    _assert_same(onnx2jax.compile(proto)(**feeds), _onnxruntime(proto, feeds))
+    _assert_same(onnx2jax.compile(proto)(**feeds), onnxruntime_outputs(proto, feeds))
 
 
-def test_cli_run_lists_the_segments_and_matches_onnxruntime(tmp_path, capsys) -> None:
+def test_cli_run_lists_the_segments_and_matchesonnxruntime_outputs(tmp_path, capsys) -> None:
     from onnx2jax.cli import main
 
     path = tmp_path / "head.onnx"
@@ -192,14 +184,14 @@ def test_an_initializer_as_graph_output_of_a_segmented_model() -> None:
     proto = nonzero_model()
     proto.graph.output.append(oh.make_tensor_value_info("t", F, []))
     x = np.random.default_rng(4).normal(size=(3, 4)).astype(np.float32)
-    _assert_same(onnx2jax.translate(proto)(x), _onnxruntime(proto, {"x": x}))
+    _assert_same(onnx2jax.translate(proto)(x), onnxruntime_outputs(proto, {"x": x}))
 
 
 DETECTION = pathlib.Path(__file__).resolve().parents[1] / "data" / "detection"
 
 
 @pytest.mark.parametrize("case, kept", [("none", 0), ("some", 22), ("all", 36)])
-def test_torch_exported_detection_head_equals_onnxruntime(case: str, kept: int) -> None:
+def test_torch_exported_detection_head_equalsonnxruntime_outputs(case: str, kept: int) -> None:
     # scripts/make_detection_fixtures.py: torch export ending in NonMaxSuppression, onnxruntime's outputs.
     model = onnx2jax.translate(DETECTION / "head.onnx")
     assert [s.kind for s in model.segments] == ["jit", "host", "jit"]

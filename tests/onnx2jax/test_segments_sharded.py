@@ -14,7 +14,6 @@ import pathlib
 import numpy as np
 import onnx
 import onnx.helper as oh
-import onnxruntime as ort
 import pytest
 from rich.console import Console
 
@@ -25,6 +24,7 @@ from onnx2jax.segmented import SegmentedCompiled
 from sharding.annotate import add_configuration, set_spec
 from sharding.spec import ShardingSpec
 from placement import placement_problem
+from onnxruntime_reference import assert_same_outputs, onnxruntime_outputs
 
 N = 8
 DEVICES = range(N)
@@ -39,17 +39,8 @@ def _const(name: str, array: np.ndarray) -> onnx.TensorProto:
     return onnx.numpy_helper.from_array(array, name)
 
 
-def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> list:
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(None, feeds)
-
-
 def _assert_same(ours, theirs) -> None:
-    assert len(ours) == len(theirs)
-    for a, b in zip(ours, theirs):
-        a = np.asarray(a)
-        assert a.shape == b.shape and a.dtype == b.dtype
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+    assert_same_outputs(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
 def _collectives(compiled: SegmentedCompiled, *inputs, **named) -> list:
@@ -86,7 +77,7 @@ def torch_head() -> SegmentedCompiled:
 
 
 @pytest.mark.parametrize("case, kept", [("none", 0), ("some", 22), ("all", 36)])
-def test_torch_head_sharded_equals_onnxruntime(torch_head, case: str, kept: int) -> None:
+def test_torch_head_sharded_equalsonnxruntime_outputs(torch_head, case: str, kept: int) -> None:
     assert isinstance(torch_head, SegmentedCompiled)
     assert [s.kind for s in torch_head.segments] == ["jit", "host", "jit"]
     inputs = dict(np.load(DETECTION / f"head.{case}.inputs.npz"))
@@ -191,12 +182,12 @@ def linear_head() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("iou, score_min, kept", [(0.5, 1.0, "none"), (0.3, 0.5, "some"), (1.0, -1.0, "all")])
-def test_linear_head_sharded_equals_onnxruntime(iou: float, score_min: float, kept: str) -> None:
+def test_linear_head_sharded_equalsonnxruntime_outputs(iou: float, score_min: float, kept: str) -> None:
     proto = linear_head()
     compiled = onnx2jax.compile(proto)
     features = np.random.default_rng(6).normal(size=(1, 24, 16)).astype(np.float32)
     feeds = {"features": features, "iou": np.array([iou], np.float32), "score_min": np.array([score_min], np.float32)}
-    expected = _onnxruntime(proto, feeds)
+    expected = onnxruntime_outputs(proto, feeds)
     count = {"none": 0, "all": 24}.get(kept)
     if count is None:
         assert 0 < len(expected[0]) < 24
@@ -257,7 +248,7 @@ def test_nonzero_in_the_middle_with_a_sharded_matmul_after() -> None:
     assert [s.kind for s in compiled.segments] == ["jit", "host", "jit"]
     x = np.random.default_rng(8).normal(size=(12, 16)).astype(np.float32)
     (y,) = compiled(x)
-    (expected,) = _onnxruntime(proto, {"x": x})
+    (expected,) = onnxruntime_outputs(proto, {"x": x})
     assert 0 < len(expected) < 12
     _assert_same([y], [expected])
     # Segment 1: the row sums reduce over h's split columns: 1 all-reduce. Segment 3: the kept rows
@@ -302,7 +293,7 @@ def test_a_host_step_gathers_a_split_tensor() -> None:
     compiled = onnx2jax.compile(proto)
     x = np.random.default_rng(13).normal(size=(4, 16)).astype(np.float32)
     (where,) = compiled(x)
-    _assert_same([where], _onnxruntime(proto, {"x": x}))
+    _assert_same([where], onnxruntime_outputs(proto, {"x": x}))
     (mask,) = compiled.last_outputs[0]
     assert placement_problem(mask, ShardingSpec.split("mask", {1: N}, DEVICES)) is None  # split on the devices
     assert _collectives(compiled, x) == [NONE, None]  # the column-parallel MatMul and Greater: local
@@ -318,7 +309,7 @@ def test_each_segment_compiles_once_per_shape_signature() -> None:
     kept = set()
     for x in calls:
         (y,) = compiled(x)
-        _assert_same([y], _onnxruntime(proto, {"x": x}))
+        _assert_same([y], onnxruntime_outputs(proto, {"x": x}))
         kept.add(len(y))
     assert len(kept) == 2  # the two inputs keep different numbers of rows
     assert len(compiled.programs[0]._jitted) == 1  # segment 1: one input shape
@@ -363,7 +354,7 @@ def test_a_host_output_whose_reader_spec_does_not_divide_it_is_re_placed_replica
     for _ in range(4):
         x = rng.normal(size=(12, 16)).astype(np.float32)
         (y,) = compiled(x)
-        (expected,) = _onnxruntime(proto, {"x": x})
+        (expected,) = onnxruntime_outputs(proto, {"x": x})
         _assert_same([y], [expected])
         if len(expected) % N:
             break
@@ -390,7 +381,7 @@ def test_a_host_output_is_re_placed_with_its_first_readers_spec() -> None:
     compiled = onnx2jax.compile(proto)
     x = _rows_kept(N, 12)  # 8 kept rows: NonZero's [1, 8] output divides 8 ways
     (y,) = compiled(x)
-    (expected,) = _onnxruntime(proto, {"x": x})
+    (expected,) = onnxruntime_outputs(proto, {"x": x})
     assert len(expected) == N
     _assert_same([y], [expected])
     (move,) = [m for m in compiled.moves if m.kind == "re-place"]
@@ -422,7 +413,7 @@ def test_specs_written_on_a_host_node_are_said_not_to_apply() -> None:
         "iou": np.array([0.3], np.float32),
         "score_min": np.array([0.5], np.float32),
     }
-    _assert_same(compiled(**feeds), _onnxruntime(proto, feeds))
+    _assert_same(compiled(**feeds), onnxruntime_outputs(proto, feeds))
     assert "its specs written for 'boxes' do not apply: the node runs on the host" in _report_text(compiled)
 
 
@@ -437,7 +428,7 @@ def test_helper_head_with_an_uneven_conv_split(iou: float, score_min: float, kep
     compiled = onnx2jax.compile(proto)
     x = np.random.default_rng(1).normal(size=(1, 3, 4, 4)).astype(np.float32)
     feeds = {"x": x, "iou": np.array([iou], np.float32), "score_min": np.array([score_min], np.float32)}
-    expected = _onnxruntime(proto, feeds)
+    expected = onnxruntime_outputs(proto, feeds)
     if kept is None:
         assert 0 < len(expected[0]) < 16
     else:
@@ -485,7 +476,7 @@ def test_two_processes_of_four_devices(tmp_path) -> None:
     for name in ("selected", "kept_boxes"):
         np.testing.assert_allclose(got[name], expected[name], rtol=1e-4, atol=1e-5)
     x = np.random.default_rng(13).normal(size=(4, 16)).astype(np.float32)  # as the script draws it
-    (where,) = _onnxruntime(nonzero_of_a_split_tensor(), {"x": x})
+    (where,) = onnxruntime_outputs(nonzero_of_a_split_tensor(), {"x": x})
     np.testing.assert_array_equal(got["where"], where)
 
 
@@ -496,7 +487,7 @@ def test_graph_outputs_no_jitted_segment_returns_come_back_replicated() -> None:
     compiled = onnx2jax.compile(proto)
     x = np.random.default_rng(14).normal(size=(6, 16)).astype(np.float32)
     outputs = compiled(x)
-    _assert_same(outputs, _onnxruntime(proto, {"x": x}))
+    _assert_same(outputs, onnxruntime_outputs(proto, {"x": x}))
     for output in outputs[1:]:
         assert placement_problem(output, None) is None
     text = _report_text(compiled)
