@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import onnx  # noqa: E402
 
 import onnx2jax  # noqa: E402
-from onnx2jax.compile import count_collectives  # noqa: E402
+from onnx2jax.runtime.spmd import count_collectives  # noqa: E402
 from sharding.megatron import megatron_plan  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -38,8 +38,8 @@ import jax
 t1 = time.perf_counter()
 import onnx2jax
 if cache:
-    import onnx2jax.compilation_cache
-    onnx2jax.compilation_cache.enable(cache)
+    import onnx2jax.runtime.compilation_cache
+    onnx2jax.runtime.compilation_cache.enable(cache)
 t2 = time.perf_counter()
 x = np.random.default_rng(0).standard_normal((2, 16, 64)).astype(np.float32)
 model = onnx2jax.translate(path)

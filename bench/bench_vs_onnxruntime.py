@@ -108,8 +108,8 @@ if runtime == "onnxruntime":
 else:
     import jax, onnx2jax
     if cache:
-        import onnx2jax.compilation_cache
-        onnx2jax.compilation_cache.enable(cache)
+        import onnx2jax.runtime.compilation_cache
+        onnx2jax.runtime.compilation_cache.enable(cache)
     jax.block_until_ready(onnx2jax.translate(path)(x))
 print(time.perf_counter() - start)
 """

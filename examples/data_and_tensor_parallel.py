@@ -23,7 +23,7 @@ import onnx  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 import onnx2jax  # noqa: E402
-from onnx2jax.compile import count_collectives  # noqa: E402
+from onnx2jax.runtime.spmd import count_collectives  # noqa: E402
 from sharding.annotate import annotate_tensor  # noqa: E402
 from sharding.megatron import megatron_plan  # noqa: E402
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim  # noqa: E402

@@ -1,7 +1,7 @@
 """onnx2jax: run ONNX models on JAX/XLA, sharded from ONNX's multi-device annotations."""
 
-from onnx2jax.compile import Compiled as Compiled
-from onnx2jax.compile import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
+from onnx2jax.runtime.spmd import Compiled as Compiled
+from onnx2jax.runtime.spmd import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
 from onnx2jax.errors import ModelLoadError as ModelLoadError
 from onnx2jax.errors import NodeError as NodeError
 from onnx2jax.errors import PrecisionError as PrecisionError

@@ -98,7 +98,7 @@ def bench_model(path: str | pathlib.Path, inputs: Mapping[str, np.ndarray], repe
     import onnxruntime as ort
 
     import onnx2jax
-    from onnx2jax.cli import _max_abs_diff
+    from onnx2jax.cli.app import _max_abs_diff
 
     path = str(path)
     start = time.perf_counter()

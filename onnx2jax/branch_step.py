@@ -1,6 +1,6 @@
 """The host step of an If whose branches differ in shape: read the condition, run one branch jitted.
 
-:mod:`onnx2jax.segments` cuts such an If out of the jitted programs (its
+:mod:`sharding.segments` cuts such an If out of the jitted programs (its
 outputs' shapes depend on the condition's value). This step reads the
 condition on the host and runs the chosen branch as a model of its own, built
 once per branch on first use: its graph inputs are the outer-scope names the

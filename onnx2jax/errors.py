@@ -37,7 +37,7 @@ class BranchShapesDiffer(ValueError):
     """An If's condition is known only at run time and its branches return different shapes.
 
     One XLA program cannot hold it (``lax.cond`` needs one shape); a main-graph
-    If that raises it is cut out as a host step (:mod:`onnx2jax.segments`).
+    If that raises it is cut out as a host step (:mod:`sharding.segments`).
     """
 
 

@@ -12,7 +12,7 @@ Also here, what the translator asks of a graph before running it: its opsets
 (:func:`opsets_of`), the ops it lacks (:func:`unsupported_ops`), the names
 whose values set shapes (:func:`shape_setting_inputs`) and whether it has
 64-bit tensors (:func:`uses_wide_types`). :class:`Hooks` lets
-``onnx2jax.compile`` wrap each node (:mod:`onnx2jax.constraints`).
+``onnx2jax.compile`` wrap each node (:mod:`onnx2jax.runtime.constraints`).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 the initializers into parameters and constants, reads the graph's inputs
 (:class:`InputInfo`) and checks a call's inputs against them, plans the
 layer scan (:mod:`onnx2jax.scan`) and the cuts around data-dependent nodes
-(:mod:`onnx2jax.segments`), and jits. Running the graph itself is
+(:mod:`sharding.segments`), and jits. Running the graph itself is
 :mod:`onnx2jax.graph_runner`'s job. Symbolic dims are specialised from the
 actual input shapes: ``jax.jit`` traces once per shape signature and caches
 the result.
@@ -27,10 +27,10 @@ import onnx.helper
 import onnx.numpy_helper
 
 from onnx2jax import scan as _scan
-from onnx2jax import segments as _segments
+from sharding import segments as _segments
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
-from onnx2jax.fast_call import call_key
+from onnx2jax.runtime.fast_call import call_key
 from onnx2jax.graph_runner import (
     GraphRunner,
     Hooks,
@@ -44,7 +44,7 @@ from onnx2jax.graph_runner import (
 from onnx2jax.hostvalues import to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
 from onnx2jax.ops.ml_maps import MapValue
-from onnx2jax.xla_options import compiler_options
+from onnx2jax.runtime.xla_options import compiler_options
 
 STATIC_INITIALIZER_LIMIT = 4096
 """Non-float initializers up to this many elements are folded as constants."""
@@ -112,7 +112,7 @@ class JaxModel:
         and string inputs (JAX has no strings): calling the model treats
         them as compile-time constants, compiling once per distinct value.
       segments: where the graph is cut around nodes whose output shapes
-        depend on run-time values (:mod:`onnx2jax.segments`): jitted
+        depend on run-time values (:mod:`sharding.segments`): jitted
         segments and host steps in run order, each host step with its
         reason. Empty for a model that runs as one program.
     """
@@ -208,7 +208,7 @@ class JaxModel:
         """Cuts the graph at the main-graph If whose branches ``error`` found to differ in shape.
 
         ONNX shape inference proves that branches differ only when it knows
-        their dimensions (:func:`onnx2jax.segments.branch_shapes_differ`); with
+        their dimensions (:func:`sharding.segments.branch_shapes_differ`); with
         unknown ones, tracing finds out. An If nested in a main-graph If's
         branch cuts that If (see :func:`_holds`); one in a Loop or Scan body
         cannot be cut. Returns whether it cut (then the caller runs again,

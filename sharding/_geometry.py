@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from .spec import ShardingSpec
+    from sharding.spec import ShardingSpec
 
 
 @dataclass(frozen=True)

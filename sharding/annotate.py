@@ -16,9 +16,9 @@ import onnx
 import onnx.numpy_helper
 import onnx.shape_inference
 
-from .spec import ShardingSpec, read_model_configs
-from .model_arg import takes_model
-from .text import format_spec
+from sharding.spec import ShardingSpec, read_model_configs
+from sharding.model_arg import takes_model
+from sharding.text import format_spec
 
 # ---------------------------------------------------------------------------
 # Builders (in place)

@@ -14,10 +14,10 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
-from .diagnostics import Diagnostic
-from .infer import Inference, infer
-from .model_arg import ModelArg, as_model_proto
-from .validate import validate_model
+from sharding.diagnostics import Diagnostic
+from sharding.infer import Inference, infer
+from sharding.model_arg import ModelArg, as_model_proto
+from sharding.validate import validate_model
 
 
 def check(

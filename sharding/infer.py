@@ -56,13 +56,13 @@ import onnx
 import onnx.shape_inference
 from onnx import numpy_helper
 
-from .model_arg import ModelArg, as_model_proto
-from .diagnostics import Diagnostic, Severity
-from .reshard import reshard_kind
-from .rules import rule_for
-from .stages import has_stages
-from .rules._core import NodeContext, Shape, node_devices, renamed, replicated, sharded_dims, text
-from .spec import NodeConfig, ShardingSpec
+from sharding.model_arg import ModelArg, as_model_proto
+from sharding.diagnostics import Diagnostic, Severity
+from sharding.reshard import reshard_kind
+from sharding.rules import rule_for
+from sharding.stages import has_stages
+from sharding.rules.core import NodeContext, Shape, node_devices, renamed, replicated, sharded_dims, text
+from sharding.spec import NodeConfig, ShardingSpec
 
 
 @dataclass(frozen=True)
@@ -431,7 +431,7 @@ def infer(
     diags: list[Diagnostic] = []
     config = _choose_configuration(model, configuration, diags)
     if config is not None and has_stages(model, config):  # stages are inferred one by one
-        from .stage_infer import infer_by_stage
+        from sharding.stage_infer import infer_by_stage
 
         return infer_by_stage(model, config, diags, input_shapes=input_shapes, unsupported=unsupported)
     order = topological_order(model.graph)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .spec import ShardedDim, ShardingSpec, SimpleShardedDim
-from .tiles import Region, merge_regions, split_regions
+from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
+from sharding.tiles import Region, merge_regions, split_regions
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .rules._core import Shape, device_sets, dim_key, node_devices, sharded_dims
-from .spec import ShardingSpec
+from sharding.rules.core import Shape, device_sets, dim_key, node_devices, sharded_dims
+from sharding.spec import ShardingSpec
 
 
 def _cuts(spec: ShardingSpec, shape: Shape | None) -> dict[int, tuple]:

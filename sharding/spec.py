@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import onnx
 
-from . import _geometry
-from .model_arg import takes_model
+from sharding import _geometry
+from sharding.model_arg import takes_model
 
 # Helpers that normalise constructor arguments, naming the field on failure.
 
@@ -298,7 +298,7 @@ class ShardingSpec:
         return tuple(sorted(result.items(), reverse=True))
 
     def __repr__(self) -> str:
-        from .text import format_spec  # text builds on this module
+        from sharding.text import format_spec  # text builds on this module
 
         return f"ShardingSpec({self.tensor_name!r}, {format_spec(self)!r})"
 

@@ -8,7 +8,7 @@ the partition itself (duplicate names, backward edges, negative stages) are
 ``stage-invalid`` errors; each stage gets a ``pipeline-stage`` note saying
 its nodes, devices and what it sends. `PartsMerger` does the merging, here
 and for the jitted segments of a model with data-dependent shapes
-(``onnx2jax.segment_sharding``).
+(``sharding.segment_sharding``).
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import onnx
 
-from .diagnostics import Diagnostic
-from .partition import extract_part
-from .spec import device_configurations
-from .stages import model_partition, stage_devices
+from sharding.diagnostics import Diagnostic
+from sharding.partition import extract_part
+from sharding.spec import device_configurations
+from sharding.stages import model_partition, stage_devices
 
 if TYPE_CHECKING:  # infer imports this module lazily, and this one infer only when it runs
-    from .infer import Inference
+    from sharding.infer import Inference
 
 
 def infer_by_stage(
@@ -42,7 +42,7 @@ def infer_by_stage(
         One `Inference` holding every stage's nodes, tensors and diagnostics
         (after ``diagnostics``, those already found), nodes in graph order.
     """
-    from .infer import Inference, infer
+    from sharding.infer import Inference, infer
 
     diags = list(diagnostics)
     try:
@@ -109,7 +109,7 @@ class PartsMerger:
 
     def inference(self) -> "Inference":
         """The merged `Inference`."""
-        from .infer import Inference
+        from sharding.infer import Inference
 
         return Inference(self.configuration, self.nodes, self.tensors, tuple(self.diagnostics), self.shapes)
 

@@ -31,9 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from .annotate import add_configuration, set_stage
-from .partition import GraphIndex, Partition, node_inputs, partition, require_unique_names
-from .spec import read_model_configs
+from sharding.annotate import add_configuration, set_stage
+from sharding.partition import GraphIndex, Partition, node_inputs, partition, require_unique_names
+from sharding.spec import read_model_configs
 
 METADATA_KEY = "onnx2jax.stage_devices"
 
@@ -303,7 +303,7 @@ def _nbytes(init: onnx.TensorProto) -> int:
 
 def _flops(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> list[int] | None:
     """2*M*K*N per MatMul/Gemm when every such shape is known, else None."""
-    from .infer import tensor_shapes
+    from sharding.infer import tensor_shapes
 
     shapes, _ = tensor_shapes(model)
     result = []
@@ -405,7 +405,7 @@ def annotate_stages(
         ValueError: as `write_stages` and `device_groups`; ``tensor_parallel``
             without ``num_devices``.
     """
-    from .megatron import megatron_plan
+    from sharding.megatron import megatron_plan
 
     groups = device_groups(list(assignment.group.values()), num_devices)
     devices = {s: groups[g] for s, g in assignment.group.items()}

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import re
 
-from .spec import ShardedDim, ShardingSpec, SimpleShardedDim
+from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
 _INT = re.compile(r"[+-]?\d+")
 _REPLICATED = "replicated"

@@ -30,12 +30,12 @@ from typing import Literal
 
 import onnx
 
-from .diagnostics import Diagnostic
-from .infer import Inference, reshard_note_kind
-from .rules._core import Shape, sharded_dims
-from .spec import ShardingSpec, device_configurations
-from .text import format_spec
-from .tiles import Range, device_regions
+from sharding.diagnostics import Diagnostic
+from sharding.infer import Inference, reshard_note_kind
+from sharding.rules.core import Shape, sharded_dims
+from sharding.spec import ShardingSpec, device_configurations
+from sharding.text import format_spec
+from sharding.tiles import Range, device_regions
 
 OUTSIDE = "(outside layers)"
 BEFORE = "(before the layers)"

@@ -25,8 +25,8 @@ from types import EllipsisType
 
 import numpy as np
 
-from . import _geometry
-from .spec import ShardingSpec
+from sharding import _geometry
+from sharding.spec import ShardingSpec
 
 Range = tuple[int, int]
 

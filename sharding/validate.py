@@ -60,9 +60,9 @@ from dataclasses import dataclass
 
 import onnx
 
-from .diagnostics import Diagnostic, Severity, ShardingError
-from .infer import tensor_shapes
-from .model_arg import takes_model
+from sharding.diagnostics import Diagnostic, Severity, ShardingError
+from sharding.infer import tensor_shapes
+from sharding.model_arg import takes_model
 
 Dim = int | str | None
 Shape = tuple[Dim, ...]

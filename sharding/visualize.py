@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .spec import ShardingSpec
+from sharding.spec import ShardingSpec
 
 
 def render_tiles(spec: ShardingSpec, shape: Sequence[int]) -> str:

@@ -3,7 +3,7 @@
 The number of selected boxes depends on the box and score values, and XLA needs
 static output shapes, so NonMaxSuppression runs in numpy on inputs known while
 tracing: constants, or, for boxes and scores computed at run time, on the host
-between the jitted segments around it (:mod:`onnx2jax.segments`). Traced boxes
+between the jitted segments around it (:mod:`sharding.segments`). Traced boxes
 or scores (``jax.jit(model.fn)``) are a clear error.
 """
 

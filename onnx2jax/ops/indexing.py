@@ -8,7 +8,7 @@ NonZero, Unique and Compress have output shapes that depend on their input
 *values*. XLA needs shapes at compile time, so that input is declared static:
 it works when known while tracing (a constant or a folded shape computation).
 Anything else (a graph input, values computed at run time): the node runs on the host between jitted segments
-(:mod:`onnx2jax.segments`); the impls themselves refuse traced values with a
+(:mod:`sharding.segments`); the impls themselves refuse traced values with a
 ValueError saying the output shape depends on them.
 """
 

@@ -2,7 +2,7 @@
 
 skl2onnx exports a DictVectorizer pipeline with one ``{feature: value}`` map
 as its input. XLA holds no maps, so a node that reads one runs on the host as
-a step between jitted segments (:mod:`onnx2jax.segments`), and the jitted
+a step between jitted segments (:mod:`sharding.segments`), and the jitted
 programs see only the tensor it makes. Calling the model binds a dict given
 for a map input as a :class:`MapValue`, its values in the input's declared
 value type. Outputs have onnxruntime's layout for one map: one row, ``[1, n]``.

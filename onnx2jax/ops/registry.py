@@ -89,10 +89,18 @@ def schema_version(domain: str, op_type: str, opset: int) -> int | None:
 
 
 def lookup(domain: str, op_type: str, opset: int) -> OpImpl | None:
-    """The implementation for ``op_type`` at ``opset`` in ``domain``, or None."""
+    """The implementation for ``op_type`` at ``opset`` in ``domain``, or None.
+
+    An op that ONNX's own schemas do not define (onnxruntime's contrib ops: ``com.microsoft``'s
+    GroupQueryAttention, or ``SimplifiedLayerNormalization`` written in the default domain) resolves to
+    the newest version registered at or below ``opset``, as onnxruntime resolves its own kernels.
+    """
     version = schema_version(domain, op_type, opset)
     if version is None:
-        return None
+        known = [key.since_version for key in _REGISTRY if key.domain == domain and key.op_type == op_type]
+        version = max((v for v in known if v <= opset), default=None)
+        if version is None:
+            return None
     return _REGISTRY.get(OpKey(domain, op_type, version))
 
 

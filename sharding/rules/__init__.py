@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..diagnostics import Diagnostic
-from ..spec import ShardingSpec
-from ._core import NodeContext as NodeContext
+from sharding.diagnostics import Diagnostic
+from sharding.spec import ShardingSpec
+from sharding.rules.core import NodeContext as NodeContext
 
 
 class Rule:
@@ -57,7 +57,7 @@ class Rule:
 
 
 def _registry() -> dict[str, Rule]:
-    from . import broadcast, conv, gather, matmul, normalization, reduction, shape, unary, values
+    from sharding.rules import broadcast, conv, gather, matmul, normalization, reduction, shape, unary, values
 
     table: dict[str, Rule] = {}
     for module in (unary, broadcast, reduction, normalization, matmul, shape, gather, values, conv):

@@ -12,8 +12,8 @@ an error.
 
 from __future__ import annotations
 
-from . import Rule
-from ._core import Operand, contract, elementwise_labels, renamed, sharded_dims
+from sharding.rules import Rule
+from sharding.rules.core import Operand, contract, elementwise_labels, renamed, sharded_dims
 
 OPS = frozenset(
     """

@@ -31,8 +31,8 @@ Layout ``X[N, C, *spatial]`` (ONNX's NCHW). What each axis may carry:
 
 from __future__ import annotations
 
-from . import Rule
-from ._core import Operand, contract, sharded_dims, text
+from sharding.rules import Rule
+from sharding.rules.core import Operand, contract, sharded_dims, text
 
 CONV = frozenset({"Conv", "ConvInteger", "QLinearConv"})
 WINDOWED_POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})

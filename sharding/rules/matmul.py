@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from . import Rule
-from ._core import Operand, contract, elementwise_labels, sharded_dims, text
+from sharding.rules import Rule
+from sharding.rules.core import Operand, contract, elementwise_labels, sharded_dims, text
 
 NAMES = {"m": "M", "n": "N", "k": "K"}
 

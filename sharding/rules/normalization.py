@@ -20,8 +20,8 @@ MeanVarianceNormalization     ``axes`` (default [0, 2, 3])
 
 from __future__ import annotations
 
-from . import Rule
-from ._core import Operand, contract, elementwise_labels, sharded_dims
+from sharding.rules import Rule
+from sharding.rules.core import Operand, contract, elementwise_labels, sharded_dims
 
 SOFTMAX = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
 TRAILING = frozenset({"LayerNormalization", "RMSNormalization"})

@@ -13,8 +13,8 @@ Softmax over a sharded axis); values and indices share one spec.
 
 from __future__ import annotations
 
-from . import Rule
-from ._core import Operand, contract, sharded_dims
+from sharding.rules import Rule
+from sharding.rules.core import Operand, contract, sharded_dims
 
 REDUCE = frozenset(
     """

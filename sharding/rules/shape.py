@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..spec import ShardingSpec
-from . import Rule
-from ._core import (
+from sharding.spec import ShardingSpec
+from sharding.rules import Rule
+from sharding.rules.core import (
     Operand,
     build_spec,
     contract,

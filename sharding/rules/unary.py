@@ -7,8 +7,8 @@ take no part.
 
 from __future__ import annotations
 
-from . import Rule
-from ._core import renamed
+from sharding.rules import Rule
+from sharding.rules.core import renamed
 
 OPS = frozenset(
     """

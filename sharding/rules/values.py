@@ -7,8 +7,8 @@ node (0007 lists ConstantOfShape with the unary ops; its input is a shape).
 
 from __future__ import annotations
 
-from . import Rule
-from ._core import node_devices, replicated
+from sharding.rules import Rule
+from sharding.rules.core import node_devices, replicated
 
 OPS = frozenset(
     """

@@ -1,6 +1,6 @@
 """Checks that a jax.Array sits on the devices the way an ONNX spec says, using sharding.tiles' geometry.
 
-Independent of onnx2jax.mesh: the expected region of every device comes from
+Independent of sharding.mesh.layout: the expected region of every device comes from
 ``sharding.tiles.device_regions``, the held region from ``addressable_shards``.
 """
 

@@ -23,7 +23,7 @@ jax.Array.
 The check (:func:`run_case`): compile and call; the values must equal the
 unsharded run and onnxruntime; each output must be placed as its spec (given
 or inferred by ``sharding.infer``) says, per device, from
-``sharding.tiles.device_regions`` (not from onnx2jax.mesh); outputs warned
+``sharding.tiles.device_regions`` (not from sharding.mesh.layout); outputs warned
 "comes back replicated" must be replicated, and only those whose spec JAX
 cannot hold may be; each parameter with a spec is placed as it says.
 ShardingError and MeshMappingError are refusals by name.
@@ -45,7 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 import onnx2jax
 import sharding
-from onnx2jax.mesh import MeshMappingError
+from sharding.mesh.layout import MeshMappingError
 from placement import placement_problem
 from sharding.diagnostics import ShardingError
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim

@@ -4,7 +4,7 @@ import pathlib
 
 import numpy as np
 
-from onnx2jax.cli import main
+from onnx2jax.cli.app import main
 
 DATA = pathlib.Path(__file__).parents[1] / "data"
 

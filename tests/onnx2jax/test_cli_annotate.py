@@ -8,7 +8,7 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
-from onnx2jax.cli import main
+from onnx2jax.cli.app import main
 from sharding.spec import read_model_configs
 from sharding.text import format_spec
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from onnx2jax import benchmark
-from onnx2jax.cli import main
+from onnx2jax.cli.app import main
 
 DATA = pathlib.Path(__file__).parents[1] / "data"
 

@@ -15,8 +15,8 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
-from onnx2jax.cli import main
-from onnx2jax.cli_errors import CliError
+from onnx2jax.cli.app import main
+from onnx2jax.cli.errors import CliError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ROOT = Path(__file__).resolve().parents[2]
@@ -270,7 +270,7 @@ def test_version(capsys):
 
 
 def test_every_option_has_help():
-    from onnx2jax.cli import build_parser
+    from onnx2jax.cli.app import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command")
@@ -282,7 +282,7 @@ def test_every_option_has_help():
 
 
 def test_piped_output_that_stops_early_is_quiet():
-    code = "import sys; from onnx2jax.cli import main; sys.exit(main())"
+    code = "import sys; from onnx2jax.cli.app import main; sys.exit(main())"
     reader = subprocess.Popen(
         [sys.executable, "-c", code, "annotate", "--help"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         env={**os.environ, "JAX_PLATFORMS": "cpu"},
@@ -304,10 +304,10 @@ def test_piped_tables_are_whole_lines(annotated, capsys):
 def test_terminal_tables_fit_80_columns(annotated, monkeypatch):
     from rich.console import Console
 
-    import onnx2jax.cli_console
+    import onnx2jax.cli.console
 
     console = Console(width=80, force_terminal=True, record=True)
-    monkeypatch.setattr(onnx2jax.cli_console, "make_console", lambda: console)
+    monkeypatch.setattr(onnx2jax.cli.console, "make_console", lambda: console)
     assert main(["explain", str(annotated), "--node", "node_linear_6"]) == 0
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80

@@ -6,7 +6,7 @@ from pathlib import Path
 import onnx
 import pytest
 
-from onnx2jax.cli import main
+from onnx2jax.cli.app import main
 from sharding.megatron import megatron_plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -11,8 +11,8 @@ import pathlib
 import subprocess
 import sys
 
-from onnx2jax import compilation_cache
-from onnx2jax.cli import build_parser, main
+from onnx2jax.runtime import compilation_cache
+from onnx2jax.cli.app import build_parser, main
 
 ROOT = pathlib.Path(__file__).parents[2]
 MODEL = str(ROOT / "tests" / "data" / "tiny_gpt2.onnx")
@@ -20,7 +20,7 @@ MODEL = str(ROOT / "tests" / "data" / "tiny_gpt2.onnx")
 
 def _cli(args: list[str], home: pathlib.Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "XDG_CACHE_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    code = "import sys; from onnx2jax.cli import main; sys.exit(main())"
+    code = "import sys; from onnx2jax.cli.app import main; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT)
 
 

@@ -9,9 +9,9 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import onnx2jax
-from onnx2jax.compile import compile as compile_model
-from onnx2jax.compile import count_collectives
-from onnx2jax.mesh import MeshMappingError
+from onnx2jax.runtime.spmd import compile as compile_model
+from onnx2jax.runtime.spmd import count_collectives
+from sharding.mesh.layout import MeshMappingError
 from sharding.diagnostics import ShardingError
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 

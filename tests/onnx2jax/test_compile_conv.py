@@ -19,7 +19,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnx2jax
-from onnx2jax.compile import count_collectives
+from onnx2jax.runtime.spmd import count_collectives
 from sharding import ShardingError
 from sharding.annotate import add_configuration, set_spec
 from sharding.spec import ShardingSpec

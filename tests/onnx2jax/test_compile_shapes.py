@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 
 import onnx2jax
-from onnx2jax.compile import count_collectives
+from onnx2jax.runtime.spmd import count_collectives
 from sharding.diagnostics import ShardingError
 from sharding.megatron import megatron_plan
 

@@ -22,8 +22,8 @@ import onnx.numpy_helper as onh
 import pytest
 
 import onnx2jax
-from onnx2jax.cli import main
-from onnx2jax.compile import compile_proto
+from onnx2jax.cli.app import main
+from onnx2jax.runtime.spmd import compile_proto
 from onnx2jax.errors import DeviceCountError
 from sharding import ShardingError, add_configuration, annotate_tensor, parse_spec
 

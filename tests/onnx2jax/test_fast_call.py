@@ -1,4 +1,4 @@
-"""A compiled model's repeated call (onnx2jax.fast_call) gives what the full path gives.
+"""A compiled model's repeated call (onnx2jax.runtime.fast_call) gives what the full path gives.
 
 The tiny Llama with the Megatron plan on 8 fake devices: its logits are
 checked against onnxruntime's stored outputs and against the full path's

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import onnx2jax
-from onnx2jax.cli import main as cli_main
+from onnx2jax.cli.app import main as cli_main
 from onnx2jax.errors import ModelLoadError
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -242,7 +242,7 @@ def test_cli_check_refuses_a_hostile_file_without_a_traceback(tmp_path):
     model.ir_version = 99
     path = tmp_path / "m.onnx"
     onnx.save(model, path)
-    code = "import sys; from onnx2jax.cli import main; sys.exit(main())"
+    code = "import sys; from onnx2jax.cli.app import main; sys.exit(main())"
     run = subprocess.run([sys.executable, "-c", code, "check", str(path)], capture_output=True, text=True,
                          cwd=Path(__file__).resolve().parents[2], timeout=300)
     assert run.returncode == 1

@@ -35,7 +35,7 @@ from hypothesis import seed as seed_
 from hypothesis import strategies as st
 
 import onnx2jax
-from onnx2jax.cli import main as cli_main
+from onnx2jax.cli.app import main as cli_main
 from onnx2jax.errors import ModelLoadError
 from sharding import check
 from sharding.diagnostics import ShardingError
@@ -571,7 +571,7 @@ def test_cli_check_refuses_without_a_traceback(tmp_path):
 
     model, _ = _break("fused sizes that do not multiply out")
     onnx.save(model, tmp_path / "m.onnx")
-    code = "import sys; from onnx2jax.cli import main; sys.exit(main())"
+    code = "import sys; from onnx2jax.cli.app import main; sys.exit(main())"
     run = subprocess.run([sys.executable, "-c", code, "check", str(tmp_path / "m.onnx")], capture_output=True,
                          text=True, cwd=Path(__file__).resolve().parents[2], timeout=300, env={**os.environ, "COLUMNS": "200"})
     assert run.returncode == 1, run.stdout + run.stderr

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 
 import onnx2jax
-from onnx2jax.cli import main
+from onnx2jax.cli.app import main
 
 BENCH = pathlib.Path(__file__).parents[2] / "bench"
 sys.path.insert(0, str(BENCH))

@@ -2,7 +2,7 @@
 
 import pytest
 
-from onnx2jax.mesh import MeshMappingError, MeshPlan, layout_of, map_specs
+from sharding.mesh.layout import MeshMappingError, MeshPlan, layout_of, map_specs
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
 

@@ -1,7 +1,7 @@
 """The mesh search is complete: specs that are NamedShardings on some mesh always get one.
 
 Every mapping found is checked device by device against sharding.tiles'
-geometry (which block of each axis a device holds), not with onnx2jax.mesh.
+geometry (which block of each axis a device holds), not with sharding.mesh.layout.
 """
 
 import itertools
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from onnx2jax.mesh import MeshMappingError, layout_of, map_specs
-from onnx2jax.mesh_search import search
+from sharding.mesh.layout import MeshMappingError, layout_of, map_specs
+from sharding.mesh.search import search
 from sharding import tiles
 from sharding.spec import ShardingSpec
 from sharding.text import parse_spec

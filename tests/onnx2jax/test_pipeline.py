@@ -15,8 +15,8 @@ import onnxruntime as ort
 import pytest
 
 import onnx2jax
-from onnx2jax.cli import main
-from onnx2jax.pipeline import PipelineCompiled
+from onnx2jax.cli.app import main
+from onnx2jax.runtime.pipeline import PipelineCompiled
 from sharding.annotate import add_configuration, set_stage
 from sharding.stages import StageAssignment, annotate_stages, auto_stages
 

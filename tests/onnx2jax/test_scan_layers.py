@@ -170,7 +170,7 @@ def test_a_per_layer_shape_constant_that_differs_is_not_stacked():
 
 
 def test_cli_run_says_which_form_ran(tmp_path, capsys):
-    from onnx2jax.cli import main
+    from onnx2jax.cli.app import main
 
     path = tmp_path / "tiny4.onnx"
     onnx.save(tiny_transformer(4), path)

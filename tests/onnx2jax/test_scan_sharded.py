@@ -1,4 +1,4 @@
-"""Scanned layers in a sharded program (onnx2jax.scan_sharded): the zoo's Megatron plan on 8 fake devices.
+"""Scanned layers in a sharded program (onnx2jax.runtime.scan_sharded): the zoo's Megatron plan on 8 fake devices.
 
 References: onnxruntime's stored outputs and the unrolled sharded program: the same values, the same
 collectives once the while loop's body is counted per iteration (exact counts from the compiled HLO),
@@ -16,9 +16,9 @@ from jax.sharding import PartitionSpec
 from zoo_cases import CASES, ZOO
 
 import onnx2jax
-from onnx2jax.compile import count_collectives, param_bytes_per_device
+from onnx2jax.runtime.spmd import count_collectives, param_bytes_per_device
 from onnx2jax.errors import NodeError
-from onnx2jax.scan_sharded import layer_specs_differ, loop_collectives
+from onnx2jax.runtime.scan_sharded import layer_specs_differ, loop_collectives
 from sharding.megatron import megatron_plan
 
 @functools.lru_cache(maxsize=None)

@@ -159,7 +159,7 @@ def test_compile_runs_an_unannotated_segmented_model() -> None:
 
 
 def test_cli_run_lists_the_segments_and_matchesonnxruntime_outputs(tmp_path, capsys) -> None:
-    from onnx2jax.cli import main
+    from onnx2jax.cli.app import main
 
     path = tmp_path / "head.onnx"
     onnx.save(detection_head(), path)

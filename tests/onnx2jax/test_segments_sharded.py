@@ -18,9 +18,9 @@ import pytest
 from rich.console import Console
 
 import onnx2jax
-from onnx2jax.compile import count_collectives
+from onnx2jax.runtime.spmd import count_collectives
 from onnx2jax.errors import NodeError
-from onnx2jax.segmented import SegmentedCompiled
+from onnx2jax.runtime.segmented import SegmentedCompiled
 from sharding.annotate import add_configuration, set_spec
 from sharding.spec import ShardingSpec
 from placement import placement_problem
@@ -120,7 +120,7 @@ def test_report_names_the_host_steps_and_the_moves(torch_head) -> None:
 
 
 def test_cli_run_devices_8_on_a_segmented_model(tmp_path, capsys) -> None:
-    from onnx2jax.cli import main
+    from onnx2jax.cli.app import main
 
     path = tmp_path / "head_tp.onnx"
     onnx.save(torch_head_channel_parallel(), path)
@@ -323,7 +323,7 @@ def test_a_segmented_model_is_not_one_program() -> None:
 
 
 def test_explain_lists_the_segments_cuts_and_crossings(tmp_path, capsys) -> None:
-    from onnx2jax.cli import main
+    from onnx2jax.cli.app import main
 
     path = tmp_path / "head_tp.onnx"
     onnx.save(torch_head_channel_parallel(), path)
@@ -496,7 +496,7 @@ def test_graph_outputs_no_jitted_segment_returns_come_back_replicated() -> None:
 
 
 def test_a_conflict_after_the_host_step_is_refused_by_compile_and_check_alike(tmp_path, capsys) -> None:
-    from onnx2jax.cli import main
+    from onnx2jax.cli.app import main
     from sharding import ShardingError
 
     proto = nonzero_then_matmul()

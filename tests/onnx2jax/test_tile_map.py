@@ -4,7 +4,7 @@ For the demo model and zoo models with the Megatron plan on 8 fake CPU
 devices, every drawn tensor's tiles (computed through `sharding.tiles`) must
 equal what the compiled program holds: ``NamedSharding.devices_indices_map``
 of the placement ``onnx2jax.compile`` chose for that tensor (jax's index
-arithmetic, on the mesh found by `onnx2jax.mesh`; a fused axis is folded
+arithmetic, on the mesh found by `sharding.mesh.layout`; a fused axis is folded
 back from its sub-axes with numpy). Collectives per layer are compared with
 the inference's collective and reshard notes, one by one.
 """
@@ -19,7 +19,7 @@ import onnx
 import pytest
 
 import onnx2jax
-from onnx2jax.demo import default_model
+from onnx2jax.cli.demo import default_model
 from sharding.annotate import annotate_tensor
 from sharding.check import check_and_infer
 from sharding.megatron import megatron_plan

@@ -15,7 +15,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
 import onnx2jax
-from onnx2jax.compile import count_collectives
+from onnx2jax.runtime.spmd import count_collectives
 from sharding.megatron import megatron_plan
 from sharding.spec import ShardingSpec
 

@@ -22,7 +22,7 @@ from annotation_helpers import weights_only
 from zoo_cases import CASES, ZOO
 
 import onnx2jax
-from onnx2jax.compile import count_collectives
+from onnx2jax.runtime.spmd import count_collectives
 from sharding import infer
 from sharding.megatron import megatron_layout, megatron_plan
 from sharding.spec import ShardingSpec, read_model_configs

@@ -133,7 +133,7 @@ def test_data_dependent_shapes_compile_per_value_of_graph_inputs(op, arrays):
 @pytest.mark.parametrize("op", ["NonZero", "Unique", "Compress"])
 def test_data_dependent_shapes_on_runtime_values_run_segmented(op):
     # The mask comes out of an If on a runtime condition, so it is a runtime
-    # value: the node runs on the host between jitted segments (onnx2jax.segments).
+    # value: the node runs on the host between jitted segments (sharding.segments).
     x = _x(6) if op == "Compress" else _x(3, 2)  # Compress's condition is 1-D
     inputs = ["x0", "mask"] if op == "Compress" else ["mask"]
     graph = oh.make_graph(

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.constraints import Placement, SpecKey, View
+from onnx2jax.runtime.constraints import Placement, SpecKey, View
 
 
 @dataclasses.dataclass(frozen=True)

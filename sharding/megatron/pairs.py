@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .megatron_graph import PlanGraph
-from .megatron_linears import Linear
-from .megatron_specs import Assignment, column_specs, piece_specs, row_specs
+from sharding.megatron.graph import PlanGraph
+from sharding.megatron.linears import Linear
+from sharding.megatron.specs import Assignment, column_specs, piece_specs, row_specs
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,7 @@
 A completed inference's specs are laid out at concrete shapes
 (:func:`spec_layouts`), mapped onto one jax ``Mesh`` (:func:`mesh_for`, the
 user's or one searched from the layouts) and turned into a
-:class:`~onnx2jax.constraints.Placement` per node input and output
+:class:`~onnx2jax.runtime.constraints.Placement` per node input and output
 (:func:`placements_on`). From those come each graph input's placement (its
 first annotated reader's: :func:`input_placements`, :func:`place_on_mesh`)
 and each graph output's sharding (its producer's: :func:`output_placements`,
@@ -20,10 +20,10 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.constraints import Placement, SpecKey
+from onnx2jax.runtime.constraints import Placement, SpecKey
 from onnx2jax.errors import DeviceCountError
-from onnx2jax.mesh import Layout, MeshMapping, MeshPlan, layout_of, map_specs
-from onnx2jax.parameters import holdable_sharding, padded_shape
+from sharding.mesh.layout import Layout, MeshMapping, MeshPlan, layout_of, map_specs
+from onnx2jax.runtime.parameters import holdable_sharding, padded_shape
 from sharding.diagnostics import Diagnostic, ShardingError
 
 if TYPE_CHECKING:

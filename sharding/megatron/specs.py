@@ -11,9 +11,9 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from .megatron_graph import PlanGraph
-from .megatron_linears import Linear
-from .spec import ShardedDim, ShardingSpec, SimpleShardedDim
+from sharding.megatron.graph import PlanGraph
+from sharding.megatron.linears import Linear
+from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
 @dataclass(frozen=True)
 class Assignment:

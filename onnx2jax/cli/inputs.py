@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import onnx
 
-from onnx2jax.cli_errors import CliError, UsageError
+from onnx2jax.cli.errors import CliError, UsageError
 
 DEFAULT_DIM = 2
 DEFAULT_INT_RANGE = 16

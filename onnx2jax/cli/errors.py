@@ -63,7 +63,7 @@ def _user_error_types() -> tuple[type[BaseException], ...]:
     from onnx.checker import ValidationError
 
     from onnx2jax.errors import ModelLoadError, NodeError, PrecisionError, UnsupportedOpError
-    from onnx2jax.mesh import MeshMappingError
+    from sharding.mesh.layout import MeshMappingError
     from sharding.diagnostics import ShardingError
     from sharding.text import SpecSyntaxError
 

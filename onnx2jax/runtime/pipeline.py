@@ -8,7 +8,7 @@ JAX (0.10) has no public jit across meshes, so a model with
    shape-only tensors such as masks and RoPE tables are recomputed, so the
    residual stream is what crosses);
 2. each stage model, its specs moved onto its own device numbering, goes
-   through the ordinary SPMD compile (:func:`onnx2jax.compile.compile_proto`)
+   through the ordinary SPMD compile (:func:`onnx2jax.runtime.spmd.compile_proto`)
    on the sub-mesh of its devices: tensor parallelism inside a stage is
    exactly what :func:`onnx2jax.compile` does, and each stage's parameters
    live only on its devices;
@@ -31,12 +31,12 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.compile import Compiled, compile_proto
-from onnx2jax.compile_report import count_collectives, example_inputs, param_bytes_per_device
-from onnx2jax.constraints import SpecKey
+from onnx2jax.runtime.spmd import Compiled, compile_proto
+from onnx2jax.runtime.report import count_collectives, example_inputs, param_bytes_per_device
+from onnx2jax.runtime.constraints import SpecKey
 from onnx2jax.errors import DeviceCountError, NodeError
-from onnx2jax.parameters import holdable_sharding
-from onnx2jax.sizes_at_call import SizesAtCall
+from onnx2jax.runtime.parameters import holdable_sharding
+from onnx2jax.runtime.sizes_at_call import SizesAtCall
 from onnx2jax.translate import InputInfo, input_info
 from sharding.diagnostics import Diagnostic
 from sharding.partition import Partition
@@ -53,7 +53,7 @@ class Stage:
       stage: its ``pipeline_stage`` id.
       nodes: its nodes, in graph order (recomputed shape-only nodes excluded).
       devices: the configuration devices it runs on.
-      compiled: its SPMD program (a :class:`~onnx2jax.compile.Compiled`).
+      compiled: its SPMD program (a :class:`~onnx2jax.runtime.spmd.Compiled`).
       inputs: tensors it receives (graph inputs and earlier stages' outputs).
       outputs: tensors it produces for later stages or the graph's outputs.
     """
@@ -360,7 +360,7 @@ def compile_pipeline(
       structural: what ``sharding.validate`` found on the whole model: a size
         written on a symbolic axis is checked at each call against a
         micro-batch's shapes (each stage runs the graph on one), as
-        :class:`onnx2jax.compile.Compiled` checks a call's.
+        :class:`onnx2jax.runtime.spmd.Compiled` checks a call's.
       scan_layers: each stage's, as :func:`onnx2jax.compile`'s (the
         repeated layers within one stage run as one ``lax.scan``).
 

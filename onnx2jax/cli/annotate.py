@@ -27,7 +27,7 @@ import argparse
 
 import onnx
 
-from onnx2jax.cli_errors import CliError, UsageError
+from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.loading import load_model
 from sharding.annotate import add_configuration, annotate_tensor, describe_plan, name_nodes, set_stage
 from sharding.megatron import megatron_layout, megatron_plan
@@ -209,7 +209,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     """Annotates a model and writes it; prints the written annotations."""
     from rich.table import Table
 
-    from onnx2jax.cli_console import make_console
+    from onnx2jax.cli.console import make_console
 
     console = make_console()
     model = load_model(args.model, inline=False)

@@ -4,8 +4,8 @@ A ``dim_value`` (or fused sub-axis sizes) written on an axis whose size the
 model leaves symbolic cannot be checked when the model is compiled:
 ``sharding.validate`` notes it (``size-unresolved``) and the check waits for a
 call. `SizesAtCall` runs that check once per input shape signature, for the
-single-program `onnx2jax.compile.Compiled` and for the stages of
-`onnx2jax.pipeline.PipelineCompiled` alike.
+single-program `onnx2jax.runtime.spmd.Compiled` and for the stages of
+`onnx2jax.runtime.pipeline.PipelineCompiled` alike.
 """
 
 from __future__ import annotations

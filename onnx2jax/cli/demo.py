@@ -22,7 +22,7 @@ TOLERANCE = 1e-4
 
 def default_model() -> pathlib.Path:
     """The tiny Llama that ships as package data (onnx2jax/data), so an installed wheel has it too."""
-    return pathlib.Path(__file__).resolve().parent / "data" / "tiny_llama.onnx"
+    return pathlib.Path(__file__).resolve().parents[1] / "data" / "tiny_llama.onnx"
 
 
 def ensure_devices(count: int) -> None:
@@ -36,7 +36,7 @@ def ensure_devices(count: int) -> None:
             pass  # the backend already started; jax.devices() says how many there are
     have = jax.devices()
     if len(have) < count:
-        from onnx2jax.cli_errors import CliError
+        from onnx2jax.cli.errors import CliError
 
         raise CliError(
             f"{count} devices needed, JAX has {len(have)} ({have[0].platform}); pass --devices {len(have)}, "
@@ -51,10 +51,10 @@ def run_demo(console, model_path: str | os.PathLike | None = None, devices: int 
     import onnx
 
     import onnx2jax
-    from onnx2jax.cli_annotate import require_annotations
+    from onnx2jax.cli.annotate import require_annotations
     from sharding.megatron import megatron_layout, megatron_plan
 
-    from onnx2jax.cli_errors import CliError
+    from onnx2jax.cli.errors import CliError
 
     path = pathlib.Path(model_path) if model_path else default_model()
     if not path.is_file():

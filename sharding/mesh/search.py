@@ -39,8 +39,8 @@ from typing import Sequence
 
 import numpy as np
 
-from onnx2jax.mesh import Layout, prime_factors
-from onnx2jax.mesh import _assignments as assignments
+from sharding.mesh.layout import Layout, prime_factors
+from sharding.mesh.layout import _assignments as assignments
 
 
 def _pins(layout: Layout, assignment: dict[int, tuple[int, ...]], axis_sizes: Sequence[int], num_devices: int) -> np.ndarray | None:

@@ -1,4 +1,4 @@
-"""The short path of a repeated :class:`onnx2jax.compile.Compiled` call.
+"""The short path of a repeated :class:`onnx2jax.runtime.spmd.Compiled` call.
 
 A compiled model's first call with a given input signature binds and checks
 the inputs, infers the shardings at their shapes, places them on the mesh and

@@ -6,7 +6,7 @@ nodes carry the same specs as the first layer's (a Megatron plan does); then
 each stacked parameter is placed with its first-layer spec behind a new,
 unsplit leading axis, and the compiled while loop's body holds one layer's
 collectives. When the layers' specs differ, or a stacked parameter is stored
-unfused, padded or in several layouts (:mod:`onnx2jax.parameters`), the
+unfused, padded or in several layouts (:mod:`onnx2jax.runtime.parameters`), the
 layers stay unrolled and :func:`layer_specs_differ` says why.
 """
 
@@ -20,8 +20,8 @@ import numpy as np
 import onnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from onnx2jax.constraints import Placement, SpecKey
-from onnx2jax.parameters import padded_shape
+from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.parameters import padded_shape
 from onnx2jax.scan import ScanPlan
 
 
@@ -100,7 +100,7 @@ def loop_collectives(
 ) -> tuple[dict[str, int], dict[str, int], int] | None:
     """Collectives of compiled HLO text with one while loop of known trip count, split around the loop.
 
-    ``count`` counts collectives in HLO text (``onnx2jax.compile.count_collectives``).
+    ``count`` counts collectives in HLO text (``onnx2jax.runtime.spmd.count_collectives``).
 
     Returns:
       (outside the loop's body, in its body, the trip count), or None when the

@@ -1,4 +1,4 @@
-"""The ``onnx2jax`` command line: one sub-command per task, errors as one line (see cli_errors)."""
+"""The ``onnx2jax`` command line: one sub-command per task, errors as one line (see onnx2jax.cli.errors)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Sequence
 
 import numpy as np
 
-from onnx2jax import compilation_cache
+from onnx2jax.runtime import compilation_cache
 
 
 def _console():
-    from onnx2jax.cli_console import make_console
+    from onnx2jax.cli.console import make_console
 
     return make_console()
 
@@ -39,15 +39,15 @@ def scan_setting(choice: str) -> bool | str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Runs a model on given or random inputs; optionally saves the outputs and compares with onnxruntime."""
-    from onnx2jax.cli_inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
+    from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
 
     _check_output_path(args.output)
     if args.microbatches != 1 and not args.devices:
-        from onnx2jax.cli_errors import UsageError
+        from onnx2jax.cli.errors import UsageError
 
         raise UsageError("--microbatches splits the batch of a model with pipeline stages; it goes with --devices N")
     if args.devices:
-        from onnx2jax.demo import ensure_devices
+        from onnx2jax.cli.demo import ensure_devices
 
         ensure_devices(args.devices)
     import onnx2jax
@@ -62,7 +62,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         runner = model = onnx2jax.translate(args.model, scan_layers=scan_setting(args.scan_layers))
         if model.segments:
-            from onnx2jax.segments import describe
+            from sharding.segments import describe
 
             console.print(f"runs in {len(model.segments)} segments (data-dependent output shapes):", markup=False)
             for line in describe(model.segments):
@@ -109,7 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _check_output_path(path: str | None) -> None:
     """Fails before any compile when ``--output`` cannot be written."""
-    from onnx2jax.cli_errors import UsageError
+    from onnx2jax.cli.errors import UsageError
 
     if path is None:
         return
@@ -122,7 +122,7 @@ def _check_output_path(path: str | None) -> None:
 
 def _check_annotated(path: str, devices: int) -> None:
     """``--devices N`` needs a model with a device configuration of at most N devices."""
-    from onnx2jax.cli_errors import CliError, UsageError
+    from onnx2jax.cli.errors import CliError, UsageError
     from sharding.model_arg import as_model_proto
     from sharding.spec import device_configurations
 
@@ -185,7 +185,7 @@ def _nonfinite_where_finite(name: str, out: np.ndarray, reference: np.ndarray) -
 
 def _onnxruntime_outputs(model_path: str, inputs: dict[str, np.ndarray]) -> tuple[list[np.ndarray] | None, str | None]:
     """onnxruntime's outputs, or None and why onnxruntime could not run the model."""
-    from onnx2jax.cli_errors import CliError
+    from onnx2jax.cli.errors import CliError
 
     try:
         import onnxruntime as ort
@@ -203,7 +203,7 @@ def cmd_conformance(args: argparse.Namespace) -> int:
     import difflib
     import warnings
 
-    from onnx2jax.cli_errors import UsageError
+    from onnx2jax.cli.errors import UsageError
     from onnx2jax.conformance import expected_failures, node_cases, pass_rates, run_cases, tested_ops
 
     console = _console()
@@ -254,7 +254,7 @@ def _progress(console, total: int):
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from onnx2jax.demo import run_demo
+    from onnx2jax.cli.demo import run_demo
 
     return run_demo(_console(), args.model, args.devices)
 
@@ -309,16 +309,16 @@ def build_parser() -> argparse.ArgumentParser:
     conf.add_argument("-v", "--verbose", action="store_true", help="list every failure, known ones included")
     conf.set_defaults(func=cmd_conformance)
 
-    from onnx2jax.cli_annotate import add_parser as add_annotate_parser
+    from onnx2jax.cli.annotate import add_parser as add_annotate_parser
 
     add_annotate_parser(sub)
 
-    from onnx2jax.cli_check import add_check_parser, add_explain_parser
+    from onnx2jax.cli.check import add_check_parser, add_explain_parser
 
     add_check_parser(sub)
     add_explain_parser(sub)
 
-    from onnx2jax.cli_bench import add_parser as add_bench_parser
+    from onnx2jax.cli.bench import add_parser as add_bench_parser
 
     add_bench_parser(sub)
     _finish(parser, sub)
@@ -355,7 +355,7 @@ def _finish(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) ->
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onnx2jax`` script: parses, runs one sub-command, returns the exit status."""
-    from onnx2jax.cli_errors import run_guarded
+    from onnx2jax.cli.errors import run_guarded
 
     args = build_parser().parse_args(argv)
     try:

@@ -35,7 +35,7 @@ import onnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.graph_runner import is_static
-from onnx2jax.mesh import expand_shape
+from sharding.mesh.layout import expand_shape
 
 ELEMENTWISE = frozenset(
     """Abs Acos Acosh Add And Asin Asinh Atan Atanh BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Cast Ceil

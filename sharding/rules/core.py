@@ -42,9 +42,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from ..diagnostics import Diagnostic, Severity
-from ..spec import ShardedDim, ShardingSpec, SimpleShardedDim
-from ..text import format_spec
+from sharding.diagnostics import Diagnostic, Severity
+from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
+from sharding.text import format_spec
 
 Dim = int | str | None
 Shape = tuple[Dim, ...]

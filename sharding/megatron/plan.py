@@ -23,7 +23,7 @@ The Megatron plan (docs/annotate.md has the worked example):
   is split through a *fused axis* ``[{k, 1 shard}, {N/k, w shards}]`` so that
   every part is split on its own; one cut into unequal attention parts (q|k|v
   under GQA/MQA) stays replicated and each part is split by its readers
-  (`sharding.megatron_parts`). Row: activation and weight split on K, bias
+  (`sharding.megatron.parts`). Row: activation and weight split on K, bias
   and output replicated (the one all-reduce of the pair).
 * Shard count ``w`` per pair: the largest divisor of ``num_devices`` that
   divides the heads (attention; heads read from the Reshape that splits the
@@ -41,12 +41,12 @@ The Megatron plan (docs/annotate.md has the worked example):
   is column-parallel, logits left vocab-sharded; a head tied to the embedding
   table gets the same vocabulary split on that one parameter.
 
-Modules: `sharding.megatron_graph` (the graph view and its walks),
-`sharding.megatron_linears` (linears and their pairing),
-`sharding.megatron_parts` (fused projections' parts),
-`sharding.megatron_pairs` (shard counts and specs per pair),
-`sharding.megatron_embeddings` (embeddings and the LM head),
-`sharding.megatron_specs` (the spec builders); this module assembles the
+Modules: `sharding.megatron.graph` (the graph view and its walks),
+`sharding.megatron.linears` (linears and their pairing),
+`sharding.megatron.parts` (fused projections' parts),
+`sharding.megatron.pairs` (shard counts and specs per pair),
+`sharding.megatron.embeddings` (embeddings and the LM head),
+`sharding.megatron.specs` (the spec builders); this module assembles the
 layout and writes the plan.
 """
 
@@ -60,14 +60,14 @@ from dataclasses import dataclass
 
 import onnx
 
-from .annotate import add_configuration, name_nodes, set_spec
-from .megatron_embeddings import Embedding, embedding_assignments, lm_head_assignments
-from .megatron_graph import PlanGraph
-from .megatron_linears import Linear, find_linears, pair_linears
-from .megatron_pairs import LinearPair, pair_assignments
-from .megatron_specs import Assignment
-from .model_arg import takes_model
-from .spec import remap_spec
+from sharding.annotate import add_configuration, name_nodes, set_spec
+from sharding.megatron.embeddings import Embedding, embedding_assignments, lm_head_assignments
+from sharding.megatron.graph import PlanGraph
+from sharding.megatron.linears import Linear, find_linears, pair_linears
+from sharding.megatron.pairs import LinearPair, pair_assignments
+from sharding.megatron.specs import Assignment
+from sharding.model_arg import takes_model
+from sharding.spec import remap_spec
 
 _log = logging.getLogger(__name__)
 

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 
 import onnx
 
-from onnx2jax.cli_errors import CliError, UsageError, check_writable, require_matplotlib
+from onnx2jax.cli.errors import CliError, UsageError, check_writable, require_matplotlib
 from onnx2jax.loading import load_model
 from sharding.check import check_and_infer, merge
 from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference, completed_model, reshard_note_kind
-from sharding.rules._core import sharded_dims
+from sharding.rules.core import sharded_dims
 from sharding.text import format_spec
 from sharding.tiles import tile_assignment
 from sharding.validate import validate_model
@@ -132,13 +132,13 @@ def _require_annotations(model: onnx.ModelProto, path: str) -> None:
 
 
 def _console():
-    from onnx2jax.cli_console import make_console
+    from onnx2jax.cli.console import make_console
 
     return make_console()
 
 
 def _load(path: str) -> onnx.ModelProto:
-    return load_model(path, inline=False)  # a ModelLoadError names the file; onnx2jax.cli prints it
+    return load_model(path, inline=False)  # a ModelLoadError names the file; onnx2jax.cli.app prints it
 
 
 def _counts(diags: Sequence[Diagnostic]) -> dict[str, int]:
@@ -330,7 +330,7 @@ def _checked(model: onnx.ModelProto, configuration: str | None, shapes: dict, st
     diagnostics, inference = check_and_infer(model, configuration, input_shapes=shapes, unsupported=unsupported)
     sharded = _segments(model, inference.configuration, shapes, unsupported)
     if sharded is not None:
-        from onnx2jax.segment_sharding import merged_inference
+        from sharding.segment_sharding import merged_inference
 
         inference = merged_inference(sharded, inference.configuration)
         diagnostics = merge(validate_model(model, input_shapes=shapes), inference.diagnostics)
@@ -339,12 +339,12 @@ def _checked(model: onnx.ModelProto, configuration: str | None, shapes: dict, st
 
 def _segments(model: onnx.ModelProto, configuration: str | None, shapes: dict, unsupported: str):
     """A segmented model's jitted segments, annotated and inferred as compile() does; None if it is one program."""
-    from onnx2jax import segments
+    from sharding import segments
 
     cuts = segments.data_dependent_nodes(model)
     if not cuts or configuration is None:
         return None
-    from onnx2jax.segment_sharding import shard_segments
+    from sharding.segment_sharding import shard_segments
 
     return shard_segments(segments.plan(model, cuts), configuration, input_shapes=shapes, unsupported=unsupported)
 
@@ -352,7 +352,7 @@ def _segments(model: onnx.ModelProto, configuration: str | None, shapes: dict, u
 def _segment_lines(sharded) -> list[str]:
     if sharded is None:
         return []
-    from onnx2jax.segment_sharding import describe
+    from sharding.segment_sharding import describe
 
     head = (
         f"runs in {len(sharded.segments)} segments (data-dependent output shapes): each jitted segment is "

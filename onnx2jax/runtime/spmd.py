@@ -5,10 +5,10 @@ The steps, in order:
 1. load and translate the model (:mod:`onnx2jax.translate`);
 2. check its annotations and complete them (:func:`sharding.infer`): every
    node input and output on the sharded path gets a spec;
-3. map every spec onto one jax ``Mesh`` (:mod:`onnx2jax.mesh`), or use the
+3. map every spec onto one jax ``Mesh`` (:mod:`sharding.mesh.layout`), or use the
    mesh the caller gives;
 4. place the initializers sharded, each device receiving only its slice, once
-   per distinct layout their consumers ask for (:mod:`onnx2jax.parameters`);
+   per distinct layout their consumers ask for (:mod:`onnx2jax.runtime.parameters`);
 5. per input shape signature of a call: infer again at those concrete shapes
    (a Reshape that fuses a sharded axis with a symbolic one needs them), map
    the specs onto the mesh, trace the graph with ``with_sharding_constraint``
@@ -16,8 +16,8 @@ The steps, in order:
    the collectives.
 
 Where values live on the mesh (spec layouts, placements, the inputs' and
-outputs' shardings) is :mod:`onnx2jax.placements`; what ``report()``
-measures is :mod:`onnx2jax.compile_report`.
+outputs' shardings) is :mod:`onnx2jax.runtime.placements`; what ``report()``
+measures is :mod:`onnx2jax.runtime.report`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import onnx
 from jax.sharding import Mesh
 
 import sharding
-from onnx2jax.compile_report import (  # count_collectives and param_bytes_per_device: imported from here too
+from onnx2jax.runtime.report import (  # count_collectives and param_bytes_per_device: imported from here too
     Report,
     count_collectives,
     example_inputs,
@@ -40,13 +40,13 @@ from onnx2jax.compile_report import (  # count_collectives and param_bytes_per_d
     node_rows,
     param_bytes_per_device,
 )
-from onnx2jax.constraints import Placement, ShardingHooks, SpecKey
+from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
 from onnx2jax.errors import NodeError
-from onnx2jax.fast_call import FastCall, call_key, moved_inputs
+from onnx2jax.runtime.fast_call import FastCall, call_key, moved_inputs
 from onnx2jax.loading import ModelLike, open_model
-from onnx2jax.mesh import MeshMapping, map_specs
-from onnx2jax.parameters import ParameterStore
-from onnx2jax.placements import (
+from sharding.mesh.layout import MeshMapping, map_specs
+from onnx2jax.runtime.parameters import ParameterStore
+from onnx2jax.runtime.placements import (
     input_placements,
     mesh_for,
     output_placements,
@@ -56,19 +56,19 @@ from onnx2jax.placements import (
     spec_layouts,
 )
 from onnx2jax.scan import ScanSetting, per_layer_names
-from onnx2jax.scan_sharded import layer_specs_differ, place_stacked
-from onnx2jax.sizes_at_call import SizesAtCall
+from onnx2jax.runtime.scan_sharded import layer_specs_differ, place_stacked
+from onnx2jax.runtime.sizes_at_call import SizesAtCall
 from onnx2jax.translate import JaxModel
-from onnx2jax.user_mesh import auto_axes, auto_input, context_mesh, tracing
-from onnx2jax.xla_options import compiler_options
+from onnx2jax.runtime.user_mesh import auto_axes, auto_input, context_mesh, tracing
+from onnx2jax.runtime.xla_options import compiler_options
 from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.spec import device_configurations
 from sharding.stages import has_stages
 from sharding.validate import require_valid
 
 if TYPE_CHECKING:
-    from onnx2jax.pipeline import PipelineCompiled
-    from onnx2jax.segmented import SegmentedCompiled
+    from onnx2jax.runtime.pipeline import PipelineCompiled
+    from onnx2jax.runtime.segmented import SegmentedCompiled
 
 @dataclasses.dataclass(frozen=True)
 class _Signature:
@@ -244,7 +244,7 @@ class Compiled:
     def place_inputs(self, **named: Any) -> dict[str, Any]:
         """The named inputs as a call places them (``placements.place_on_mesh``); shape-setting ones stay numpy.
 
-        A segmented run (:mod:`onnx2jax.segmented`) places a host step's
+        A segmented run (:mod:`onnx2jax.runtime.segmented`) places a host step's
         outputs with this before calling, so that it can report where they went.
         """
         with self._scope():
@@ -255,7 +255,7 @@ class Compiled:
         """Runs the sharded program; returns jax.Arrays in ONNX output order.
 
         A repeated input signature takes the short path of
-        :mod:`onnx2jax.fast_call`: the executable the first such call
+        :mod:`onnx2jax.runtime.fast_call`: the executable the first such call
         compiled, called directly.
         """
         self._last_args = (inputs, named)
@@ -358,7 +358,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         then it runs replicated).
       mesh: the jax Mesh to run on, with Explicit or Auto axes (the program
         runs on its devices and axis names with Auto axes: see
-        :mod:`onnx2jax.user_mesh`). When None, the mesh of an enclosing
+        :mod:`onnx2jax.runtime.user_mesh`). When None, the mesh of an enclosing
         ``with jax.set_mesh(mesh):``; outside one, a mesh is built from the
         model's device configuration over ``jax.devices()`` (configuration
         device i is ``jax.devices()[i]``), with axes chosen so that every spec
@@ -372,7 +372,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         device (default: row-major, device i at position i).
       microbatches: for a model with pipeline stages (``pipeline_stage``), the
         number of micro-batches a call's batch is split into; such a model
-        compiles to a :class:`onnx2jax.pipeline.PipelineCompiled`.
+        compiles to a :class:`onnx2jax.runtime.pipeline.PipelineCompiled`.
       scan_layers: as :func:`onnx2jax.translate`'s: run the repeated layers
         as one ``lax.scan``, each stacked parameter placed with its first
         layer's spec behind an unsplit layer axis. Layers whose specs differ
@@ -382,7 +382,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       A :class:`Compiled`: call it like the model. A model whose output
       shapes depend on run-time values (NonMaxSuppression, NonZero, ...:
       ``onnx2jax.translate(model).segments``) gives a
-      :class:`onnx2jax.segmented.SegmentedCompiled`, which runs each jitted
+      :class:`onnx2jax.runtime.segmented.SegmentedCompiled`, which runs each jitted
       segment sharded and the data-dependent nodes on the host between them.
 
     Raises:
@@ -390,7 +390,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         names the node, tensor and axis); at a call, a size written on a
         symbolic axis that the call's shapes contradict.
       onnx2jax.errors.ModelLoadError: the file cannot be read safely.
-      onnx2jax.mesh.MeshMappingError: a spec cannot be a NamedSharding on one mesh.
+      sharding.mesh.layout.MeshMappingError: a spec cannot be a NamedSharding on one mesh.
 
     Example:
       >>> compiled = onnx2jax.compile("llama_tp8.onnx")          # doctest: +SKIP
@@ -402,7 +402,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     mesh = auto_axes(context_mesh() if mesh is None else mesh)
     config = _choose_configuration(proto, configuration)
     if config is not None and has_stages(proto, config):
-        from onnx2jax.pipeline import compile_pipeline  # it builds on this module
+        from onnx2jax.runtime.pipeline import compile_pipeline  # it builds on this module
 
         return compile_pipeline(
             proto, external_dir, config, mesh, microbatches=microbatches, check=check, structural=structural,
@@ -431,7 +431,7 @@ def compile_proto(
     """The SPMD compile of an opened model (see :func:`compile`).
 
     A model cut around data-dependent nodes (``JaxModel.segments``) compiles
-    to a :class:`onnx2jax.segmented.SegmentedCompiled`: one SPMD program per
+    to a :class:`onnx2jax.runtime.segmented.SegmentedCompiled`: one SPMD program per
     jitted segment on one mesh, host steps between them.
 
     Args:
@@ -444,7 +444,7 @@ def compile_proto(
     jax_model = JaxModel(proto, external_dir, scan_layers=scan_layers)
     config = _choose_configuration(proto, configuration)
     if jax_model.segments:
-        from onnx2jax.segmented import compile_segmented  # it builds on this module
+        from onnx2jax.runtime.segmented import compile_segmented  # it builds on this module
 
         return compile_segmented(
             jax_model, external_dir, mesh, configuration=config, check=check, devices=devices,

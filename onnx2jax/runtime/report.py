@@ -1,6 +1,6 @@
 """What a compiled sharded program costs, and how its specs came out: :class:`Report`.
 
-``Compiled.report()`` (:mod:`onnx2jax.compile`) and the pipeline's and
+``Compiled.report()`` (:mod:`onnx2jax.runtime.spmd`) and the pipeline's and
 segmented run's reports build on these: the collectives counted in the
 compiled HLO text, the parameter bytes each device holds, one row per node
 input and output with a spec, and the note on a scanned loop's collectives.
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
 
-from onnx2jax.constraints import Placement, SpecKey
-from onnx2jax.scan_sharded import loop_collectives
+from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.scan_sharded import loop_collectives
 from sharding.text import format_spec
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def param_bytes_per_device(params: Mapping[str, jax.Array]) -> dict[int, int]:
 
 @dataclasses.dataclass
 class Report:
-    """What :meth:`onnx2jax.compile.Compiled.report` measured."""
+    """What :meth:`onnx2jax.runtime.spmd.Compiled.report` measured."""
 
     mesh: dict[str, int]
     configuration: str | None

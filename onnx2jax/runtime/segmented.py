@@ -1,15 +1,15 @@
 """Sharded execution of a segmented model: one SPMD program per jitted segment, host steps between.
 
 A model whose output shapes depend on run-time values is cut into jitted
-segments and host steps (:mod:`onnx2jax.segments`). ``onnx2jax.compile``
-runs it as follows (the rules are in :mod:`onnx2jax.segment_sharding`):
+segments and host steps (:mod:`sharding.segments`). ``onnx2jax.compile``
+runs it as follows (the rules are in :mod:`sharding.segment_sharding`):
 
 1. every jitted segment is annotated (its own nodes' specs, and the
    producer's spec on tensors it receives from an earlier jitted segment)
    and inferred; the layouts of all segments together choose **one mesh**
    (or the caller's), so every segment runs on the same devices and axes;
 2. each jitted segment goes through the ordinary SPMD compile
-   (:func:`onnx2jax.compile.compile_proto`): validation, inference at each
+   (:func:`onnx2jax.runtime.spmd.compile_proto`): validation, inference at each
    call's shapes, NamedShardings, output shardings decided by us, one
    program per shape signature (a host step's output length changes the
    next segment's signature);
@@ -34,12 +34,12 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.compile import Compiled, compile_proto
-from onnx2jax.compile_report import Report
+from onnx2jax.runtime.spmd import Compiled, compile_proto
+from onnx2jax.runtime.report import Report
 from onnx2jax.errors import NodeError
-from onnx2jax.placements import mesh_for, spec_layouts
-from onnx2jax.segment_sharding import ShardedSegments, ignored_specs, ignored_text, shard_segments
-from onnx2jax.segments import Segment
+from onnx2jax.runtime.placements import mesh_for, spec_layouts
+from sharding.segment_sharding import ShardedSegments, ignored_specs, ignored_text, shard_segments
+from sharding.segments import Segment
 from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.spec import device_configurations
@@ -80,14 +80,14 @@ class Move:
 
 
 class SegmentedCompiled:
-    """A segmented model compiled for a mesh. Call it like the model; see :mod:`onnx2jax.segmented`.
+    """A segmented model compiled for a mesh. Call it like the model; see :mod:`onnx2jax.runtime.segmented`.
 
     Attributes:
       model: the whole translated model (:class:`~onnx2jax.translate.JaxModel`).
       mesh: the one jax Mesh every segment runs on.
       configuration: the device configuration used (None: unannotated, replicated).
       segments: the steps in run order (``model.segments``).
-      programs: per segment, its :class:`~onnx2jax.compile.Compiled` (None for a host step).
+      programs: per segment, its :class:`~onnx2jax.runtime.spmd.Compiled` (None for a host step).
       sharded: each segment's annotated model and inference, and what crosses
         (None for an unannotated model).
     """
@@ -361,7 +361,7 @@ def compile_segmented(
     Raises:
       sharding.ShardingError: a segment's annotations have errors (each names
         its node, tensor and axis).
-      onnx2jax.mesh.MeshMappingError: the segments' specs fit no single mesh.
+      sharding.mesh.layout.MeshMappingError: the segments' specs fit no single mesh.
     """
     plan = model.segment_plan
     if configuration is None:

@@ -96,7 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def apply_arguments(args: argparse.Namespace) -> None:
     """Turns the cache on as ``args`` say; a sub-command without the options is left alone."""
-    from onnx2jax.cli_errors import UsageError
+    from onnx2jax.cli.errors import UsageError
 
     if not hasattr(args, "no_cache") or args.no_cache:
         return

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .megatron_graph import PlanGraph
-from .megatron_linears import Linear
-from .megatron_specs import Assignment, column_specs, replicated_spec, split_spec
+from sharding.megatron.graph import PlanGraph
+from sharding.megatron.linears import Linear
+from sharding.megatron.specs import Assignment, column_specs, replicated_spec, split_spec
 
 
 @dataclass(frozen=True)

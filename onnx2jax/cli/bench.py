@@ -36,11 +36,11 @@ import sys
 
 import numpy as np
 
-from onnx2jax.cli_errors import CliError, UsageError, check_writable, require_matplotlib
+from onnx2jax.cli.errors import CliError, UsageError, check_writable, require_matplotlib
 
 FIXTURES = ("tiny_llama", "tiny_gpt2", "tiny_bert")
 SETS = ("all", "fixtures", "medium")
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs (default 0)")
     parser.add_argument("--output", metavar="FILE.md", help="also write the table (and how it was taken) here")
     parser.add_argument("--plot", metavar="FILE.png", help="also write a plot (needs matplotlib)")
-    from onnx2jax.cli import add_scan_argument
+    from onnx2jax.cli.app import add_scan_argument
 
     add_scan_argument(parser)
     parser.set_defaults(func=cmd_bench)
@@ -76,7 +76,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def cmd_bench(args: argparse.Namespace) -> int:
     """Times every model, prints the table, writes ``--output`` / ``--plot``."""
     from onnx2jax import benchmark
-    from onnx2jax.cli import _console, scan_setting
+    from onnx2jax.cli.app import _console, scan_setting
 
     repeats = 3 if args.quick and args.repeats == 50 else args.repeats
     warmup = 1 if args.quick and args.warmup == 3 else args.warmup
@@ -147,7 +147,7 @@ def _default_models(console) -> list[str]:
     fixtures = [ROOT / "tests" / "data" / f"{name}.onnx" for name in FIXTURES]
     if all(f.exists() for f in fixtures):
         return [str(f) for f in fixtures]
-    bundled = pathlib.Path(__file__).resolve().parent / "data" / "tiny_llama.onnx"
+    bundled = pathlib.Path(__file__).resolve().parents[1] / "data" / "tiny_llama.onnx"
     console.print(f"note: no tests/data fixtures next to this installation; timing the bundled {bundled.name} only "
                   "(run from a clone for all three, or name models)", markup=False)
     return [str(bundled)]
@@ -156,7 +156,7 @@ def _default_models(console) -> list[str]:
 def _inputs_for(path: str, args: argparse.Namespace, console) -> dict[str, np.ndarray]:
     """``MODEL.inputs.npz`` when it exists, else random inputs for the model's declared types."""
     import onnx2jax
-    from onnx2jax.cli_inputs import conform, parse_dims, random_inputs, symbolic_dims
+    from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, symbolic_dims
 
     if not os.path.exists(path):
         raise CliError(f"no such file: {path}")

@@ -15,7 +15,7 @@ too. For each spec we search the assignment of mesh axes to its shard-grid
 axes (a small backtracking search: the assigned axes' sizes must multiply to
 the shard count), and check the device sets it implies against the spec's.
 When none of the orders read off the specs fits them all, the complete
-search of :mod:`onnx2jax.mesh_search` decides: it finds a device order
+search of :mod:`sharding.mesh.search` decides: it finds a device order
 whenever one exists, and otherwise the error names the specs that conflict
 and says what was tried. Finally, mesh axes that every PartitionSpec uses
 together, adjacent and in order, are merged back (a Megatron plan on 8
@@ -352,13 +352,13 @@ def map_specs(
 
 
 def _complete_search(layouts: dict[object, Layout], num_devices: int) -> tuple[MeshPlan, dict[object, PSpec]]:
-    """The plan and PartitionSpecs of :func:`onnx2jax.mesh_search.search`.
+    """The plan and PartitionSpecs of :func:`sharding.mesh.search.search`.
 
     Raises:
       MeshMappingError: no mesh exists; names the specs no mesh expresses
         alone, or those that conflict with the specs before them.
     """
-    from onnx2jax import mesh_search  # it builds on this module's Layout and assignments
+    from sharding.mesh import search as mesh_search  # it builds on this module's Layout and assignments
 
     keys = list(layouts)
     found = mesh_search.search([layouts[k] for k in keys], num_devices)
@@ -379,7 +379,7 @@ def _complete_search(layouts: dict[object, Layout], num_devices: int) -> tuple[M
 
 def _explain_impossible(layouts: dict[object, Layout], num_devices: int) -> str:
     """Which specs no mesh expresses: alone, or together with the specs accepted before them."""
-    from onnx2jax import mesh_search
+    from sharding.mesh import search as mesh_search
 
     alone = [k for k, layout in layouts.items() if mesh_search.search([layout], num_devices) is None]
     accepted: list = []

@@ -1,6 +1,6 @@
 """Sharding a segmented model: each jitted segment's annotations, and what crosses between segments.
 
-A model cut around data-dependent nodes (:mod:`onnx2jax.segments`) runs
+A model cut around data-dependent nodes (:mod:`sharding.segments`) runs
 sharded as one SPMD program per jitted segment, all on one mesh. Each segment
 is an ordinary annotated model, so it goes through what compile() does for a
 whole graph (validation, inference, mesh mapping). Three kinds of tensors
@@ -20,7 +20,7 @@ producer and its consumers:
   one that JAX cannot hold evenly goes replicated, ``holdable_sharding``).
 
 This module is framework-neutral (onnx and `sharding` only): `onnx2jax
-explain` uses it without jax, and :mod:`onnx2jax.segmented` runs it.
+explain` uses it without jax, and :mod:`onnx2jax.runtime.segmented` runs it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ import onnx
 import onnx.helper
 
 import sharding
-from onnx2jax.segments import Segment, SegmentPlan
+from sharding.segments import Segment, SegmentPlan
 from sharding.annotate import set_spec
 from sharding.spec import NodeConfig, ShardingSpec
 from sharding.stage_infer import PartsMerger
@@ -257,7 +257,7 @@ def first_reader(
 ) -> tuple[str | None, ShardingSpec | None]:
     """The first node (graph order) reading ``tensor`` with a spec, and that spec; (None, None) if none.
 
-    The same rule compile() uses to place a graph input (:func:`onnx2jax.placements.input_placements`).
+    The same rule compile() uses to place a graph input (:func:`onnx2jax.runtime.placements.input_placements`).
     """
     for node in model.graph.node:
         found = inference.nodes.get(node.name)

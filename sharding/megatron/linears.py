@@ -3,7 +3,7 @@
 A *linear* is a MatMul or Gemm whose weight is a 2-D initializer, directly or
 through a 2-D Transpose, with its bias (Gemm's C, or the Add of a 1-D
 initializer right after a MatMul) and the cut of its output's feature axis
-(`sharding.megatron_parts`). `find_linears` finds them all; `pair_linears`
+(`sharding.megatron.parts`). `find_linears` finds them all; `pair_linears`
 reads the column/row pairs off the graph: a linear whose activation descends
 from other linears (through anything but a normalisation) is a row, those
 linears its columns.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 
 import onnx
 
-from .megatron_graph import PlanGraph
-from .megatron_parts import Part, feature_parts
+from sharding.megatron.graph import PlanGraph
+from sharding.megatron.parts import Part, feature_parts
 
 @dataclass(frozen=True)
 class Linear:

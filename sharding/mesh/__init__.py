@@ -1,0 +1,1 @@
+"""Specs onto one device mesh, jax-free: layouts and mesh plans (:mod:`layout`), the complete search (:mod:`search`)."""
