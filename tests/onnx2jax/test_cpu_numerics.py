@@ -182,7 +182,7 @@ def _sqrt_model(path) -> str:
 
 
 def test_run_check_fails_on_nan_where_onnxruntime_is_finite(tmp_path, capsys, monkeypatch):
-    from onnx2jax import cli
+    from onnx2jax.cli import app as cli
 
     model = _sqrt_model(tmp_path / "sqrt.onnx")
     np.save(tmp_path / "x.npy", np.array([4.0, -1.0, np.inf], np.float32))
