@@ -1,13 +1,68 @@
-"""onnx2jax: run ONNX models on JAX/XLA, sharded from ONNX's multi-device annotations."""
+"""onnx2jax: run ONNX models on JAX/XLA, sharded from ONNX's multi-device annotations.
 
-from onnx2jax.runtime.spmd import Compiled as Compiled
-from onnx2jax.runtime.spmd import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
-from onnx2jax.errors import ModelLoadError as ModelLoadError
-from onnx2jax.errors import NodeError as NodeError
-from onnx2jax.errors import PrecisionError as PrecisionError
-from onnx2jax.errors import UnsupportedOpError as UnsupportedOpError
-from onnx2jax.loading import load_model as load_model
-from onnx2jax.translate import JaxModel as JaxModel
-from onnx2jax.translate import translate as translate
+The package imports lazily: ``import onnx2jax`` loads no jax and no op module, so the CLI's ``--help`` and
+``check`` start fast. A name of ``__all__`` is imported from its module on first use (module ``__getattr__``,
+PEP 562); `_EXPORTS` is the one table, so exporting a name is one line there.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# name -> module that defines it
+_EXPORTS: dict[str, str] = {
+    "compile": "onnx2jax.runtime.spmd",
+    "Compiled": "onnx2jax.runtime.spmd",
+    "PipelineCompiled": "onnx2jax.runtime.pipeline",
+    "SegmentedCompiled": "onnx2jax.runtime.segmented",
+    "translate": "onnx2jax.translate",
+    "JaxModel": "onnx2jax.translate",
+    "load_model": "onnx2jax.loading",
+    "ModelLoadError": "onnx2jax.errors",
+    "NodeError": "onnx2jax.errors",
+    "PrecisionError": "onnx2jax.errors",
+    "UnsupportedOpError": "onnx2jax.errors",
+    "DeviceCountError": "onnx2jax.errors",
+    "ShardingError": "onnx2jax.errors",
+    "MeshMappingError": "onnx2jax.errors",
+    "SpecSyntaxError": "onnx2jax.errors",
+    "BackwardEdgeError": "onnx2jax.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """Imports an exported name from its module on first use and keeps it here."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'onnx2jax' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
+    from onnx2jax.errors import BackwardEdgeError as BackwardEdgeError
+    from onnx2jax.errors import DeviceCountError as DeviceCountError
+    from onnx2jax.errors import MeshMappingError as MeshMappingError
+    from onnx2jax.errors import ModelLoadError as ModelLoadError
+    from onnx2jax.errors import NodeError as NodeError
+    from onnx2jax.errors import PrecisionError as PrecisionError
+    from onnx2jax.errors import ShardingError as ShardingError
+    from onnx2jax.errors import SpecSyntaxError as SpecSyntaxError
+    from onnx2jax.errors import UnsupportedOpError as UnsupportedOpError
+    from onnx2jax.loading import load_model as load_model
+    from onnx2jax.runtime.pipeline import PipelineCompiled as PipelineCompiled
+    from onnx2jax.runtime.segmented import SegmentedCompiled as SegmentedCompiled
+    from onnx2jax.runtime.spmd import Compiled as Compiled
+    from onnx2jax.runtime.spmd import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
+    from onnx2jax.translate import JaxModel as JaxModel
+    from onnx2jax.translate import translate as translate

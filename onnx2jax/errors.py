@@ -1,6 +1,18 @@
-"""Exceptions raised while loading, translating and running ONNX models."""
+"""Every public exception of onnx2jax, in one module (jax-free).
+
+onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`
+(and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
+package defines the errors of the formalism, re-exported here so that one import serves every caller:
+`ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
+that no one device mesh expresses), `BackwardEdgeError` (a partition with an edge from a later part back).
+"""
 
 from __future__ import annotations
+
+from sharding.diagnostics import ShardingError as ShardingError
+from sharding.mesh.layout import MeshMappingError as MeshMappingError
+from sharding.partition import BackwardEdgeError as BackwardEdgeError
+from sharding.text import SpecSyntaxError as SpecSyntaxError
 
 
 class ModelLoadError(ValueError):
