@@ -8,6 +8,8 @@ PEP 562); `_EXPORTS` is the one table, so exporting a name is one line there.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -47,6 +49,24 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """The package's module type: an exported name stays the export when its submodule loads.
+
+    Importing a submodule sets it as an attribute of the package, so once anything imported
+    ``onnx2jax.translate`` (the module), ``onnx2jax.translate`` would be that module rather than the function
+    of the same name. Keeping the export instead is what the eager ``from onnx2jax.translate import
+    translate`` in this file used to give.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and _EXPORTS.get(name) == value.__name__:
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use

@@ -18,12 +18,16 @@ compile from scratch.
 from __future__ import annotations
 
 import dataclasses
+import os
 import pathlib
+import platform
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+
+import onnx2jax  # lazy: its names import jax on first use
 
 COLUMNS = (
     "model", "inputs", "onnx2jax ms", "onnx2jax IQR ms", "onnxruntime ms", "onnxruntime IQR ms",
@@ -94,11 +98,9 @@ def bench_model(path: str | pathlib.Path, inputs: Mapping[str, np.ndarray], repe
 
     ``scan_layers`` is :func:`onnx2jax.translate`'s (repeated layers as one lax.scan).
     """
+    # jax and onnxruntime load here, not at import: ``onnx2jax bench --help`` stays fast
     import jax
     import onnxruntime as ort
-
-    import onnx2jax
-    from onnx2jax.cli.app import _max_abs_diff
 
     path = str(path)
     start = time.perf_counter()
@@ -120,8 +122,21 @@ def bench_model(path: str | pathlib.Path, inputs: Mapping[str, np.ndarray], repe
         theirs=theirs_times,
         ours_first=ours_first,
         theirs_first=theirs_first,
-        max_diff=_worst_diff(ours_out, theirs_out, _max_abs_diff),
+        max_diff=_worst_diff(ours_out, theirs_out, max_abs_diff),
     )
+
+
+def max_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """Largest |a - b|; NaN in both or equal infinities count as equal, any other NaN as inf."""
+    if a.shape != b.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    with np.errstate(invalid="ignore"):  # inf - inf
+        diff = np.abs(a - b)
+    return float(np.max(np.where(same, 0.0, np.nan_to_num(diff, nan=np.inf))))
 
 
 def _session_options(ort):
@@ -160,13 +175,8 @@ def markdown_table(rows: Sequence[Row]) -> str:
 
 def environment_note(repeats: int, warmup: int) -> str:
     """One paragraph: how the figures were taken, and on what (versions, machine)."""
-    import os
-    import platform
-
-    import jax
+    import jax  # on use, not at import (see bench_model)
     import onnxruntime as ort
-
-    import onnx2jax
 
     device = jax.devices()[0]
     return (
@@ -185,7 +195,7 @@ def plot(rows: Sequence[Row], path: str) -> None:
     Raises:
       ImportError: matplotlib is not installed (the ``plot`` extra).
     """
-    import matplotlib
+    import matplotlib  # the optional ``plot`` extra, loaded only to plot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

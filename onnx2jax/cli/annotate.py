@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 
 import onnx
+from rich.table import Table
 
+from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.loading import load_model
 from sharding.annotate import add_configuration, annotate_tensor, describe_plan, name_nodes, set_stage
@@ -83,7 +85,6 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--name-nodes", action="store_true", help="give unnamed and duplicate-named nodes unique names first"
     )
     parser.add_argument("-o", "--output", required=True, help="where to write the annotated model")
-    parser.set_defaults(func=cmd_annotate)
     return parser
 
 
@@ -205,13 +206,9 @@ def require_annotations(model: onnx.ModelProto, plan: str, devices: int, notes: 
     )
 
 
-def cmd_annotate(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Annotates a model and writes it; prints the written annotations."""
-    from rich.table import Table
-
-    from onnx2jax.cli.console import make_console
-
-    console = make_console()
+    console = terminal.make_console()
     model = load_model(args.model, inline=False)
     model, notes, roles = _annotate(args, model)
     if args.plan:

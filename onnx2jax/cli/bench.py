@@ -36,7 +36,12 @@ import sys
 
 import numpy as np
 
+import onnx2jax  # lazy: its names import jax on first use
+from onnx2jax import benchmark
+from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError, check_writable, require_matplotlib
+from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, symbolic_dims
+from onnx2jax.cli.options import add_scan_argument, scan_setting
 
 FIXTURES = ("tiny_llama", "tiny_gpt2", "tiny_bert")
 SETS = ("all", "fixtures", "medium")
@@ -66,18 +71,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="seed of random inputs (default 0)")
     parser.add_argument("--output", metavar="FILE.md", help="also write the table (and how it was taken) here")
     parser.add_argument("--plot", metavar="FILE.png", help="also write a plot (needs matplotlib)")
-    from onnx2jax.cli.app import add_scan_argument
-
     add_scan_argument(parser)
-    parser.set_defaults(func=cmd_bench)
     return parser
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Times every model, prints the table, writes ``--output`` / ``--plot``."""
-    from onnx2jax import benchmark
-    from onnx2jax.cli.app import _console, scan_setting
-
     repeats = 3 if args.quick and args.repeats == 50 else args.repeats
     warmup = 1 if args.quick and args.warmup == 3 else args.warmup
     if repeats < 1 or warmup < 0:
@@ -87,11 +86,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         require_matplotlib()  # before the long run; benchmark.plot imports it
     try:
-        import onnxruntime  # noqa: F401
+        import onnxruntime  # noqa: F401 - optional; checked before the long run
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise CliError("bench compares with onnxruntime: pip install onnxruntime") from e
 
-    console = _console()
+    console = terminal.make_console()
     if args.models and args.model_set:
         raise UsageError("--set chooses the default models; name models or a set, not both")
     if args.models:
@@ -155,9 +154,6 @@ def _default_models(console) -> list[str]:
 
 def _inputs_for(path: str, args: argparse.Namespace, console) -> dict[str, np.ndarray]:
     """``MODEL.inputs.npz`` when it exists, else random inputs for the model's declared types."""
-    import onnx2jax
-    from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, symbolic_dims
-
     if not os.path.exists(path):
         raise CliError(f"no such file: {path}")
     stored = pathlib.Path(path).with_suffix(".inputs.npz")

@@ -10,14 +10,39 @@ max |diff|.
 
 from __future__ import annotations
 
+import argparse
 import os
 import pathlib
 import time
 
 import numpy as np
+import onnx
+
+import onnx2jax  # lazy: its names import jax on first use
+from onnx2jax.cli.annotate import require_annotations
+from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
+from onnx2jax.cli.errors import CliError
+from onnx2jax.cli.options import ensure_devices
+from onnx2jax.runtime import compilation_cache
+from sharding.megatron import megatron_layout, megatron_plan
 
 DEVICES = 8
 TOLERANCE = 1e-4
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``demo`` to the ``onnx2jax`` parser."""
+    parser = sub.add_parser("demo", help="tiny Llama, tensor parallel on 8 devices, checked against the unsharded run")
+    parser.add_argument("--model", default=None, help="an ONNX transformer (default: the bundled tiny Llama)")
+    parser.add_argument("--devices", type=int, default=DEVICES, metavar="N",
+                        help="tensor-parallel degree (default 8; must divide the heads and the vocabulary)")
+    compilation_cache.add_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the demo on ``--model`` (default: the bundled tiny Llama) over ``--devices``."""
+    return run_demo(terminal.make_console(), args.model, args.devices)
 
 
 def default_model() -> pathlib.Path:
@@ -25,36 +50,10 @@ def default_model() -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parents[1] / "data" / "tiny_llama.onnx"
 
 
-def ensure_devices(count: int) -> None:
-    """Asks JAX for ``count`` CPU devices when the machine has fewer (before JAX starts)."""
-    import jax
-
-    if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
-        try:
-            jax.config.update("jax_num_cpu_devices", count)
-        except RuntimeError:
-            pass  # the backend already started; jax.devices() says how many there are
-    have = jax.devices()
-    if len(have) < count:
-        from onnx2jax.cli.errors import CliError
-
-        raise CliError(
-            f"{count} devices needed, JAX has {len(have)} ({have[0].platform}); pass --devices {len(have)}, "
-            "or set JAX_PLATFORMS=cpu to run on fake CPU devices"
-        )
-
-
 def run_demo(console, model_path: str | os.PathLike | None = None, devices: int = DEVICES) -> int:
     """Runs the demo; returns the process exit code (1 if the sharded run differs)."""
     ensure_devices(devices)
-    import jax
-    import onnx
-
-    import onnx2jax
-    from onnx2jax.cli.annotate import require_annotations
-    from sharding.megatron import megatron_layout, megatron_plan
-
-    from onnx2jax.cli.errors import CliError
+    import jax  # the demo runs a model; importing this module (onnx2jax --help) must not start jax
 
     path = pathlib.Path(model_path) if model_path else default_model()
     if not path.is_file():

@@ -17,6 +17,19 @@ import os
 import sys
 from collections.abc import Callable
 
+from google.protobuf.message import DecodeError
+from onnx.checker import ValidationError
+
+from onnx2jax.errors import (
+    MeshMappingError,
+    ModelLoadError,
+    NodeError,
+    PrecisionError,
+    ShardingError,
+    SpecSyntaxError,
+    UnsupportedOpError,
+)
+
 USER_ERROR = 1
 USAGE_ERROR = 2
 
@@ -47,7 +60,7 @@ def check_writable(option: str, path: str | None, suffix: str) -> None:
 def require_matplotlib(option: str = "--plot") -> None:
     """Fails before any long work when matplotlib (the ``plot`` extra) is missing."""
     try:
-        import matplotlib  # noqa: F401 - imported for real only by the plotting code
+        import matplotlib  # noqa: F401 - optional: only tried here, imported for real by the plotting code
     except ImportError as e:
         raise CliError(f"{option} needs matplotlib: pip install 'onnx2jax[plot]'") from e
 
@@ -57,27 +70,15 @@ def debug_requested(flag: bool = False) -> bool:
     return flag or os.environ.get("ONNX2JAX_DEBUG", "").lower() in ("1", "true", "yes", "on")
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    """The library's exceptions that describe the user's input, not a bug of onnx2jax."""
-    from google.protobuf.message import DecodeError
-    from onnx.checker import ValidationError
-
-    from onnx2jax.errors import ModelLoadError, NodeError, PrecisionError, UnsupportedOpError
-    from sharding.mesh.layout import MeshMappingError
-    from sharding.diagnostics import ShardingError
-    from sharding.text import SpecSyntaxError
-
-    return (
-        ModelLoadError, UnsupportedOpError, NodeError, PrecisionError, MeshMappingError,
-        ShardingError, SpecSyntaxError, DecodeError, ValidationError, OSError, ValueError,
-    )
+# The library's exceptions that describe the user's input, not a bug of onnx2jax.
+USER_ERROR_TYPES: tuple[type[BaseException], ...] = (
+    ModelLoadError, UnsupportedOpError, NodeError, PrecisionError, MeshMappingError,
+    ShardingError, SpecSyntaxError, DecodeError, ValidationError, OSError, ValueError,
+)
 
 
 def describe(error: BaseException) -> str:
     """The message printed for ``error``: what went wrong, and what to do where that is known."""
-    from onnx2jax.errors import ModelLoadError, UnsupportedOpError
-    from sharding.diagnostics import ShardingError
-
     if isinstance(error, ShardingError) and error.diagnostics:
         return describe_sharding_error(error)
     if isinstance(error, FileNotFoundError) and error.filename is not None:
@@ -98,7 +99,7 @@ def describe(error: BaseException) -> str:
 MAX_DETAIL_LINES = 10
 
 
-def describe_sharding_error(error: "ShardingError") -> str:  # noqa: F821 - imported lazily
+def describe_sharding_error(error: ShardingError) -> str:
     """One line naming the first error's code, node, tensor and axis; then each error on an indented line.
 
     ``onnx2jax run: error: 3 sharding errors; first: axis-out-of-range at node
@@ -145,7 +146,7 @@ def run_guarded(command: str, func: Callable[[], int], debug: bool = False) -> i
     except Exception as e:  # noqa: BLE001 - the one place that turns exceptions into messages
         if debug:
             raise
-        if isinstance(e, _user_error_types()):
+        if isinstance(e, USER_ERROR_TYPES):
             _say(f"{prefix}error: {describe(e)}")
         else:
             _say(

@@ -1,0 +1,41 @@
+"""Pieces several sub-commands share: the console, ``--scan-layers``, and asking JAX for devices."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from onnx2jax.cli.errors import CliError
+
+_SCAN_CHOICES = {"auto": "auto", "on": True, "off": False}
+
+
+def add_scan_argument(parser: argparse.ArgumentParser) -> None:
+    """``--scan-layers auto|on|off``: run a transformer's repeated layers as one lax.scan (onnx2jax.scan)."""
+    parser.add_argument(
+        "--scan-layers", choices=sorted(_SCAN_CHOICES), default="auto",
+        help="run the repeated layers of a transformer as one lax.scan, so compile time does not grow with "
+             "depth: auto (default: from 16 repeated layers), on (or fail saying why), off (unrolled)",
+    )
+
+
+def scan_setting(choice: str) -> bool | str:
+    """The ``scan_layers`` argument of ``onnx2jax.translate`` for a ``--scan-layers`` choice."""
+    return _SCAN_CHOICES[choice]
+
+
+def ensure_devices(count: int) -> None:
+    """Asks JAX for ``count`` CPU devices when the machine has fewer (before JAX starts)."""
+    import jax  # only the sub-commands that run a model start JAX
+
+    if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+        try:
+            jax.config.update("jax_num_cpu_devices", count)
+        except RuntimeError:
+            pass  # the backend already started; jax.devices() says how many there are
+    have = jax.devices()
+    if len(have) < count:
+        raise CliError(
+            f"{count} devices needed, JAX has {len(have)} ({have[0].platform}); pass --devices {len(have)}, "
+            "or set JAX_PLATFORMS=cpu to run on fake CPU devices"
+        )

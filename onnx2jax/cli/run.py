@@ -1,0 +1,174 @@
+"""``onnx2jax run``: run a model on random or given inputs, optionally sharded and checked against onnxruntime."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+import onnx2jax  # lazy: its names import jax on first use
+from onnx2jax.benchmark import max_abs_diff
+from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
+from onnx2jax.cli.errors import CliError, UsageError
+from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
+from onnx2jax.cli.options import add_scan_argument, ensure_devices, scan_setting
+from onnx2jax.runtime import compilation_cache
+from sharding.model_arg import as_model_proto
+from sharding.segments import describe
+from sharding.spec import device_configurations
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``run`` to the ``onnx2jax`` parser."""
+    parser = sub.add_parser("run", help="run a model on random or given inputs")
+    parser.add_argument("model", help="the .onnx file")
+    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+                        help="an input from a .npy (or one-array .npz) file, or FILE.npz holding arrays named "
+                             "after the inputs (repeatable; the rest are random)")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT",
+                        help="size of a symbolic dim of the random inputs (default 2, said when used)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--output", metavar="OUT.npz", help="save the outputs, by output name")
+    parser.add_argument("--check", action="store_true",
+                        help="compare with onnxruntime (exit 1 if it differs or cannot run the model)")
+    parser.add_argument("--tolerance", type=float, default=1e-4, help="max |diff| allowed by --check (default 1e-4)")
+    parser.add_argument("--devices", type=int, default=0, metavar="N",
+                        help="run sharded on N devices from the model's annotations")
+    parser.add_argument("--microbatches", type=int, default=1, metavar="M",
+                        help="with --devices, for a model with pipeline stages: split each call's batch into M "
+                             "micro-batches run fill-drain through the stages (default 1)")
+    add_scan_argument(parser)
+    compilation_cache.add_arguments(parser)
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs a model on given or random inputs; optionally saves the outputs and compares with onnxruntime."""
+    _check_output_path(args.output)
+    if args.microbatches != 1 and not args.devices:
+        raise UsageError("--microbatches splits the batch of a model with pipeline stages; it goes with --devices N")
+    if args.devices:
+        ensure_devices(args.devices)
+    console = terminal.make_console()
+    if args.devices:
+        _check_annotated(args.model, args.devices)
+        runner = onnx2jax.compile(
+            args.model, microbatches=args.microbatches, scan_layers=scan_setting(args.scan_layers)
+        )
+        model = runner.model
+    else:
+        runner = model = onnx2jax.translate(args.model, scan_layers=scan_setting(args.scan_layers))
+        if model.segments:
+            console.print(f"runs in {len(model.segments)} segments (data-dependent output shapes):", markup=False)
+            for line in describe(model.segments):
+                console.print(f"  {line}", markup=False)
+    dims = parse_dims(args.dim, symbolic_dims(model))
+    given = conform(read_input_files(args.input, model.input_names), model)
+    drawn = random_inputs(model, args.seed, dims, skip=list(given.values))
+    inputs = {**drawn.values, **given.values}
+    for note in drawn.notes + given.notes:
+        console.print(f"note: {note}", markup=False)
+    with console.status(f"tracing and compiling {args.model} ..."), compilation_cache.watch() as lookups:
+        first, outputs, steady, calls = _timed_calls(runner, inputs)
+    console.print(
+        f"first call {first:.2f}s (trace + {lookups.describe()} + run), then {_ms(steady)} per call (mean of {calls})"
+    )
+    console.print(model.layers_report(), markup=False)
+    if args.devices:
+        runner.report(**inputs).render(console)
+    if args.output:
+        np.savez(args.output, **dict(zip(model.output_names, outputs, strict=True)))
+    reference, why_not = _onnxruntime_outputs(args.model, inputs) if args.check else (None, None)
+    worst, nonfinite = 0.0, []
+    for index, (name, out) in enumerate(zip(model.output_names, outputs)):
+        line = f"{name}: shape {out.shape} dtype {out.dtype}"
+        if reference is not None:
+            diff = max_abs_diff(out, reference[index])
+            worst = max(worst, diff)
+            line += f"  max |diff| vs onnxruntime {diff:.3g}"
+            nonfinite += _nonfinite_where_finite(name, out, reference[index])
+        console.print(line, markup=False)
+    if args.output:
+        console.print(f"wrote {args.output}: {', '.join(model.output_names)}", markup=False)
+    if why_not is not None:
+        console.print(f"not checked: onnxruntime cannot run this model: {why_not}", markup=False)
+        return 1
+    if nonfinite:
+        console.print(f"[red]{'; '.join(nonfinite)}[/red]")
+        return 1
+    if reference is not None and worst > args.tolerance:
+        console.print(f"[red]max |diff| {worst:.3g} exceeds tolerance {args.tolerance:g}[/red]")
+        return 1
+    return 0
+
+
+def _check_output_path(path: str | None) -> None:
+    """Fails before any compile when ``--output`` cannot be written."""
+    if path is None:
+        return
+    if not path.endswith(".npz"):
+        raise UsageError(f"--output writes a .npz file; got {path!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise UsageError(f"--output {path}: folder {folder} does not exist")
+
+
+def _check_annotated(path: str, devices: int) -> None:
+    """``--devices N`` needs a model with a device configuration of at most N devices."""
+    configurations = device_configurations(as_model_proto(path))  # external weights stay on disk
+    if not configurations:
+        raise CliError(
+            f"{path} has no sharding annotations, so --devices {devices} has nothing to shard; "
+            f"annotate it first (onnx2jax annotate {path} --plan megatron --devices {devices} -o out.onnx) "
+            "or leave out --devices"
+        )
+    name, config = next(iter(configurations.items()))
+    if config.num_devices > devices:
+        raise UsageError(f"configuration {name!r} of {path} needs {config.num_devices} devices; "
+                         f"pass --devices {config.num_devices}")
+
+
+def _timed_calls(runner, inputs: dict[str, np.ndarray], budget: float = 1.0, most: int = 20):
+    """(seconds of the first call, its outputs as numpy, mean seconds of later calls, how many)."""
+    import jax  # loads with the model run, not with the parser (onnx2jax --help)
+
+    start = time.perf_counter()
+    outputs = [np.asarray(o) for o in jax.block_until_ready(runner(**inputs))]
+    first = time.perf_counter() - start
+    calls, spent = 0, 0.0
+    while calls < most and (calls < 2 or spent < budget):
+        start = time.perf_counter()
+        jax.block_until_ready(runner(**inputs))
+        spent += time.perf_counter() - start
+        calls += 1
+    return first, outputs, spent / calls, calls
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.2f}s"
+
+
+def _nonfinite_where_finite(name: str, out: np.ndarray, reference: np.ndarray) -> list[str]:
+    """One message if ``out`` has NaN or inf where onnxruntime's ``reference`` is finite."""
+    if out.shape != reference.shape or out.dtype.kind not in "fc":
+        return []
+    bad = ~np.isfinite(out) & np.isfinite(reference)
+    if not bad.any():
+        return []
+    nans, infs = int(np.isnan(out[bad]).sum()), int(np.isinf(out[bad]).sum())
+    return [f"{name}: {nans} NaN and {infs} inf where onnxruntime's output is finite"]
+
+
+def _onnxruntime_outputs(model_path: str, inputs: dict[str, np.ndarray]) -> tuple[list[np.ndarray] | None, str | None]:
+    """onnxruntime's outputs, or None and why onnxruntime could not run the model."""
+    try:
+        import onnxruntime as ort  # optional: only --check needs it
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise CliError("--check needs onnxruntime: pip install onnxruntime") from e
+    try:
+        session = ort.InferenceSession(model_path, providers=["CPUExecutionProvider"])
+        return session.run(None, inputs), None
+    except Exception as e:  # noqa: BLE001 - onnxruntime's own errors; our outputs are still shown
+        return None, str(e).strip().splitlines()[0][:300]
