@@ -1,0 +1,97 @@
+"""`import onnx2jax`, ``onnx2jax --help`` and ``onnx2jax check`` import no jax (issue 19: a lazy package).
+
+Each check runs in a fresh interpreter: the test process itself has jax loaded already.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import onnx2jax
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "onnx2jax" / "data" / "tiny_llama.onnx"
+
+# Runs the CLI in-process, then says whether jax was imported; argv comes from sys.argv.
+CLI = """
+import sys
+from onnx2jax.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as e:  # --help
+    code = e.code
+print("exit", code)
+assert "jax" not in sys.modules, "jax was imported"
+"""
+
+
+def _python(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+def test_importing_onnx2jax_does_not_import_jax():
+    result = _python("-c", "import sys, onnx2jax, onnx2jax.errors; assert 'jax' not in sys.modules, 'jax was imported'")
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_exported_name_resolves_to_what_its_module_defines():
+    import importlib
+
+    for name, module in onnx2jax._EXPORTS.items():
+        assert getattr(onnx2jax, name) is getattr(importlib.import_module(module), name)
+    assert set(onnx2jax.__all__) == set(onnx2jax._EXPORTS) | {"__version__"}
+    with pytest.raises(AttributeError):
+        onnx2jax.no_such_name  # noqa: B018
+
+
+def test_a_loaded_submodule_does_not_hide_the_export_of_its_name():
+    # onnx2jax/translate.py defines translate(): once the module loads, onnx2jax.translate stays the function.
+    code = "import onnx2jax, onnx2jax.translate; assert callable(onnx2jax.translate), onnx2jax.translate"
+    result = _python("-c", code)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_errors_the_compile_docstring_promises_are_importable_from_onnx2jax():
+    from sharding.diagnostics import ShardingError
+    from sharding.mesh.layout import MeshMappingError
+    from sharding.text import SpecSyntaxError
+
+    assert onnx2jax.ShardingError is ShardingError
+    assert onnx2jax.MeshMappingError is MeshMappingError
+    assert onnx2jax.SpecSyntaxError is SpecSyntaxError
+
+
+def test_help_does_not_import_jax():
+    result = _python("-c", CLI, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "exit 0" in result.stdout and "commands:" in result.stdout
+
+
+@pytest.mark.parametrize("command", ["check", "explain"])
+def test_check_of_the_demo_model_does_not_import_jax(command):
+    # The demo model has no annotations: check says so (exit 1) without starting jax.
+    result = _python("-c", CLI, command, str(DEMO))
+    assert result.returncode == 0, result.stderr
+    assert "exit 1" in result.stdout and "no sharding annotations" in result.stderr
+
+
+def test_annotate_then_check_the_demo_model_does_not_import_jax(tmp_path):
+    annotated = tmp_path / "tp2.onnx"
+    result = _python("-c", CLI, "annotate", str(DEMO), "--plan", "megatron", "--devices", "2", "-o", str(annotated))
+    assert result.returncode == 0, result.stderr
+    assert "exit 0" in result.stdout
+    result = _python("-c", CLI, "check", str(annotated))
+    assert result.returncode == 0, result.stderr
+    assert "exit 0" in result.stdout and "no errors" in result.stdout
+
+
+def test_the_check_command_as_a_process_does_not_import_jax():
+    # The onnx2jax script's entry point in a process where any import of jax fails.
+    blocker = "import sys; sys.modules['jax'] = None; from onnx2jax.cli import main; sys.exit(main())"
+    result = _python("-c", blocker, "check", str(DEMO))
+    assert result.returncode == 1, result.stderr
+    assert "no sharding annotations" in result.stderr, result.stderr
