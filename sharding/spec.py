@@ -31,6 +31,7 @@ import onnx
 
 from sharding import _geometry
 from sharding.model_arg import takes_model
+from sharding.notation import format_spec
 
 # Helpers that normalise constructor arguments, naming the field on failure.
 
@@ -298,8 +299,6 @@ class ShardingSpec:
         return tuple(sorted(result.items(), reverse=True))
 
     def __repr__(self) -> str:
-        from sharding.text import format_spec  # text builds on this module
-
         return f"ShardingSpec({self.tensor_name!r}, {format_spec(self)!r})"
 
     @property

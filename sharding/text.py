@@ -31,6 +31,9 @@ a bare negative ``-k`` refers to a group written elsewhere. STRING is a JSON
 string; ``?`` is an unwritten size. `format_spec` writes the shortest form, so
 ``format_spec(parse_spec(t)) == t`` for such text and
 ``parse_spec(format_spec(s), s.tensor_name) == s`` for every spec.
+
+The printer lives in :mod:`sharding.notation`, below `sharding.spec` (whose specs print
+themselves with it); this module adds the parser.
 """
 
 from __future__ import annotations
@@ -38,10 +41,11 @@ from __future__ import annotations
 import json
 import re
 
+from sharding.notation import REPLICATED
+from sharding.notation import format_spec as format_spec  # the printing half of the notation
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
 _INT = re.compile(r"[+-]?\d+")
-_REPLICATED = "replicated"
 
 
 class SpecSyntaxError(ValueError):
@@ -121,7 +125,7 @@ def _parse_part(p: _Parser) -> SimpleShardedDim:
 
 
 def _parse_dims(p: _Parser) -> tuple[ShardedDim, ...]:
-    if p.accept(_REPLICATED):
+    if p.accept(REPLICATED):
         return ()
     dims = []
     while True:
@@ -232,54 +236,3 @@ def parse_spec(text: str, tensor_name: str = "") -> ShardingSpec:
         return ShardingSpec(tensor_name, dims, devices, groups)
     except (TypeError, ValueError) as e:
         raise p.error(str(e), devices_at) from None
-
-
-def _format_part(part: SimpleShardedDim) -> str:
-    if part.dim_value is not None:
-        size = str(part.dim_value)
-    elif part.dim_param is not None:
-        size = json.dumps(part.dim_param)
-    else:
-        size = "?"
-    return f"{size}x{part.num_shards}"
-
-
-def _format_dim(dim: ShardedDim) -> str:
-    if len(dim.parts) == 1:
-        part = dim.parts[0]
-        if part.dim_value is None and part.dim_param is None:
-            return f"{dim.axis}:{part.num_shards}"
-    return f"{dim.axis}:({','.join(_format_part(p) for p in dim.parts)})"
-
-
-def _format_set(members: tuple[int, ...]) -> str:
-    return "{" + ",".join(map(str, members)) + "}"
-
-
-def format_spec(spec: ShardingSpec) -> str:
-    """Writes a spec in the text notation (the tensor name is not included).
-
-    Args:
-        spec: The spec.
-
-    Returns:
-        The shortest text that `parse_spec` reads back as ``spec``.
-
-    Example:
-        >>> format_spec(ShardingSpec.split("X", {0: 2}, [[0, 1], [2, 3]]))
-        '0:2 @ [{0,1},{2,3}]'
-    """
-    dims = ",".join(_format_dim(d) for d in spec.sharded_dims) or _REPLICATED
-    group_map = dict(spec.groups)
-    written: list[int] = []
-    entries = []
-    for entry in spec.devices:
-        if entry >= 0 or entry in written:
-            entries.append(str(entry))
-            continue
-        automatic = entry == -len(written) - 1
-        entries.append(("" if automatic else str(entry)) + _format_set(group_map[entry]))
-        written.append(entry)
-    unused = [f"{key}{_format_set(m)}" for key, m in spec.groups if key not in written]
-    body = ",".join(entries) + (";" + ",".join(unused) if unused else "")
-    return f"{dims} @ [{body}]"

@@ -22,7 +22,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.runtime.constraints import Placement, SpecKey
 from onnx2jax.errors import DeviceCountError
-from sharding.mesh.layout import Layout, MeshMapping, MeshPlan, layout_of, map_specs
+from sharding.mesh.layout import Layout, MeshPlan, layout_of
+from sharding.mesh.mapping import MeshMapping, map_specs
 from onnx2jax.runtime.parameters import holdable_sharding, padded_shape
 from sharding.diagnostics import Diagnostic, ShardingError
 

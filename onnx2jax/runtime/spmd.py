@@ -44,7 +44,7 @@ from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
 from onnx2jax.errors import NodeError
 from onnx2jax.runtime.fast_call import FastCall, call_key, moved_inputs
 from onnx2jax.loading import ModelLike, open_model
-from sharding.mesh.layout import MeshMapping, map_specs
+from sharding.mesh.mapping import MeshMapping, map_specs
 from onnx2jax.runtime.parameters import ParameterStore
 from onnx2jax.runtime.placements import (
     input_placements,

@@ -1,1 +1,2 @@
-"""Specs onto one device mesh, jax-free: layouts and mesh plans (:mod:`layout`), the complete search (:mod:`search`)."""
+"""Specs onto one device mesh, jax-free: a spec's layout and mesh plans (:mod:`layout`), the mapping of a
+configuration's specs onto one mesh (:mod:`mapping`), and the complete search it falls back on (:mod:`search`)."""

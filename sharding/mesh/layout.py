@@ -1,8 +1,11 @@
-"""ONNX sharding specs -> one jax Mesh and a PartitionSpec per spec.
+"""A spec's layout on the devices, and a mesh plan's: what :mod:`sharding.mesh.mapping` matches.
+
+The mapping (ONNX sharding specs -> one jax Mesh and a PartitionSpec per spec) is in
+:mod:`sharding.mesh.mapping`, the complete search in :mod:`sharding.mesh.search`; how they work:
 
 One SPMD program needs one device order for all of its shardings. A spec's
 *layout* says which devices hold each shard; a ``NamedSharding(mesh, P(...))``
-says the same thing through mesh axes. This module finds a mesh on which every
+says the same thing through mesh axes. :func:`~sharding.mesh.mapping.map_specs` finds a mesh on which every
 spec of a configuration is a NamedSharding, or says which spec cannot be
 expressed and why.
 
@@ -152,7 +155,7 @@ def _devices_for(plan: MeshPlan, assignment: dict[int, tuple[int, ...]], grid_si
     return result
 
 
-def _assignments(sizes: Sequence[int], axis_sizes: Sequence[int]):
+def assignments(sizes: Sequence[int], axis_sizes: Sequence[int]):
     """Every way to give grid axis g an ordered tuple of distinct mesh axes multiplying to sizes[g]."""
 
     def ordered_subsets(available: tuple[int, ...], target: int):
@@ -186,7 +189,7 @@ def find_pspec(layout: Layout, plan: MeshPlan, *, exact: bool) -> PSpec | None:
         be contained in the mesh's: the other devices hold replicas.
     """
     sizes = [n for _, n in layout.grid]
-    for assignment in _assignments(sizes, plan.axis_sizes):
+    for assignment in assignments(sizes, plan.axis_sizes):
         got = _devices_for(plan, assignment, sizes)
         ok = all(
             (want == have) if exact else want <= have for want, have in zip(layout.shard_devices, got)
@@ -212,215 +215,8 @@ def prime_factors(n: int) -> list[int]:
     return factors
 
 
-def _candidate_orders(layouts: Sequence[Layout], num_devices: int) -> list[tuple[int, ...]]:
-    """Device orders worth trying: the identity, then orders read off each spec.
-
-    A spec on every device gives its shard-major and replica-major orders; a
-    spec on some devices gives its shard-major order followed by the devices
-    it leaves out (which then hold replicas).
-    """
-    everyone = list(range(num_devices))
-    orders = [tuple(everyone)]
-    for layout in layouts:
-        groups = [sorted(s) for s in layout.shard_devices]
-        shard_major = [d for g in groups for d in g]
-        sizes = {len(g) for g in groups}
-        replica_major = [g[r] for r in range(len(groups[0])) for g in groups] if len(sizes) == 1 else shard_major
-        for order in (shard_major, replica_major):
-            if len(set(order)) != len(order):
-                continue
-            order = tuple(order + [d for d in everyone if d not in order])
-            if order not in orders:
-                orders.append(order)
-    return orders
-
-
-def _merge_axes(plan: MeshPlan, pspecs: list[PSpec]) -> tuple[MeshPlan, list[PSpec]]:
-    """Merges neighbouring mesh axes that every PartitionSpec uses together, in order."""
-    names = list(plan.axis_names)
-    sizes = list(plan.axis_sizes)
-    changed = True
-    while changed and len(names) > 1:
-        changed = False
-        for i in range(len(names) - 1):
-            a, b = names[i], names[i + 1]
-            if all(_together(p, a, b) for p in pspecs):
-                merged = f"{a}+{b}"
-                pspecs = [_rename(p, a, b, merged) for p in pspecs]
-                names[i : i + 2] = [merged]
-                sizes[i : i + 2] = [sizes[i] * sizes[i + 1]]
-                changed = True
-                break
-    # Give the surviving axes short names again: d0, d1, ...
-    final = tuple(f"d{i}" for i in range(len(names)))
-    rename = dict(zip(names, final))
-    pspecs = [tuple(None if e is None else tuple(rename[a] for a in e) for e in p) for p in pspecs]
-    return MeshPlan(final, tuple(sizes), plan.device_order), pspecs
-
-
-def _together(pspec: PSpec, a: str, b: str) -> bool:
-    for entry in pspec:
-        if entry is None:
-            continue
-        if a in entry or b in entry:
-            if a not in entry or b not in entry or entry.index(b) != entry.index(a) + 1:
-                return False
-    return True
-
-
-def _rename(pspec: PSpec, a: str, b: str, merged: str) -> PSpec:
-    out = []
-    for entry in pspec:
-        if entry is not None and a in entry:
-            i = entry.index(a)
-            entry = (*entry[:i], merged, *entry[i + 2 :])
-        out.append(entry)
-    return tuple(out)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshMapping:
-    """The result of mapping a configuration's specs onto one mesh.
-
-    Attributes:
-      plan: the mesh (names, sizes, device order).
-      pspecs: per spec key, the PartitionSpec entries (over expanded dims).
-      partial: per spec key that uses only some devices, the devices that hold
-        replicas although the spec does not name them.
-    """
-
-    plan: MeshPlan
-    pspecs: dict[object, PSpec]
-    partial: dict[object, frozenset[int]]
-
-
-def map_specs(
-    layouts: dict[object, Layout], num_devices: int, plan: MeshPlan | None = None
-) -> MeshMapping:
-    """Finds one mesh on which every layout is a NamedSharding.
-
-    Args:
-      layouts: the specs to express, by any key the caller uses to name them
-        (the key appears in error messages).
-      num_devices: the configuration's device count.
-      plan: a fixed mesh (a user's mesh); when None one is searched for.
-
-    Raises:
-      MeshMappingError: naming every spec that cannot be expressed, and why.
-    """
-    everyone = frozenset(range(num_devices))
-    if plan is not None:
-        candidates = [plan]
-    else:
-        factors = prime_factors(num_devices) or [1]
-        factor_orders = sorted(set(itertools.permutations(factors)))
-        candidates = [
-            MeshPlan(tuple(f"d{i}" for i in range(len(fs))), fs, order)
-            for order in _candidate_orders(list(layouts.values()), num_devices)
-            for fs in factor_orders
-        ]
-    best: tuple[MeshPlan, dict, list] | None = None
-    for candidate in candidates:
-        pspecs, failed = {}, []
-        for key, layout in layouts.items():
-            found = find_pspec(layout, candidate, exact=layout.devices == everyone)
-            if found is None:
-                failed.append(key)
-            else:
-                pspecs[key] = found
-        if not failed:
-            best = (candidate, pspecs, [])
-            break
-        if best is None or len(failed) < len(best[2]):
-            best = (candidate, pspecs, failed)
-    assert best is not None
-    chosen, pspecs, failed = best
-    if failed and plan is None:
-        # The orders read off the specs were not enough: search them all.
-        chosen, pspecs = _complete_search(layouts, num_devices)
-        failed = []
-    if failed:
-        raise MeshMappingError(_explain_failures(failed, layouts, chosen))
-    keys = list(pspecs)
-    if plan is None:
-        chosen, merged = _merge_axes(chosen, [pspecs[k] for k in keys])
-        pspecs = dict(zip(keys, merged))
-    # On a NamedSharding every mesh device holds some shard, so the devices a
-    # partial spec leaves out hold replicas.
-    partial = {key: everyone - layouts[key].devices for key in keys if layouts[key].devices != everyone}
-    return MeshMapping(chosen, pspecs, partial)
-
-
-def _complete_search(layouts: dict[object, Layout], num_devices: int) -> tuple[MeshPlan, dict[object, PSpec]]:
-    """The plan and PartitionSpecs of :func:`sharding.mesh.search.search`.
-
-    Raises:
-      MeshMappingError: no mesh exists; names the specs no mesh expresses
-        alone, or those that conflict with the specs before them.
-    """
-    from sharding.mesh import search as mesh_search  # it builds on this module's Layout and assignments
-
-    keys = list(layouts)
-    found = mesh_search.search([layouts[k] for k in keys], num_devices)
-    if found is None:
-        raise MeshMappingError(_explain_impossible(layouts, num_devices))
-    axis_sizes, order, per_layout = found
-    plan = MeshPlan(tuple(f"d{i}" for i in range(len(axis_sizes))), axis_sizes, order)
-    pspecs = {}
-    for key, assignment in zip(keys, per_layout):
-        layout = layouts[key]
-        entries: list[tuple[str, ...] | None] = [None] * layout.rank
-        for g, (dim, _) in enumerate(layout.grid):
-            if assignment.get(g):
-                entries[dim] = tuple(plan.axis_names[a] for a in assignment[g])
-        pspecs[key] = tuple(entries)
-    return plan, pspecs
-
-
-def _explain_impossible(layouts: dict[object, Layout], num_devices: int) -> str:
-    """Which specs no mesh expresses: alone, or together with the specs accepted before them."""
-    from sharding.mesh import search as mesh_search
-
-    alone = [k for k, layout in layouts.items() if mesh_search.search([layout], num_devices) is None]
-    accepted: list = []
-    conflicts: list = []
-    for key, layout in layouts.items():
-        if key in alone:
-            continue
-        if mesh_search.search([layouts[k] for k in accepted] + [layout], num_devices) is None:
-            conflicts.append(key)
-        else:
-            accepted.append(key)
-    lines = [f"  {k}: {_describe(layouts[k])} (no mesh expresses it, whatever the other specs)" for k in alone]
-    lines += [f"  {k}: {_describe(layouts[k])}" for k in conflicts]
-    tried = mesh_search.search_size(list(layouts.values()), num_devices)
-    return (
-        f"{len(alone) + len(conflicts)} sharding spec(s) cannot be expressed as a NamedSharding on "
-        "any mesh that also fits the other specs:\n"
-        + "\n".join(lines)
-        + f"\nTried: the device orders read off the specs, then {tried}; the specs listed are those "
-        "that no order fits together with the specs before them (in graph order). "
-        "A NamedSharding places shard i of a split axis on a block of the mesh's device array; "
-        "reorder the devices of these specs, or run them in another configuration."
-    )
-
-
-def _describe(layout: Layout) -> str:
+def describe(layout: Layout) -> str:
+    """A layout in words for error messages: its shard grid and the devices of its first shards."""
     grid = " x ".join(str(n) for _, n in layout.grid) or "no split"
     shards = ", ".join("{" + ",".join(map(str, sorted(s))) + "}" for s in layout.shard_devices[:8])
     return f"shard grid {grid}, shard devices {shards}"
-
-
-def _explain_failures(failed: list, layouts: dict, plan: MeshPlan) -> str:
-    """Names the specs a given mesh cannot express."""
-    lines = [f"  {key}: {_describe(layouts[key])}" for key in failed]
-    return (
-        f"{len(failed)} sharding spec(s) cannot be expressed as a NamedSharding on the given mesh "
-        f"(axes {dict(zip(plan.axis_names, plan.axis_sizes))}, devices {plan.device_array().tolist()}):\n"
-        + "\n".join(lines)
-        + "\nTried: every assignment of the mesh's axes to each spec's shard-grid axes. "
-        "A NamedSharding places shard i of a split axis on a block of the mesh's device array; "
-        "these device assignments are not such blocks. Reorder the devices of these specs, "
-        "pass devices= to place the configuration's devices differently on the mesh, or let "
-        "compile build the mesh (mesh=None)."
-    )

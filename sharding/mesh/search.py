@@ -11,7 +11,7 @@ coordinates.
 
 The search. Mapping a layout's shard-grid axis g (n_g shards) onto an ordered
 tuple of mesh axes whose sizes multiply to n_g (an *assignment*, as in
-``mesh._assignments``) pins, for every device of shard k, its coordinate on
+``sharding.mesh.layout.assignments``) pins, for every device of shard k, its coordinate on
 those mesh axes to the mixed-radix digits of k's grid index. An exact layout
 (on every device) is then a NamedSharding exactly when the coordinates all
 devices receive extend to a bijection onto the mesh coordinates: every
@@ -39,8 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from sharding.mesh.layout import Layout, prime_factors
-from sharding.mesh.layout import _assignments as assignments
+from sharding.mesh.layout import Layout, MeshMappingError, MeshPlan, PSpec, assignments, describe, prime_factors
 
 
 def _pins(layout: Layout, assignment: dict[int, tuple[int, ...]], axis_sizes: Sequence[int], num_devices: int) -> np.ndarray | None:
@@ -144,4 +143,54 @@ def search_size(layouts: Sequence[Layout], num_devices: int) -> str:
         f"every order of the {num_devices} devices on a mesh of axes {list(axis_sizes)} "
         f"({math.factorial(num_devices):,} orders; every mesh is one of these up to renaming its axes), "
         f"searched exhaustively with pruning over {len({(l.grid, l.shard_devices) for l in layouts})} distinct specs"
+    )
+
+
+def complete_search(layouts: dict[object, Layout], num_devices: int) -> tuple[MeshPlan, dict[object, PSpec]]:
+    """The plan and PartitionSpecs of :func:`search`, for :func:`sharding.mesh.mapping.map_specs`.
+
+    Raises:
+      MeshMappingError: no mesh exists; names the specs no mesh expresses
+        alone, or those that conflict with the specs before them.
+    """
+    keys = list(layouts)
+    found = search([layouts[k] for k in keys], num_devices)
+    if found is None:
+        raise MeshMappingError(explain_impossible(layouts, num_devices))
+    axis_sizes, order, per_layout = found
+    plan = MeshPlan(tuple(f"d{i}" for i in range(len(axis_sizes))), axis_sizes, order)
+    pspecs = {}
+    for key, assignment in zip(keys, per_layout):
+        layout = layouts[key]
+        entries: list[tuple[str, ...] | None] = [None] * layout.rank
+        for g, (dim, _) in enumerate(layout.grid):
+            if assignment.get(g):
+                entries[dim] = tuple(plan.axis_names[a] for a in assignment[g])
+        pspecs[key] = tuple(entries)
+    return plan, pspecs
+
+
+def explain_impossible(layouts: dict[object, Layout], num_devices: int) -> str:
+    """Which specs no mesh expresses: alone, or together with the specs accepted before them."""
+    alone = [k for k, layout in layouts.items() if search([layout], num_devices) is None]
+    accepted: list = []
+    conflicts: list = []
+    for key, layout in layouts.items():
+        if key in alone:
+            continue
+        if search([layouts[k] for k in accepted] + [layout], num_devices) is None:
+            conflicts.append(key)
+        else:
+            accepted.append(key)
+    lines = [f"  {k}: {describe(layouts[k])} (no mesh expresses it, whatever the other specs)" for k in alone]
+    lines += [f"  {k}: {describe(layouts[k])}" for k in conflicts]
+    tried = search_size(list(layouts.values()), num_devices)
+    return (
+        f"{len(alone) + len(conflicts)} sharding spec(s) cannot be expressed as a NamedSharding on "
+        "any mesh that also fits the other specs:\n"
+        + "\n".join(lines)
+        + f"\nTried: the device orders read off the specs, then {tried}; the specs listed are those "
+        "that no order fits together with the specs before them (in graph order). "
+        "A NamedSharding places shard i of a split axis on a block of the mesh's device array; "
+        "reorder the devices of these specs, or run them in another configuration."
     )

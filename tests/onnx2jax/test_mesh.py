@@ -2,7 +2,8 @@
 
 import pytest
 
-from sharding.mesh.layout import MeshMappingError, MeshPlan, layout_of, map_specs
+from sharding.mesh.layout import MeshMappingError, MeshPlan, layout_of
+from sharding.mesh.mapping import map_specs
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
 

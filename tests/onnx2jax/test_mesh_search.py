@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sharding.mesh.layout import MeshMappingError, layout_of, map_specs
+from sharding.mesh.layout import MeshMappingError, layout_of
+from sharding.mesh.mapping import map_specs
 from sharding.mesh.search import search
 from sharding import tiles
 from sharding.spec import ShardingSpec
