@@ -61,7 +61,8 @@ from sharding.diagnostics import Diagnostic, Severity
 from sharding.reshard import reshard_kind
 from sharding.rules import rule_for
 from sharding.stages import has_stages
-from sharding.rules.core import NodeContext, Shape, node_devices, renamed, replicated, sharded_dims, text
+from sharding.rules.base import NodeContext, Shape, text
+from sharding.rules.views import node_devices, renamed, replicated, sharded_dims
 from sharding.spec import NodeConfig, ShardingSpec
 
 

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sharding.rules.core import Shape, device_sets, dim_key, node_devices, sharded_dims
+from sharding.rules.base import Shape
+from sharding.rules.views import device_sets, dim_key, node_devices, sharded_dims
 from sharding.spec import ShardingSpec
 
 

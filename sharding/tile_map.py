@@ -32,7 +32,8 @@ import onnx
 
 from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference, reshard_note_kind
-from sharding.rules.core import Shape, sharded_dims
+from sharding.rules.base import Shape
+from sharding.rules.views import sharded_dims
 from sharding.spec import ShardingSpec, device_configurations
 from sharding.text import format_spec
 from sharding.tiles import Range, device_regions

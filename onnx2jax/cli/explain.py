@@ -39,7 +39,7 @@ from onnx2jax.cli import console as terminal  # terminal.make_console at call ti
 from onnx2jax.cli.errors import CliError, check_writable, require_matplotlib
 from onnx2jax.tile_plot import render
 from sharding.infer import Inference, completed_model, reshard_note_kind
-from sharding.rules.core import sharded_dims
+from sharding.rules.views import sharded_dims
 from sharding.segment_sharding import describe
 from sharding.text import format_spec
 from sharding.tile_map import tile_map

@@ -1,5 +1,9 @@
 """Sharding rules, one module per op group; each rule serves checking and inference.
 
+This package only assembles the rules into `RULES`; what they share is in
+`base` (the `Rule` base and `NodeContext`), `views` (spec views) and the two
+engines `contract` and `regroup`, which the rule modules import directly.
+
 A rule declares the op types it covers and has one method,
 ``propagate(ctx, in_specs) -> (out_specs, diagnostics)``: given the node
 (`NodeContext`: attributes, shapes, constants) and one spec per input (None
@@ -29,36 +33,12 @@ values          Shape, Size, Range, ConstantOfShape, ... (small replicated value
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from sharding.diagnostics import Diagnostic
-from sharding.spec import ShardingSpec
-from sharding.rules.core import NodeContext as NodeContext
-
-
-class Rule:
-    """Base of all rules: subclasses set ``ops`` and implement `outputs`."""
-
-    ops: frozenset[str] = frozenset()
-
-    def propagate(
-        self, ctx: NodeContext, in_specs: Sequence[ShardingSpec | None]
-    ) -> tuple[list[ShardingSpec | None], list[Diagnostic]]:
-        """Output specs of the node and the problems found (see the module docstring)."""
-        outs = list(self.outputs(ctx, list(in_specs)))
-        outs += [None] * (len(ctx.node.output) - len(outs))
-        outs = [None if not name else spec for name, spec in zip(ctx.node.output, outs, strict=False)]
-        return outs, list(ctx.diagnostics)
-
-    def outputs(
-        self, ctx: NodeContext, in_specs: list[ShardingSpec | None]
-    ) -> list[ShardingSpec | None]:  # pragma: no cover - abstract
-        raise NotImplementedError
+from sharding.rules import broadcast, conv, gather, matmul, normalization, reduction, shape, unary, values
+from sharding.rules.base import NodeContext as NodeContext  # with Rule, what a new rule is written against
+from sharding.rules.base import Rule as Rule
 
 
 def _registry() -> dict[str, Rule]:
-    from sharding.rules import broadcast, conv, gather, matmul, normalization, reduction, shape, unary, values
-
     table: dict[str, Rule] = {}
     for module in (unary, broadcast, reduction, normalization, matmul, shape, gather, values, conv):
         for rule in module.RULES:

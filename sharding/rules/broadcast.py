@@ -12,8 +12,9 @@ an error.
 
 from __future__ import annotations
 
-from sharding.rules import Rule
-from sharding.rules.core import Operand, contract, elementwise_labels, renamed, sharded_dims
+from sharding.rules.base import Rule
+from sharding.rules.contract import Operand, contract, elementwise_labels
+from sharding.rules.views import renamed, sharded_dims
 
 OPS = frozenset(
     """

@@ -31,8 +31,9 @@ Layout ``X[N, C, *spatial]`` (ONNX's NCHW). What each axis may carry:
 
 from __future__ import annotations
 
-from sharding.rules import Rule
-from sharding.rules.core import Operand, contract, sharded_dims, text
+from sharding.rules.base import Rule, text
+from sharding.rules.contract import Operand, contract
+from sharding.rules.views import sharded_dims
 
 CONV = frozenset({"Conv", "ConvInteger", "QLinearConv"})
 WINDOWED_POOLS = frozenset({"MaxPool", "AveragePool", "LpPool"})

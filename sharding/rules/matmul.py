@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import re
 
-from sharding.rules import Rule
-from sharding.rules.core import Operand, contract, elementwise_labels, sharded_dims, text
+from sharding.rules.base import Rule, text
+from sharding.rules.contract import Operand, contract, elementwise_labels
+from sharding.rules.views import sharded_dims
 
 NAMES = {"m": "M", "n": "N", "k": "K"}
 

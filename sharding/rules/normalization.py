@@ -20,8 +20,9 @@ MeanVarianceNormalization     ``axes`` (default [0, 2, 3])
 
 from __future__ import annotations
 
-from sharding.rules import Rule
-from sharding.rules.core import Operand, contract, elementwise_labels, sharded_dims
+from sharding.rules.base import Rule
+from sharding.rules.contract import Operand, contract, elementwise_labels
+from sharding.rules.views import sharded_dims
 
 SOFTMAX = frozenset({"Softmax", "LogSoftmax", "Hardmax"})
 TRAILING = frozenset({"LayerNormalization", "RMSNormalization"})

@@ -13,8 +13,9 @@ Softmax over a sharded axis); values and indices share one spec.
 
 from __future__ import annotations
 
-from sharding.rules import Rule
-from sharding.rules.core import Operand, contract, sharded_dims
+from sharding.rules.base import Rule
+from sharding.rules.contract import Operand, contract
+from sharding.rules.views import sharded_dims
 
 REDUCE = frozenset(
     """

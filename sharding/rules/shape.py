@@ -19,22 +19,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from sharding.rules.base import Rule, text
+from sharding.rules.contract import Operand, contract, elementwise_labels
+from sharding.rules.regroup import regroup, reshape_groups, unshard
+from sharding.rules.views import build_spec, device_sets, make_dim, resolved_parts, sharded_dims
 from sharding.spec import ShardingSpec
-from sharding.rules import Rule
-from sharding.rules.core import (
-    Operand,
-    build_spec,
-    contract,
-    device_sets,
-    elementwise_labels,
-    make_dim,
-    regroup,
-    reshape_groups,
-    resolved_parts,
-    sharded_dims,
-    text,
-    unshard,
-)
 
 
 def _shape(ctx, rank, index=0):

@@ -7,8 +7,8 @@ take no part.
 
 from __future__ import annotations
 
-from sharding.rules import Rule
-from sharding.rules.core import renamed
+from sharding.rules.base import Rule
+from sharding.rules.views import renamed
 
 OPS = frozenset(
     """

@@ -7,8 +7,8 @@ node (0007 lists ConstantOfShape with the unary ops; its input is a shape).
 
 from __future__ import annotations
 
-from sharding.rules import Rule
-from sharding.rules.core import node_devices, replicated
+from sharding.rules.base import Rule
+from sharding.rules.views import node_devices, replicated
 
 OPS = frozenset(
     """

@@ -1,6 +1,6 @@
 """Shape ops: Reshape (split/fuse), Transpose, Squeeze/Unsqueeze, Flatten, Concat, Split, Slice, Expand, Tile."""
 
-from sharding.rules.core import reshape_groups
+from sharding.rules.regroup import reshape_groups
 
 
 def test_reshape_groups():
