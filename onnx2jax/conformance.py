@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import pathlib
 import re
+import warnings
 from typing import Any, Callable, Iterable
 
 import jax
 import numpy as np
 import onnx
 import onnx.numpy_helper
+import yaml
 from onnx.backend.test.case.node import collect_testcases
 from onnx.backend.test.case.test_case import TestCase
 
@@ -28,8 +31,6 @@ from onnx2jax.translate import translate
 @functools.lru_cache(maxsize=1)
 def node_cases() -> tuple[TestCase, ...]:
     """ONNX's node test cases, sorted by name (generated once per process)."""
-    import warnings
-
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         cases = [c for c in collect_testcases() if c.kind == "node"]
@@ -168,10 +169,6 @@ def expected_failures() -> dict[str, str]:
     Read from ``node_xfails.yaml``, the list the test suite holds strictly
     (tests/onnx2jax/node_xfails.yaml; the package carries it as data).
     """
-    import pathlib
-
-    import yaml
-
     path = pathlib.Path(__file__).resolve().parent / "data" / "node_xfails.yaml"
     grouped = yaml.safe_load(path.read_text()) or {}
     return {case: reason for by_case in grouped.values() for case, reason in by_case.items()}

@@ -44,7 +44,7 @@ def render(tiles: TileMap, path: str | os.PathLike, *, title: str, max_rows: int
     Raises:
         ImportError: matplotlib is not installed (the ``plot`` extra).
     """
-    import matplotlib
+    import matplotlib  # the optional ``plot`` extra, loaded only to draw
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

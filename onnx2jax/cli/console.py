@@ -8,13 +8,13 @@ colours and spinners itself), lines not wrapped, and tables laid out at least
 
 from __future__ import annotations
 
+from rich.console import Console
+
 PIPED_WIDTH = 200
 
 
-def make_console():
+def make_console() -> Console:
     """A rich Console for command output (see the module docstring)."""
-    from rich.console import Console
-
     console = Console(highlight=False)
     if not console.is_terminal:
         console = Console(highlight=False, width=max(console.width, PIPED_WIDTH), soft_wrap=True)
