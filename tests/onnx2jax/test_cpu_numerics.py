@@ -182,7 +182,8 @@ def _sqrt_model(path) -> str:
 
 
 def test_run_check_fails_on_nan_where_onnxruntime_is_finite(tmp_path, capsys, monkeypatch):
-    from onnx2jax.cli import app as cli
+    from onnx2jax import cli
+    from onnx2jax.cli import run as cli_run
 
     model = _sqrt_model(tmp_path / "sqrt.onnx")
     np.save(tmp_path / "x.npy", np.array([4.0, -1.0, np.inf], np.float32))
@@ -191,7 +192,7 @@ def test_run_check_fails_on_nan_where_onnxruntime_is_finite(tmp_path, capsys, mo
     assert cli.main(argv) == 0
     capsys.readouterr()
     # A reference that is finite where onnx2jax gives NaN and inf (as the light CNNs' softmax once did).
-    monkeypatch.setattr(cli, "_onnxruntime_outputs", lambda path, inputs: ([np.array([2.0, 0.0, 1.0], np.float32)], None))
+    monkeypatch.setattr(cli_run, "_onnxruntime_outputs", lambda path, inputs: ([np.array([2.0, 0.0, 1.0], np.float32)], None))
     assert cli.main(argv) == 1
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last == "y: 1 NaN and 1 inf where onnxruntime's output is finite"
