@@ -1,0 +1,191 @@
+"""onnxruntime's decoder attention ops that its model builder writes (com.microsoft): RotaryEmbedding and
+GroupQueryAttention with its KV cache.
+
+Semantics follow onnxruntime's CPU kernels (``onnxruntime/contrib_ops/cpu/bert``), checked node by node against
+them in the tests. ONNX has no schemas for these ops, so the attribute defaults are the Python defaults below.
+
+GroupQueryAttention, per batch row b with ``L = seqlens_k[b] + 1`` valid tokens in all (past + new) and
+``S`` new tokens: the new tokens sit at positions ``past = max(L - S, 0)`` onwards (a first prompt, where
+``total_sequence_length == S``, starts at 0 and its row may be right-padded: ``L < S``). Rotary positions are
+``past + s``. The new keys and values are written into the cache at rows ``[past, past + S)`` of that batch row;
+query token s attends to cache rows ``j < L`` with ``j <= past + s`` (causal) and ``j >= past + s -
+local_window_size`` (sliding window). The present cache is ``max(total_sequence_length, past capacity)`` long:
+a past of the full capacity is updated in place (onnxruntime's shared past/present buffer), a shorter past is
+extended. Rows past a row's valid length are unspecified in onnxruntime; here they keep the past's values (or
+zeros), and a right-padded prompt's padding tokens attend to the row's valid keys.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from onnx2jax.ops.registry import register
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def rotate(x, cos, sin, *, interleaved: bool):
+    """Rotary embedding of the first ``2 * cos.shape[-1]`` features of x's last axis; the rest pass through.
+
+    ``cos``/``sin`` broadcast against x's leading axes with a last axis of rotary_dim / 2. Non-interleaved: the
+    rotary part's halves are the real and imaginary parts; interleaved: even and odd features are.
+    """
+    half = cos.shape[-1]
+    rot, rest = x[..., : 2 * half], x[..., 2 * half :]
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    if interleaved:
+        pairs = rot.reshape(*rot.shape[:-1], half, 2)
+        real, imag = pairs[..., 0], pairs[..., 1]
+        out = jnp.stack([real * cos - imag * sin, imag * cos + real * sin], axis=-1).reshape(rot.shape)
+    else:
+        real, imag = rot[..., :half], rot[..., half:]
+        out = jnp.concatenate([real * cos - imag * sin, imag * cos + real * sin], axis=-1)
+    return jnp.concatenate([out, rest], axis=-1) if rest.shape[-1] else out
+
+
+@register("RotaryEmbedding", 1, domain="com.microsoft")
+def rotary_embedding(
+    x, position_ids, cos_cache, sin_cache, *,
+    interleaved: int = 0, is_packed_batching: int = 0, num_heads: int = 0, rotary_embedding_dim: int = 0,
+    scale: float = 1.0,
+):
+    """Rotary embedding of ``x`` (B, S, hidden) or (B, N, S, head) at ``position_ids`` (B, S), or at
+    ``position_ids[0] + s`` when position_ids has one element; the caches are (max_position, rotary_dim / 2)."""
+    if is_packed_batching:
+        raise NotImplementedError("RotaryEmbedding with is_packed_batching=1 is not implemented")
+    if x.ndim == 4:
+        b, _, s, head = x.shape
+    else:
+        b, s, hidden = x.shape
+        head = hidden // num_heads if num_heads else 2 * cos_cache.shape[-1]
+    rotary_dim = rotary_embedding_dim or head
+    half = rotary_dim // 2
+    if position_ids.size == 1:
+        positions = jnp.broadcast_to(position_ids.reshape(()) + jnp.arange(s, dtype=position_ids.dtype), (b, s))
+    else:
+        positions = position_ids.reshape(b, s)
+    cos = jnp.take(cos_cache[:, :half], positions, axis=0)  # (B, S, half)
+    sin = jnp.take(sin_cache[:, :half], positions, axis=0)
+    if x.ndim == 4:
+        return rotate(x, cos[:, None], sin[:, None], interleaved=bool(interleaved))
+    heads = x.reshape(b, s, hidden // head, head)
+    return rotate(heads, cos[:, :, None], sin[:, :, None], interleaved=bool(interleaved)).reshape(x.shape)
+
+
+def _present_length(total_sequence_length, past_key, new_length: int) -> int:
+    """The present cache's length: max(total_sequence_length, past capacity), as onnxruntime sizes it.
+
+    A traced total_sequence_length (a fixed-capacity decode loop feeds it as data) keeps the past's capacity:
+    the cache is one buffer updated in place. Without a past the cache holds the new tokens.
+    """
+    capacity = 0 if past_key is None else past_key.shape[2]
+    if isinstance(total_sequence_length, (np.ndarray, np.generic)):
+        return max(int(np.asarray(total_sequence_length).reshape(())), capacity)
+    return max(capacity, new_length)
+
+
+def _write_cache(past, new, start, length: int):
+    """past (B, H, C, D) (or None) extended to ``length`` rows, with new (B, H, S, D) written at rows start[b]."""
+    b, h, s, d = new.shape
+    if past is None:
+        base = jnp.zeros((b, h, length, d), new.dtype)
+    else:
+        base = past.astype(new.dtype)
+        if past.shape[2] < length:
+            base = jnp.pad(base, ((0, 0), (0, 0), (0, length - past.shape[2]), (0, 0)))
+    zero = jnp.zeros((), jnp.int32)
+    write = jax.vmap(lambda cache, rows, at: jax.lax.dynamic_update_slice(cache, rows, (zero, at, zero)))
+    return write(base, new, start.astype(jnp.int32))
+
+
+def _masked_softmax(scores, allowed, sink):
+    """Softmax over the last axis of the allowed entries; a row with none allowed is all zeros. ``sink`` (a
+    logit broadcastable to the rows, or None) joins each row's denominator without a column of its own."""
+    neg = jnp.asarray(-jnp.inf, scores.dtype)
+    m = jnp.max(jnp.where(allowed, scores, neg), axis=-1, keepdims=True)
+    if sink is not None:
+        m = jnp.maximum(m, sink)
+    m = jnp.where(jnp.isfinite(m), m, 0)
+    e = jnp.where(allowed, jnp.exp(scores - m), 0)
+    denominator = jnp.sum(e, axis=-1, keepdims=True)
+    if sink is not None:
+        denominator = denominator + jnp.exp(sink - m)
+    return e / jnp.where(denominator > 0, denominator, 1)
+
+
+@register("GroupQueryAttention", 1, domain="com.microsoft")
+def group_query_attention(
+    query, key=None, value=None, past_key=None, past_value=None, seqlens_k=None, total_sequence_length=None,
+    cos_cache=None, sin_cache=None, position_ids=None, attention_bias=None, head_sink=None, k_scale=None,
+    v_scale=None, q_norm_weight=None, k_norm_weight=None, *,
+    num_heads: int, kv_num_heads: int, causal: int = 1, do_rotary: int = 0, rotary_interleaved: int = 0,
+    local_window_size: int = -1, scale: float = 0.0, softcap: float = 0.0, smooth_softmax: int = 0,
+    qk_output: int = 0, sliding_window_cache: int = 0, mask_filter_value: float = -10000.0,
+    k_quant_type: str = "NONE", v_quant_type: str = "NONE", kv_cache_bit_width: int = 0,
+    qk_norm_epsilon: float = 1e-6,
+):
+    """Grouped-query attention with a KV cache: (output (B, S, N * D), present_key, present_value); see the
+    module docstring for the positions, the cache update and the mask."""
+    if k_scale is not None or v_scale is not None or k_quant_type != "NONE" or v_quant_type != "NONE":
+        raise NotImplementedError("GroupQueryAttention with a quantized KV cache is not implemented")
+    if q_norm_weight is not None or k_norm_weight is not None:
+        raise NotImplementedError("GroupQueryAttention with q_norm_weight/k_norm_weight is not implemented")
+    if qk_output:
+        raise NotImplementedError("GroupQueryAttention's output_qk (qk_output != 0) is not implemented")
+    if sliding_window_cache:
+        raise NotImplementedError("GroupQueryAttention with sliding_window_cache=1 is not implemented")
+    b, s, width = query.shape
+    if key is None:
+        head = width // (num_heads + 2 * kv_num_heads)
+        q, k, v = jnp.split(query, [num_heads * head, (num_heads + kv_num_heads) * head], axis=-1)
+    else:
+        head = width // num_heads
+        q, k, v = query, key, value
+
+    def bnsh(x, heads):
+        return jnp.transpose(x.reshape(b, s, heads, head), (0, 2, 1, 3))
+
+    compute = jnp.float32 if query.dtype in (jnp.float16, jnp.bfloat16) else query.dtype
+    q, k, v = bnsh(q, num_heads), bnsh(k, kv_num_heads), bnsh(v, kv_num_heads)
+    valid = seqlens_k.astype(jnp.int32) + 1  # (B,) tokens in all, past and new
+    start = jnp.maximum(valid - s, 0)  # (B,) where the new tokens begin
+    positions = start[:, None] + jnp.arange(s, dtype=jnp.int32)[None]  # (B, S)
+    if do_rotary:
+        rotary_positions = positions if position_ids is None else position_ids.reshape(b, s).astype(jnp.int32)
+        cos = jnp.take(cos_cache, rotary_positions, axis=0)[:, None]  # (B, 1, S, rotary_dim / 2)
+        sin = jnp.take(sin_cache, rotary_positions, axis=0)[:, None]
+        q = rotate(q, cos, sin, interleaved=bool(rotary_interleaved))
+        k = rotate(k, cos, sin, interleaved=bool(rotary_interleaved))
+    length = _present_length(total_sequence_length, past_key, s)
+    present_key = _write_cache(past_key, k, start, length)
+    present_value = _write_cache(past_value, v, start, length)
+
+    group = num_heads // kv_num_heads
+    qg = q.astype(compute).reshape(b, kv_num_heads, group, s, head)
+    scores = jnp.einsum("bkgsd,bktd->bkgst", qg, present_key.astype(compute), precision=_HIGHEST)
+    scores = scores * jnp.asarray(scale if scale else 1 / np.sqrt(head), compute)
+    if softcap > 0:
+        scores = softcap * jnp.tanh(scores / softcap)
+    if attention_bias is not None:
+        bias = attention_bias.astype(compute)[..., :length]  # columns past total_sequence_length are masked
+        bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, length - bias.shape[-1])])
+        scores = scores + jnp.broadcast_to(bias, (bias.shape[0], num_heads, s, bias.shape[-1])).reshape(
+            bias.shape[0], kv_num_heads, group, s, bias.shape[-1]
+        )
+    column = jnp.arange(length, dtype=jnp.int32)[None, None, :]  # (1, 1, P)
+    allowed = column < valid[:, None, None]  # (B, S, P)
+    if causal:
+        allowed = allowed & (column <= positions[:, :, None])
+    if local_window_size > 0:
+        allowed = allowed & (column > positions[:, :, None] - local_window_size)
+    sink = None
+    if head_sink is not None:
+        sink = head_sink.astype(compute).reshape(1, kv_num_heads, group, 1, 1)
+    elif smooth_softmax:
+        sink = jnp.zeros((), compute)
+    probs = _masked_softmax(scores, allowed[:, None, None], sink)
+    out = jnp.einsum("bkgst,bktd->bkgsd", probs, present_value.astype(compute), precision=_HIGHEST)
+    out = jnp.transpose(out.reshape(b, num_heads, s, head), (0, 2, 1, 3)).reshape(b, s, num_heads * head)
+    return out.astype(query.dtype), present_key, present_value
