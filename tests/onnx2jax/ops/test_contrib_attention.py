@@ -38,24 +38,25 @@ def test_rotary_embedding(interleaved, case):
     check("RotaryEmbedding", 1, [x, positions, cos, sin], **attrs)
 
 
-def _gqa_inputs(b, s, heads, kv_heads, head, past, seqlens, total, *, packed, rotary, position_ids, bias, sink):
-    q, k, v = _f(b, s, heads * head), _f(b, s, kv_heads * head), _f(b, s, kv_heads * head)
+def _gqa_inputs(b, s, heads, kv_heads, head, past, seqlens, total, *, packed, rotary, position_ids, bias, sink, dtype):
+    f = functools.partial(_f, dtype=dtype)
+    q, k, v = f(b, s, heads * head), f(b, s, kv_heads * head), f(b, s, kv_heads * head)
     arrays = [np.concatenate([q, k, v], axis=-1), None, None] if packed else [q, k, v]
-    arrays += [_f(b, kv_heads, past, head), _f(b, kv_heads, past, head)] if past is not None else [None, None]
+    arrays += [f(b, kv_heads, past, head), f(b, kv_heads, past, head)] if past is not None else [None, None]
     arrays += [np.asarray(seqlens, np.int32), np.asarray(total, np.int32)]
-    arrays += [_f(64, head // 2), _f(64, head // 2)] if rotary else [None, None]
+    arrays += [f(64, head // 2), f(64, head // 2)] if rotary else [None, None]
     arrays += [position_ids, bias, sink]
     return arrays
 
 
 def check_gqa(
     *, b=2, s=1, heads=4, kv_heads=2, head=16, past=None, seqlens, total, packed=True, rotary=False,
-    interleaved=0, position_ids=None, bias=None, sink=None, static_total=True, **attrs
+    interleaved=0, position_ids=None, bias=None, sink=None, static_total=True, dtype=np.float32, tol=1e-5, **attrs
 ):
     """One GroupQueryAttention node through onnxruntime and onnx2jax; compares the defined parts."""
     arrays = _gqa_inputs(
         b, s, heads, kv_heads, head, past, seqlens, total,
-        packed=packed, rotary=rotary, position_ids=position_ids, bias=bias, sink=sink,
+        packed=packed, rotary=rotary, position_ids=position_ids, bias=bias, sink=sink, dtype=dtype,
     )
     if rotary:
         attrs.update(do_rotary=1, rotary_interleaved=interleaved)
@@ -72,10 +73,13 @@ def check_gqa(
     for row, length in enumerate(lengths):
         start = max(length - s, 0)
         real = slice(0, min(s, length - start))
-        np.testing.assert_allclose(actual[0][row, real], expected[0][row, real], rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            actual[0][row, real].astype(np.float32), expected[0][row, real].astype(np.float32), rtol=tol, atol=tol
+        )
         for cache in (1, 2):
             np.testing.assert_allclose(
-                actual[cache][row, :, :length], expected[cache][row, :, :length], rtol=1e-5, atol=1e-5
+                actual[cache][row, :, :length].astype(np.float32),
+                expected[cache][row, :, :length].astype(np.float32), rtol=tol, atol=tol,
             )
     return actual
 
@@ -146,3 +150,9 @@ def test_gqa_attention_bias_after_softcap():
 def test_gqa_smooth_softmax_and_head_sink():
     check_gqa(s=5, seqlens=[4, 4], total=5, smooth_softmax=1)
     check_gqa(s=5, seqlens=[4, 4], total=5, sink=_f(4))
+
+
+@pytest.mark.parametrize("past", [None, 8])
+def test_gqa_float16(past):
+    s, seqlens, total = (5, [4, 2], 5) if past is None else (1, [6, 3], 7)
+    check_gqa(s=s, past=past, seqlens=seqlens, total=total, rotary=True, dtype=np.float16, tol=4e-3)

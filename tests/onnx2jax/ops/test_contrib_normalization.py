@@ -53,3 +53,9 @@ def test_skip_layer_norm(attrs, optional):
 
 def test_skip_layer_norm_broadcast_skip():
     check("SkipLayerNormalization", 1, [_f(2, 3, 16), _f(3, 16), _f(16), _f(16)], n_out=1, **MS)
+
+
+@pytest.mark.parametrize("op", ["SkipSimplifiedLayerNormalization", "SkipLayerNormalization"])
+def test_skip_norms_float16(op):
+    x, skip, gamma = (_f(2, 3, 16, dtype=np.float16) for _ in range(3))
+    check(op, 1, [x, skip, gamma[0, 0]], n_out=1, rtol=2e-3, atol=4e-3, **MS)

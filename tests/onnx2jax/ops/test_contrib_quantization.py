@@ -70,3 +70,15 @@ def test_packed_weights_stay_packed_in_the_program():
     jaxpr = jax.make_jaxpr(lambda a, b: matmul_nbits(a, b, scales, zero, K=k, N=n, block_size=block_size))(_f(2, k), b)
     assert jaxpr.in_avals[1].dtype == np.uint8 and jaxpr.in_avals[1].shape == b.shape
     assert "shift_right_logical" in {eqn.primitive.name for eqn in jaxpr.jaxpr.eqns}
+
+
+def test_matmul_float16():
+    k, n, block_size = 64, 8, 16
+    b, scales, zero, _, _ = _weights(k, n, 4, block_size, "uint8", bias=False)
+    a = _f(3, k, dtype=np.float16)
+    model, feeds = opcheck.single_node_model(
+        "MatMulNBits", 1, [a, b, scales.astype(np.float16), zero], inits=(1, 2, 3), domain="com.microsoft",
+        K=k, N=n, bits=4, block_size=block_size,
+    )
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    opcheck.assert_outputs(expected, translate(model)(*feeds.values()), rtol=2e-3, atol=4e-3)
