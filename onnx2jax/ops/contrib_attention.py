@@ -7,11 +7,13 @@ them in the tests. ONNX has no schemas for these ops, so the attribute defaults 
 GroupQueryAttention, per batch row b with ``L = seqlens_k[b] + 1`` valid tokens in all (past + new) and
 ``S`` new tokens: the new tokens sit at positions ``past = max(L - S, 0)`` onwards (a first prompt, where
 ``total_sequence_length == S``, starts at 0 and its row may be right-padded: ``L < S``). Rotary positions are
-``past + s``. The new keys and values are written into the cache at rows ``[past, past + S)`` of that batch row;
-query token s attends to cache rows ``j < L`` with ``j <= past + s`` (causal) and ``j >= past + s -
-local_window_size`` (sliding window). The present cache is ``max(total_sequence_length, past capacity)`` long:
-a past of the full capacity is updated in place (onnxruntime's shared past/present buffer), a shorter past is
-extended. Rows past a row's valid length are unspecified in onnxruntime; here they keep the past's values (or
+``past + s``, or position_ids' (in a first prompt: its first element plus s, for every row, as onnxruntime
+reads it). The new keys and values are written into the cache at rows ``[past, past + S)`` of that batch row;
+query token s attends to cache rows ``j < L`` with ``j <= past + s`` (causal) and ``j > past + s -
+local_window_size`` (a sliding window of local_window_size tokens, the query's own included). Scores are scaled,
+softcapped, then attention_bias is added. The present cache is ``max(total_sequence_length, past capacity)``
+long: a past of the full capacity is updated in place (onnxruntime's shared past/present buffer), a shorter past
+is extended. Rows past a row's valid length are unspecified in onnxruntime; here they keep the past's values (or
 zeros), and a right-padded prompt's padding tokens attend to the row's valid keys.
 """
 
@@ -100,6 +102,15 @@ def _write_cache(past, new, start, length: int):
     return write(base, new, start.astype(jnp.int32))
 
 
+def _rotary_positions(position_ids, total_sequence_length, b: int, s: int):
+    """GroupQueryAttention's rotary positions from a position_ids input: per token, except in a first prompt
+    (``total_sequence_length == S``), where onnxruntime reads the first element and counts on from it."""
+    ids = position_ids.reshape(b, s).astype(jnp.int32)
+    first = ids.reshape(-1)[0] + jnp.arange(s, dtype=jnp.int32)
+    is_first_prompt = jnp.asarray(total_sequence_length).reshape(()) == s
+    return jnp.where(is_first_prompt, jnp.broadcast_to(first, (b, s)), ids)
+
+
 def _masked_softmax(scores, allowed, sink):
     """Softmax over the last axis of the allowed entries; a row with none allowed is all zeros. ``sink`` (a
     logit broadcastable to the rows, or None) joins each row's denominator without a column of its own."""
@@ -153,7 +164,9 @@ def group_query_attention(
     start = jnp.maximum(valid - s, 0)  # (B,) where the new tokens begin
     positions = start[:, None] + jnp.arange(s, dtype=jnp.int32)[None]  # (B, S)
     if do_rotary:
-        rotary_positions = positions if position_ids is None else position_ids.reshape(b, s).astype(jnp.int32)
+        rotary_positions = positions
+        if position_ids is not None:
+            rotary_positions = _rotary_positions(position_ids, total_sequence_length, b, s)
         cos = jnp.take(cos_cache, rotary_positions, axis=0)[:, None]  # (B, 1, S, rotary_dim / 2)
         sin = jnp.take(sin_cache, rotary_positions, axis=0)[:, None]
         q = rotate(q, cos, sin, interleaved=bool(rotary_interleaved))

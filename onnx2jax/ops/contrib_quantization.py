@@ -45,7 +45,7 @@ def matmul_nbits(
     a, b, scales, zero_points=None, g_idx=None, bias=None, *,
     K: int, N: int, block_size: int, bits: int = 4, accuracy_level: int = 0,
 ):
-    """A [..., K] @ dequantize(B).T [K, N] (+ bias). ``accuracy_level`` (a CPU kernel's compute-type hint) is ignored."""
+    """A [..., K] @ dequantize(B).T [K, N] (+ bias); ``accuracy_level`` (a CPU kernel's compute-type hint) is ignored."""
     if g_idx is not None:
         raise NotImplementedError("MatMulNBits with g_idx (act-order group indices) is not implemented")
     if bits not in (2, 4, 8):

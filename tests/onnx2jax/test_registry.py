@@ -12,7 +12,9 @@ _ONNXRUNTIME_DEFAULT_DOMAIN = {"SimplifiedLayerNormalization"}
 
 def test_every_registered_version_is_a_real_schema_version():
     real = {(s.domain, s.name, s.since_version) for s in onnx.defs.get_all_schemas_with_history()}
-    onnxruntime_only = {k for k in registered() if k.domain == "com.microsoft" or k.op_type in _ONNXRUNTIME_DEFAULT_DOMAIN}
+    onnxruntime_only = {
+        k for k in registered() if k.domain == "com.microsoft" or k.op_type in _ONNXRUNTIME_DEFAULT_DOMAIN
+    }
     assert not {(k.domain, k.op_type, k.since_version) for k in onnxruntime_only} & real
     bogus = sorted(k for k in registered() - onnxruntime_only if (k.domain, k.op_type, k.since_version) not in real)
     assert not bogus, f"registered versions that ONNX does not define: {bogus}"

@@ -21,9 +21,7 @@ check = functools.partial(opcheck.check, rtol=1e-5, atol=1e-5, **MS)
 
 
 @pytest.mark.parametrize("interleaved", [0, 1])
-@pytest.mark.parametrize(
-    "case", ["3d", "3d_offset", "4d", "partial", "num_heads"]
-)
+@pytest.mark.parametrize("case", ["3d", "3d_offset", "4d", "partial", "num_heads"])
 def test_rotary_embedding(interleaved, case):
     b, s, n, h = 2, 5, 3, 16
     cos, sin = _f(32, h // 2), _f(32, h // 2)
@@ -129,6 +127,13 @@ def test_gqa_rotary_position_ids():
     check_gqa(past=6, seqlens=[6, 6], total=7, rotary=True, position_ids=ids)
 
 
+@pytest.mark.parametrize("static_total", [True, False])
+def test_gqa_rotary_position_ids_first_prompt(static_total):
+    """In a first prompt onnxruntime reads position_ids' first element and counts on from it, for every row."""
+    ids = np.array([[2, 3, 4, 5], [7, 1, 2, 3]], np.int64)
+    check_gqa(s=4, seqlens=[3, 1], total=4, rotary=True, position_ids=ids, static_total=static_total)
+
+
 @pytest.mark.parametrize("window", [1, 3, 8])
 def test_gqa_local_window_prompt(window):
     check_gqa(b=1, s=9, seqlens=[8], total=9, local_window_size=window, rotary=True)
@@ -136,6 +141,21 @@ def test_gqa_local_window_prompt(window):
 
 def test_gqa_local_window_decode():
     check_gqa(b=2, past=10, seqlens=[8, 5], total=9, local_window_size=3)
+
+
+def test_gqa_local_window_prompt_into_shared_buffer():
+    check_gqa(s=6, past=12, seqlens=[5, 3], total=6, local_window_size=2, softcap=1.0)
+
+
+@pytest.mark.parametrize("past", [None, 12])
+def test_gqa_attention_bias_over_total_length(past):
+    """attention_bias has total_sequence_length columns, fewer than a shared buffer's capacity."""
+    s, seqlens, total = (1, [6, 2], 7) if past else (4, [3, 3], 4)
+    check_gqa(s=s, past=past, seqlens=seqlens, total=total, bias=_f(2, 1, s, total), rotary=True)
+
+
+def test_gqa_not_causal():
+    check_gqa(s=4, seqlens=[3, 1], total=4, causal=0)
 
 
 @pytest.mark.parametrize("attrs", [{"softcap": 0.5}, {"scale": 0.7}, {"softcap": 2.0, "scale": 0.3}])
