@@ -35,10 +35,11 @@ def _skip_sum(x, skip, bias):
 
 @register("SimplifiedLayerNormalization", 1)
 def simplified_layer_norm(x, scale, *, axis: int = -1, epsilon: float = 1e-5, stash_type: int = 1):
-    """RMSNorm over the axes from ``axis`` on: (Y, inv_std_var)."""
+    """RMSNorm over the axes from ``axis`` on: (Y, inv_std_var). Y has the scale's type (onnxruntime's V), which
+    mixed-precision models set apart from X's."""
     axes = tuple(range(axis % x.ndim, x.ndim))
     y, inv = _rms(x, axes, epsilon)
-    return (y * scale.astype(y.dtype)).astype(x.dtype), inv
+    return (y * scale.astype(y.dtype)).astype(scale.dtype), inv
 
 
 @register("SkipSimplifiedLayerNormalization", 1, domain="com.microsoft")

@@ -31,6 +31,12 @@ def test_simplified_layer_norm(opset, attrs):
     check("SimplifiedLayerNormalization", opset, [x, scale], n_out=2, **attrs)
 
 
+@pytest.mark.parametrize("x_type,scale_type", [(np.float16, np.float32), (np.float32, np.float16)])
+def test_simplified_layer_norm_output_has_the_scale_type(x_type, scale_type):
+    check("SimplifiedLayerNormalization", 22, [_f(2, 3, 8, dtype=x_type), _f(8, dtype=scale_type)], n_out=2,
+          rtol=2e-3, atol=4e-3)
+
+
 @pytest.mark.parametrize("attrs", [{}, {"epsilon": 1e-5}])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("shape", [(2, 3, 16), (5, 16)])
