@@ -36,25 +36,30 @@ def test_rotary_embedding(interleaved, case):
     check("RotaryEmbedding", 1, [x, positions, cos, sin], **attrs)
 
 
-def _gqa_inputs(b, s, heads, kv_heads, head, past, seqlens, total, *, packed, rotary, position_ids, bias, sink, dtype):
+def _gqa_inputs(
+    b, s, heads, kv_heads, head, past, seqlens, total, *, packed, rotary, position_ids, bias, sink, dtype, rotary_dim
+):
     f = functools.partial(_f, dtype=dtype)
     q, k, v = f(b, s, heads * head), f(b, s, kv_heads * head), f(b, s, kv_heads * head)
     arrays = [np.concatenate([q, k, v], axis=-1), None, None] if packed else [q, k, v]
     arrays += [f(b, kv_heads, past, head), f(b, kv_heads, past, head)] if past is not None else [None, None]
     arrays += [np.asarray(seqlens, np.int32), np.asarray(total, np.int32)]
-    arrays += [f(64, head // 2), f(64, head // 2)] if rotary else [None, None]
+    half = (rotary_dim or head) // 2
+    arrays += [f(64, half), f(64, half)] if rotary else [None, None]
     arrays += [position_ids, bias, sink]
     return arrays
 
 
 def check_gqa(
     *, b=2, s=1, heads=4, kv_heads=2, head=16, past=None, seqlens, total, packed=True, rotary=False,
-    interleaved=0, position_ids=None, bias=None, sink=None, static_total=True, dtype=np.float32, tol=1e-5, **attrs
+    interleaved=0, position_ids=None, bias=None, sink=None, static_total=True, dtype=np.float32, tol=1e-5,
+    rotary_dim=None, **attrs
 ):
     """One GroupQueryAttention node through onnxruntime and onnx2jax; compares the defined parts."""
     arrays = _gqa_inputs(
         b, s, heads, kv_heads, head, past, seqlens, total,
         packed=packed, rotary=rotary, position_ids=position_ids, bias=bias, sink=sink, dtype=dtype,
+        rotary_dim=rotary_dim,
     )
     if rotary:
         attrs.update(do_rotary=1, rotary_interleaved=interleaved)
@@ -120,6 +125,13 @@ def test_gqa_subsequent_prompt():
 @pytest.mark.parametrize("packed", [True, False])
 def test_gqa_rotary(interleaved, packed):
     check_gqa(s=4, seqlens=[3, 3], total=4, rotary=True, interleaved=interleaved, packed=packed)
+
+
+@pytest.mark.parametrize("interleaved", [0, 1])
+def test_gqa_partial_rotary(interleaved):
+    """A cos/sin cache narrower than head / 2 rotates the first features only (phi-style partial rotary)."""
+    check_gqa(s=4, head=32, seqlens=[3, 2], total=4, rotary=True, rotary_dim=16, interleaved=interleaved)
+    check_gqa(head=32, past=8, seqlens=[5, 7], total=8, rotary=True, rotary_dim=16, interleaved=interleaved)
 
 
 def test_gqa_rotary_position_ids():
