@@ -1,4 +1,5 @@
-"""onnxruntime's MatMulNBits (com.microsoft): a MatMul whose right operand is stored as blocks of n-bit integers.
+"""onnxruntime's block-quantized weights (com.microsoft): MatMulNBits, a MatMul whose right operand is stored as
+blocks of n-bit integers, and GatherBlockQuantized, a Gather from such a table (a model builder's int4 embedding).
 
 ``B`` is ``uint8 [N, n_blocks, blob_size]``: row n of the weight (output feature n) is cut along K into
 ``n_blocks = ceil(K / block_size)`` blocks of ``block_size`` values, each block packed ``8 / bits`` values per byte,
@@ -55,3 +56,51 @@ def matmul_nbits(
     if bias is not None:
         y = y + bias.astype(y.dtype)
     return y
+
+
+@register("GatherBlockQuantized", 1, domain="com.microsoft")
+def gather_block_quantized(
+    data, indices, scales, zero_points=None, *,
+    gather_axis: int = 0, quantize_axis: int = 1, block_size: int = 128, bits: int = 4,
+):
+    """Gather(data, indices) dequantized block-wise along ``quantize_axis``: ``(q - zero_point) * scale``.
+
+    uint8 data packs ``8 / bits`` values per byte along the last axis (default zero point ``2^(bits - 1)``);
+    int4/uint4 data holds one value per element (default zero point 0). Negative indices count from the end;
+    out-of-range ones give zeros. Only the gathered rows are unpacked and dequantized.
+    """
+    rank = data.ndim
+    gather_axis, quantize_axis = gather_axis % rank, quantize_axis % rank
+    packed = data.dtype == jnp.uint8
+    if packed and (gather_axis != 0 or quantize_axis != rank - 1):
+        raise NotImplementedError("GatherBlockQuantized on uint8 data: gather_axis 0 and the last quantize_axis only")
+    size = data.shape[gather_axis]
+    indices = jnp.asarray(indices)
+    index = jnp.where(indices < 0, indices + size, indices)
+    inside = (index >= 0) & (index < size)
+    index = jnp.clip(index, 0, size - 1)
+
+    def rows(x, by=index):  # x gathered along gather_axis: the indices' axes replace it
+        return jnp.take(x, by, axis=gather_axis)
+
+    q = rows(data)
+    if quantize_axis == gather_axis:  # each gathered element has its own block: the block's parameters
+        scale = rows(scales, index // block_size)
+        zero = jnp.zeros((), scales.dtype) if zero_points is None else rows(zero_points, index // block_size)
+    else:
+        axis = quantize_axis + (indices.ndim - 1 if quantize_axis > gather_axis else 0)
+        length = data.shape[quantize_axis] * (8 // bits if packed else 1)
+        q = _unpack(q, bits, length) if packed else q
+
+        def per_element(blocks):  # one value per block -> one per element along the quantized axis
+            return jax.lax.slice_in_dim(jnp.repeat(blocks, block_size, axis=axis), 0, length, axis=axis)
+
+        scale = per_element(rows(scales))
+        if zero_points is None:
+            zero = jnp.asarray((1 << (bits - 1)) if packed else 0, scales.dtype)
+        else:
+            zero = rows(zero_points)
+            zero = per_element(_unpack(zero, bits, scales.shape[-1]) if packed else zero)
+    out = (q.astype(scales.dtype) - zero.astype(scales.dtype)) * scale
+    keep = inside.reshape((1,) * gather_axis + inside.shape + (1,) * (rank - gather_axis - 1))
+    return jnp.where(keep, out, jnp.zeros((), out.dtype))

@@ -82,3 +82,41 @@ def test_matmul_float16():
     )
     expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     opcheck.assert_outputs(expected, translate(model)(*feeds.values()), rtol=2e-3, atol=4e-3)
+
+
+def _check_gather(arrays, inits, **attrs):
+    model, feeds = opcheck.single_node_model(
+        "GatherBlockQuantized", 1, arrays, inits=inits, trim=True, domain="com.microsoft", **attrs
+    )
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    opcheck.assert_outputs(expected, translate(model)(*feeds.values()), rtol=1e-6, atol=1e-6, compare="allclose")
+
+
+@pytest.mark.parametrize("with_zero_points", [False, True])
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_gather_block_quantized_uint8(bits, with_zero_points):
+    """A builder's int4 embedding table: rows packed along the hidden axis; indices negative and out of range."""
+    vocab, hidden, block_size = 10, 64, 16
+    per_byte = 8 // bits
+    data = RNG.integers(0, 256, (vocab, hidden // per_byte)).astype(np.uint8)
+    scales = RNG.random((vocab, hidden // block_size)).astype(np.float32)
+    zero = RNG.integers(0, 256, (vocab, -(-(hidden // block_size) // per_byte))).astype(np.uint8)
+    indices = np.array([[0, 3, -1], [9, 2, 12]], np.int64)
+    arrays = [data, indices, scales] + ([zero] if with_zero_points else [])
+    _check_gather(arrays, inits=(0, 2, 3), bits=bits, block_size=block_size)
+
+
+@pytest.mark.parametrize("with_zero_points", [False, True])
+@pytest.mark.parametrize("axes", [(0, 1), (0, 0), (1, 2)])  # (gather_axis, quantize_axis)
+def test_gather_block_quantized_4_bit_types(with_zero_points, axes):
+    import ml_dtypes
+
+    gather_axis, quantize_axis = axes
+    shape = (10, 64) if gather_axis == 0 else (3, 10, 64)
+    blocks = list(shape)
+    blocks[quantize_axis] = -(-shape[quantize_axis] // 16)
+    data = RNG.integers(-8, 8, shape).astype(ml_dtypes.int4)
+    scales = RNG.random(blocks).astype(np.float32)
+    zero = RNG.integers(-8, 8, blocks).astype(ml_dtypes.int4)
+    arrays = [data, np.array([[1], [4]], np.int64), scales] + ([zero] if with_zero_points else [])
+    _check_gather(arrays, inits=(0, 2, 3), gather_axis=gather_axis, quantize_axis=quantize_axis, block_size=16)
