@@ -32,6 +32,7 @@ from onnx2jax.ops import ml_svm as ml_svm
 from onnx2jax.ops import ml_maps as ml_maps
 from onnx2jax.ops import tfidf as tfidf
 from onnx2jax.ops import image as image
+from onnx2jax.ops import contrib_activations as contrib_activations
 from onnx2jax.ops import contrib_attention as contrib_attention
 from onnx2jax.ops import contrib_normalization as contrib_normalization
 from onnx2jax.ops import contrib_quantization as contrib_quantization
