@@ -41,17 +41,38 @@ def dequantize_nbits(b, scales, zero_points, *, K: int, N: int, bits: int, block
     return ((q - zero) * scale).reshape(N, n_blocks * block_size)[:, :K]
 
 
+def _int8_blocks(a, block_size: int):
+    """``a`` rounded to int8 per block of ``block_size`` along its last axis (scale = max |a| / 127), as
+    onnxruntime's CPU kernel quantizes the activations for accuracy_level 4; returned dequantized."""
+    k = a.shape[-1]
+    n_blocks = -(-k // block_size)
+    padded = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, n_blocks * block_size - k)])
+    blocks = padded.reshape(*a.shape[:-1], n_blocks, block_size)
+    scale = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True) / jnp.asarray(127, a.dtype)
+    inverse = jnp.where(scale > 0, 1 / jnp.where(scale > 0, scale, 1), 0)
+    q = jnp.round(blocks * inverse)  # half to even, as the kernel's float -> int conversion rounds
+    return (q * scale).reshape(padded.shape)[..., :k]
+
+
 @register("MatMulNBits", 1, domain="com.microsoft")
 def matmul_nbits(
     a, b, scales, zero_points=None, g_idx=None, bias=None, *,
     K: int, N: int, block_size: int, bits: int = 4, accuracy_level: int = 0,
 ):
-    """A [..., K] @ dequantize(B).T [K, N] (+ bias); ``accuracy_level`` (a CPU kernel's compute-type hint) is ignored."""
+    """A [..., K] @ dequantize(B).T [K, N] (+ bias).
+
+    ``accuracy_level`` 4 (int8 compute, what the model builder writes for CPU) rounds float32 activations to
+    int8 per block first, as onnxruntime's x86 CPU kernels do where they have an int8 path (4 and 8 bits; 2 bits
+    from block size 32): greedy tokens then match onnxruntime's exactly rather than being slightly more
+    accurate. Other levels, and the other cases, compute in the input type.
+    """
     if g_idx is not None:
         raise NotImplementedError("MatMulNBits with g_idx (act-order group indices) is not implemented")
     if bits not in (2, 4, 8):
         raise NotImplementedError(f"MatMulNBits with bits={bits}: only 2, 4 and 8 are implemented")
     w = dequantize_nbits(b, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size).astype(a.dtype)
+    if accuracy_level == 4 and a.dtype == jnp.float32 and (bits != 2 or block_size >= 32):
+        a = _int8_blocks(a, block_size)
     y = jnp.matmul(a, w.T, precision=_HIGHEST)
     if bias is not None:
         y = y + bias.astype(y.dtype)

@@ -45,6 +45,18 @@ def test_matmul_4_bits(zero_points, k, block_size):
     _check(_f(2, 3, k), weights, weights_as_inputs=False, K=k, N=n, bits=4, block_size=block_size)
 
 
+@pytest.mark.parametrize("accuracy_level", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize(
+    "k,block_size,bits", [(128, 32, 4), (100, 32, 4), (64, 16, 4), (256, 128, 4), (64, 16, 8), (64, 16, 2), (128, 32, 2)]
+)
+def test_matmul_accuracy_level(accuracy_level, k, block_size, bits):
+    """Level 4 (the builder's choice for CPU) rounds the activations to int8 per block in onnxruntime's kernel."""
+    n = 16
+    weights = _weights(k, n, bits, block_size, "uint8", bias=False)
+    _check(_f(3, k), weights, weights_as_inputs=False, K=k, N=n, bits=bits, block_size=block_size,
+           accuracy_level=accuracy_level)
+
+
 @pytest.mark.parametrize("bits", [2, 8])
 def test_matmul_other_bits(bits):
     k, n, block_size = 64, 6, 16
