@@ -95,8 +95,9 @@ def decoder_layer(local_window_size=-1, softcap=0.0):
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21), oh.make_opsetid(MS, 1)], ir_version=10)
 
 
+@pytest.mark.parametrize("capacity", [0, 12])  # a cache grown each step, or one buffer of fixed capacity
 @pytest.mark.parametrize("attrs", [{}, {"local_window_size": 3, "softcap": 5.0}])
-def test_prompt_then_decode_steps(attrs):
+def test_prompt_then_decode_steps(attrs, capacity):
     model = decoder_layer(**attrs)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     jax_model = translate(model)
@@ -104,7 +105,7 @@ def test_prompt_then_decode_steps(attrs):
     lengths = np.array([5, 3])  # the second row right-padded, as GroupQueryAttention reads seqlens_k
     ids = RNG.integers(0, VOCAB, (batch, prompt)).astype(np.int64)
     mask = (np.arange(prompt)[None] < lengths[:, None]).astype(np.int64)
-    past = np.zeros((batch, KV_HEADS, 0, HEAD), np.float32)
+    past = np.zeros((batch, KV_HEADS, capacity, HEAD), np.float32)
     feeds = {"input_ids": ids, "attention_mask": mask, "past_key_values.0.key": past, "past_key_values.0.value": past}
     for step in range(4):
         expected = session.run(None, feeds)
