@@ -21,7 +21,7 @@ check = functools.partial(opcheck.check, rtol=1e-5, atol=1e-5, **MS)
 
 
 @pytest.mark.parametrize("interleaved", [0, 1])
-@pytest.mark.parametrize("case", ["3d", "3d_offset", "4d", "partial", "num_heads"])
+@pytest.mark.parametrize("case", ["3d", "3d_offset", "4d", "partial", "num_heads", "scale"])
 def test_rotary_embedding(interleaved, case):
     b, s, n, h = 2, 5, 3, 16
     cos, sin = _f(32, h // 2), _f(32, h // 2)
@@ -33,6 +33,8 @@ def test_rotary_embedding(interleaved, case):
         attrs.update(num_heads=n, rotary_embedding_dim=8)
     elif case == "num_heads":
         attrs["num_heads"] = n
+    elif case == "scale":  # onnxruntime's kernel does not use it
+        attrs["scale"] = 2.0
     check("RotaryEmbedding", 1, [x, positions, cos, sin], **attrs)
 
 
