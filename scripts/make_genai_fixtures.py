@@ -1,0 +1,460 @@
+"""Make the onnxruntime-genai LLM fixtures under tests/data/genai/ (issue 20).
+
+CI compares onnx2jax's generation with the token ids stored here and never installs
+onnxruntime-genai, torch or transformers. This script is the only place they are needed.
+
+Fixtures (tiny random-weight decoders, fixed seeds, one WordLevel tokenizer made here):
+
+- ``llama_gqa``       LlamaForCausalLM, 8 query heads / 2 KV heads, model builder, fp32.
+- ``llama_mqa``       LlamaForCausalLM, 4 query heads / 1 KV head (multi-query), builder, fp32.
+- ``qwen2_window``    Qwen2ForCausalLM, layer 0 full attention, layer 1 a sliding window of 8
+                      (shorter than the test sequences; GroupQueryAttention local_window_size=8),
+                      q/k/v biases, builder, fp32, built with ``windowed_kv_cache=false`` so
+                      every layer's cache has the full context length.
+- ``llama_gqa_int4``  the int4 (MatMulNBits, block 32, accuracy_level=1) build of ``llama_gqa``.
+- ``llama_gqa_torch`` ``torch.onnx.export`` of ``llama_gqa``'s weights with a cache
+                      (``past_key_values.N.key/value`` in, ``present.N.key/value`` out), plain
+                      ONNX ops only; its tokens come from transformers' ``generate``.
+
+Each builder folder gets ``expected_tokens.json`` (onnxruntime-genai's greedy tokens, prompt
+included) and every folder gets ``forward.npz`` (one plain onnxruntime forward call with a
+non-empty past: inputs, logits, presents).
+
+Install (a separate virtualenv; never a CUDA torch)::
+
+    python -m venv /work/venvs/fixtures
+    /work/venvs/fixtures/bin/pip install torch==2.13.0+cpu   # the local +cpu wheel, or
+        # pip install torch --index-url <PyTorch's CPU index>
+    /work/venvs/fixtures/bin/pip install numpy onnx onnxruntime onnxruntime-genai onnx-ir \\
+        onnxscript transformers tokenizers
+
+Versions used for the stored fixtures: torch 2.13.0+cpu, transformers 5.24.0, onnxruntime 1.32.0,
+onnxruntime-genai 0.18.0, onnx 1.23.2, tokenizers 0.23.3.
+
+Run from the repository root::
+
+    /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py [--only NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT_ROOT = ROOT / "tests" / "data" / "genai"
+
+VOCAB_SIZE = 512
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
+
+# Prompts of different lengths (token ids); the batch run pads them to the longest.
+PROMPTS: list[list[int]] = [
+    [1, 17, 230, 45, 9],
+    [1, 300, 12, 77, 401, 5, 88, 19, 250, 33, 64, 128],
+    [1, 42],
+]
+MAX_LENGTH = 32
+# The forward.npz call: a past of PAST_LEN positions, then NEW_LEN new tokens.
+PAST_LEN, NEW_LEN = 6, 3
+
+
+def make_tokenizer(folder: Path) -> None:
+    """Save a WordLevel tokenizer over made-up words w4..w511 (no network, no download)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), VOCAB_SIZE)})
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
+    )
+    fast.save_pretrained(folder)
+
+
+def hf_config(arch: str) -> Any:
+    """The tiny transformers config of one architecture ('llama_gqa', 'llama_mqa', 'qwen2_window')."""
+    import transformers
+
+    common = dict(
+        vocab_size=VOCAB_SIZE,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        tie_word_embeddings=False,
+        # Larger than the default 0.02 so that greedy choices have clear margins.
+        initializer_range=0.15,
+    )
+    if arch == "llama_gqa":
+        return transformers.LlamaConfig(
+            hidden_size=128, intermediate_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=16, **common
+        )
+    if arch == "llama_mqa":
+        return transformers.LlamaConfig(
+            hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1, head_dim=32, **common
+        )
+    if arch == "qwen2_window":
+        # layer 0 full attention, layer 1 a sliding window of 8 (layer_types); q/k/v have biases.
+        return transformers.Qwen2Config(
+            hidden_size=128,
+            intermediate_size=256,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            use_sliding_window=True,
+            sliding_window=8,
+            max_window_layers=1,
+            **common,
+        )
+    raise ValueError(arch)
+
+
+def make_hf_model(arch: str, seed: int, folder: Path) -> Any:
+    """Random-weight model saved with save_pretrained (plus the tokenizer) into `folder`."""
+    import torch
+    import transformers
+
+    torch.manual_seed(seed)
+    config = hf_config(arch)
+    config._attn_implementation = "eager"
+    cls = transformers.Qwen2ForCausalLM if arch.startswith("qwen2") else transformers.LlamaForCausalLM
+    model = cls(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            # transformers initialises biases (qwen2's q/k/v) to 0 and norms to 1: randomise
+            # them so that the fixtures exercise them.
+            if name.endswith("bias"):
+                param.normal_(0.0, 0.5)
+            elif name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)
+    model.generation_config.pad_token_id = PAD_ID
+    model.save_pretrained(folder)
+    make_tokenizer(folder)
+    return model
+
+
+def run_builder(hf_folder: Path, out: Path, precision: str, extra: dict[str, str]) -> None:
+    """onnxruntime-genai's model builder, CPU execution provider."""
+    cache = hf_folder.parent / "cache"
+    cmd = [
+        sys.executable, "-m", "onnxruntime_genai.models.builder",
+        "-i", str(hf_folder), "-o", str(out), "-p", precision, "-e", "cpu", "-c", str(cache),
+    ]
+    if extra:
+        cmd += ["--extra_options", *[f"{k}={v}" for k, v in extra.items()]]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+
+
+def genai_generate(folder: Path, prompts: list[list[int]], max_length: int) -> list[list[int]]:
+    """onnxruntime-genai greedy generation, one prompt (batch 1) at a time."""
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    out = []
+    for prompt in prompts:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=max_length, do_sample=False)
+        gen = og.Generator(model, params)
+        gen.append_tokens(np.array([prompt], dtype=np.int32))
+        while not gen.is_done():
+            gen.generate_next_token()
+        out.append([int(t) for t in gen.get_sequence(0)])
+    return out
+
+
+def genai_generate_batch(folder: Path, prompts: list[list[int]], max_length: int) -> list[list[int]] | str:
+    """onnxruntime-genai greedy generation of the prompts as one RIGHT-padded batch, or why not.
+
+    onnxruntime-genai takes a GroupQueryAttention model's batch right-padded with pad_token_id
+    (left padding changes the tokens of the short prompts); the sequences it returns keep the
+    pads between each prompt and its new tokens, and max_length counts them.
+    """
+    import onnxruntime_genai as og
+
+    model = og.Model(str(folder))
+    width = max(len(p) for p in prompts)
+    ids = np.full((len(prompts), width), PAD_ID, dtype=np.int32)
+    for i, p in enumerate(prompts):
+        ids[i, : len(p)] = p
+    try:
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=max_length, do_sample=False, batch_size=len(prompts))
+        gen = og.Generator(model, params)
+        gen.append_tokens(ids)
+        while not gen.is_done():
+            gen.generate_next_token()
+        return [[int(t) for t in gen.get_sequence(i)] for i in range(len(prompts))]
+    except Exception as exc:  # noqa: BLE001 - the reason is stored in the fixture
+        return f"{type(exc).__name__}: {exc}"
+
+
+def versions() -> dict[str, str]:
+    import onnx
+    import onnxruntime
+    import onnxruntime_genai
+    import torch
+    import transformers
+
+    return {
+        "onnxruntime_genai": onnxruntime_genai.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "onnx": onnx.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def forward_npz(folder: Path, kv_heads: int, head_size: int, model_file: str = "model.onnx") -> None:
+    """One plain onnxruntime forward call with a past of PAST_LEN positions -> forward.npz.
+
+    The past is the model's own present of a first call on PAST_LEN tokens, so that the stored
+    call is a real decode/chunk step; inputs are stored under their ONNX names, outputs under
+    ``out:<name>``.
+    """
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(folder / model_file), providers=["CPUExecutionProvider"])
+    ins = {i.name: i for i in sess.get_inputs()}
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(4, VOCAB_SIZE, size=(1, PAST_LEN + NEW_LEN), dtype=np.int64)
+
+    def feeds(ids: np.ndarray, start: int, past: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        total = start + ids.shape[1]
+        f: dict[str, np.ndarray] = {}
+        for name, info in ins.items():
+            dtype = np.int32 if "int32" in info.type else np.int64 if "int64" in info.type else np.float32
+            if name == "input_ids":
+                f[name] = ids.astype(dtype)
+            elif name == "attention_mask":
+                f[name] = np.ones((1, total), dtype)
+            elif name == "position_ids":
+                f[name] = np.arange(start, total, dtype=dtype)[None]
+            elif name.startswith("past_key_values"):
+                f[name] = past[name]
+            else:
+                raise ValueError(f"unexpected input {name}")
+        return f
+
+    empty = {
+        name: np.zeros((1, kv_heads, 0, head_size), np.float32) for name in ins if name.startswith("past_key_values")
+    }
+    first = sess.run(None, feeds(tokens[:, :PAST_LEN], 0, empty))
+    out_names = [o.name for o in sess.get_outputs()]
+    past = {}
+    for name, value in zip(out_names, first):
+        if name.startswith("present"):
+            past[name.replace("present", "past_key_values")] = value
+    call = feeds(tokens[:, PAST_LEN:], PAST_LEN, past)
+    outs = sess.run(None, call)
+    arrays = dict(call)
+    arrays.update({f"out:{n}": v for n, v in zip(out_names, outs)})
+    np.savez_compressed(folder / "forward.npz", **arrays)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Indented JSON with each list of numbers on one line (readable token rows)."""
+    text = json.dumps(obj, indent=1)
+    text = re.sub(r"\[\s*(-?[\d.e+-]+(?:,\s*-?[\d.e+-]+)*)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
+    path.write_text(text + "\n")
+
+
+def builder_fixture(name: str, arch: str, seed: int, precision: str, extra: dict[str, str], work: Path) -> None:
+    hf = work / f"hf_{arch}_{seed}"
+    if not hf.exists():
+        make_hf_model(arch, seed, hf)
+    out = OUT_ROOT / name
+    shutil.rmtree(out, ignore_errors=True)
+    run_builder(hf, out, precision, extra)
+    singles = genai_generate(out, PROMPTS, MAX_LENGTH)
+    batch = genai_generate_batch(out, PROMPTS, MAX_LENGTH)
+    write_json(
+        out / "expected_tokens.json",
+        {
+            "source": "onnxruntime-genai greedy (do_sample=False), one prompt per generator",
+            "prompts": PROMPTS,
+            "max_length": MAX_LENGTH,
+            "tokens": singles,
+            "batch_right_padded": {"pad_token_id": PAD_ID, "tokens": batch},
+            "hf": {"architecture": arch, "seed": seed, "config": hf_config(arch).to_dict()},
+            "builder": {"precision": precision, "execution_provider": "cpu", "extra_options": extra},
+            "versions": versions(),
+        },
+    )
+    decoder = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
+    forward_npz(out, decoder["num_key_value_heads"], decoder["head_size"])
+
+
+def export_torch_with_cache(model: Any, path: Path) -> None:
+    """torch.onnx.export (dynamo) of a 2-layer causal LM with flat past/present tensors."""
+    import torch
+    import transformers
+
+    layers = model.config.num_hidden_layers
+    if layers != 2:
+        raise ValueError("the wrapper below spells out the cache of exactly 2 layers")
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, lm: Any) -> None:
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids, attention_mask, position_ids, pk0, pv0, pk1, pv1):  # noqa: ANN001
+            cache = transformers.DynamicCache(config=self.lm.config)
+            for i, (k, v) in enumerate([(pk0, pv0), (pk1, pv1)]):
+                cache.update(k, v, i)
+            out = self.lm(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            presents = []
+            for layer in out.past_key_values.layers:
+                presents += [layer.keys, layer.values]
+            return (out.logits, *presents)
+
+    cfg = model.config
+    kv, hd = cfg.num_key_value_heads, cfg.head_dim
+    batch, seq, past_len = 2, 3, 4
+    args = (
+        torch.randint(4, VOCAB_SIZE, (batch, seq)),
+        torch.ones(batch, past_len + seq, dtype=torch.int64),
+        torch.arange(past_len, past_len + seq)[None].expand(batch, seq),
+        *[torch.randn(batch, kv, past_len, hd) for _ in range(2 * layers)],
+    )
+    past_names = [f"past_key_values.{i}.{kind}" for i in range(layers) for kind in ("key", "value")]
+    names_in = ["input_ids", "attention_mask", "position_ids", *past_names]
+    names_out = ["logits", *[n.replace("past_key_values", "present") for n in past_names]]
+    dynamic = {
+        "input_ids": {0: "batch_size", 1: "sequence_length"},
+        "attention_mask": {0: "batch_size", 1: "total_sequence_length"},
+        "position_ids": {0: "batch_size", 1: "sequence_length"},
+        **{n: {0: "batch_size", 2: "past_sequence_length"} for n in past_names},
+    }
+    with torch.no_grad():
+        torch.onnx.export(
+            Wrapper(model).eval(),
+            args,
+            str(path),
+            input_names=names_in,
+            output_names=names_out,
+            dynamic_axes=dynamic,
+            opset_version=18,
+            dynamo=True,
+            external_data=False,
+        )
+
+
+def transformers_generate(model: Any, prompts: list[list[int]], max_length: int) -> list[list[int]]:
+    """transformers' greedy generate, one prompt at a time."""
+    import torch
+
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt])
+            seq = model.generate(ids, attention_mask=torch.ones_like(ids), max_length=max_length, do_sample=False)
+            out.append([int(t) for t in seq[0]])
+    return out
+
+
+def transformers_generate_left_padded(model: Any, prompts: list[list[int]], max_length: int) -> list[list[int]]:
+    """transformers' greedy generate of the prompts as one LEFT-padded batch (mask 0 on pads)."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), PAD_ID)
+    mask = torch.zeros((len(prompts), width), dtype=torch.int64)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    with torch.no_grad():
+        seq = model.generate(ids, attention_mask=mask, max_length=max_length, do_sample=False)
+    return [[int(t) for t in row] for row in seq]
+
+
+def torch_fixture(name: str, arch: str, seed: int, work: Path) -> None:
+    """The torch export with a cache of the same weights as the builder fixture of (arch, seed)."""
+    hf = work / f"hf_{arch}_{seed}"
+    model = make_hf_model(arch, seed, hf)
+    out = OUT_ROOT / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    export_torch_with_cache(model, out / "model.onnx")
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(hf / f, out / f)
+    tokens = transformers_generate(model, PROMPTS, MAX_LENGTH)
+    genai_file = OUT_ROOT / arch / "expected_tokens.json"
+    genai_tokens = json.loads(genai_file.read_text())["tokens"] if genai_file.exists() else None
+    cfg = model.config
+    write_json(
+        out / "expected_tokens.json",
+        {
+            "source": "transformers generate (greedy, do_sample=False), one prompt per call",
+            "prompts": PROMPTS,
+            "max_length": MAX_LENGTH,
+            "tokens": tokens,
+            "equals_genai_tokens_of": {arch: tokens == genai_tokens},
+            "batch_left_padded": {
+                "pad_token_id": PAD_ID,
+                "tokens": transformers_generate_left_padded(model, PROMPTS, MAX_LENGTH),
+            },
+            "model": {
+                "num_hidden_layers": cfg.num_hidden_layers,
+                "num_attention_heads": cfg.num_attention_heads,
+                "num_key_value_heads": cfg.num_key_value_heads,
+                "head_size": cfg.head_dim,
+                "vocab_size": cfg.vocab_size,
+                "context_length": cfg.max_position_embeddings,
+                "eos_token_id": EOS_ID,
+                "pad_token_id": PAD_ID,
+            },
+            "hf": {"architecture": arch, "seed": seed, "config": cfg.to_dict()},
+            "versions": versions(),
+        },
+    )
+    forward_npz(out, cfg.num_key_value_heads, cfg.head_dim)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None, help="fixture names to (re)make")
+    args = parser.parse_args()
+    want = set(args.only) if args.only else None
+    OUT_ROOT.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        specs = [
+            ("llama_gqa", "llama_gqa", 20, "fp32", {}),
+            ("llama_mqa", "llama_mqa", 21, "fp32", {}),
+            ("qwen2_window", "qwen2_window", 22, "fp32", {"windowed_kv_cache": "false"}),
+            # accuracy_level=1: MatMulNBits computes in fp32 (the CPU default 4 quantizes the
+            # activations to int8, which a dequantize-then-matmul cannot reproduce exactly).
+            ("llama_gqa_int4", "llama_gqa", 20, "int4", {"accuracy_level": "1"}),
+        ]
+        for name, arch, seed, precision, extra in specs:
+            if want is None or name in want:
+                print(f"-- {name}", flush=True)
+                builder_fixture(name, arch, seed, precision, extra, work)
+        if want is None or "llama_gqa_torch" in want:
+            print("-- llama_gqa_torch", flush=True)
+            torch_fixture("llama_gqa_torch", "llama_gqa", 20, work)
+
+
+if __name__ == "__main__":
+    main()
