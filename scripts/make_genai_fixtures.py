@@ -141,6 +141,9 @@ def make_hf_model(arch: str, seed: int, folder: Path) -> Any:
                 param.normal_(0.0, 0.5)
             elif name.endswith("norm.weight"):
                 param.uniform_(0.5, 1.5)
+        # Logits ~4x larger than the init gives: greedy choices further from ties (see
+        # min_top1_top2_logit_gap in expected_tokens.json), so sharded runs' rounding can't flip them.
+        model.lm_head.weight.mul_(4.0)
     model.generation_config.pad_token_id = PAD_ID
     model.save_pretrained(folder)
     make_tokenizer(folder)
@@ -218,6 +221,77 @@ def versions() -> dict[str, str]:
     }
 
 
+def ort_session(path: Path) -> Any:
+    """A plain onnxruntime CPU session, one intra-op thread (as the tests run it)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def step_feeds(sess: Any, ids: np.ndarray, start: int, past: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Feeds of one batch-1 call on `ids` (positions start..), given the past of `start` positions."""
+    total = start + ids.shape[1]
+    feeds: dict[str, np.ndarray] = {}
+    for info in sess.get_inputs():
+        dtype = np.int32 if "int32" in info.type else np.int64
+        if info.name == "input_ids":
+            feeds[info.name] = ids.astype(dtype)
+        elif info.name == "attention_mask":
+            feeds[info.name] = np.ones((1, total), dtype)
+        elif info.name == "position_ids":
+            feeds[info.name] = np.arange(start, total, dtype=dtype)[None]
+        elif info.name.startswith("past_key_values"):
+            feeds[info.name] = past[info.name]
+        else:
+            raise ValueError(f"unexpected input {info.name}")
+    return feeds
+
+
+def empty_past(sess: Any, kv_heads: int, head_size: int) -> dict[str, np.ndarray]:
+    return {
+        i.name: np.zeros((1, kv_heads, 0, head_size), np.float32)
+        for i in sess.get_inputs()
+        if i.name.startswith("past_key_values")
+    }
+
+
+def presents_as_past(sess: Any, outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    names = [o.name for o in sess.get_outputs()]
+    return {n.replace("present", "past_key_values"): v for n, v in zip(names, outputs) if n.startswith("present")}
+
+
+def ort_greedy(folder: Path, prompt: list[int], max_length: int, kv_heads: int, head_size: int) -> tuple[list[int], float]:
+    """Greedy tokens of a plain onnxruntime loop (prefill, then one token a step), and the smallest
+    gap between the best and second-best logit over the chosen tokens (how far from a tie)."""
+    sess = ort_session(folder / "model.onnx")
+    tokens = list(prompt)
+    past = empty_past(sess, kv_heads, head_size)
+    new = np.array([prompt])
+    margin = float("inf")
+    while len(tokens) < max_length:
+        outputs = sess.run(None, step_feeds(sess, new, len(tokens) - new.shape[1], past))
+        last = outputs[0][0, -1]
+        top2 = np.sort(last)[-2:]
+        margin = min(margin, float(top2[1] - top2[0]))
+        tokens.append(int(np.argmax(last)))
+        if tokens[-1] == EOS_ID:
+            break
+        past = presents_as_past(sess, outputs)
+        new = np.array([[tokens[-1]]])
+    return tokens, margin
+
+
+def ort_greedy_check(folder: Path, expected: list[list[int]], kv_heads: int, head_size: int) -> dict[str, Any]:
+    """Whether a plain onnxruntime greedy loop gives the stored tokens, and the tokens' margins."""
+    runs = [ort_greedy(folder, p, MAX_LENGTH, kv_heads, head_size) for p in PROMPTS]
+    return {
+        "equals_tokens": [r[0] == e for r, e in zip(runs, expected)],
+        "min_top1_top2_logit_gap": [round(r[1], 5) for r in runs],
+    }
+
+
 def forward_npz(folder: Path, kv_heads: int, head_size: int, model_file: str = "model.onnx") -> None:
     """One plain onnxruntime forward call with a past of PAST_LEN positions -> forward.npz.
 
@@ -225,43 +299,14 @@ def forward_npz(folder: Path, kv_heads: int, head_size: int, model_file: str = "
     call is a real decode/chunk step; inputs are stored under their ONNX names, outputs under
     ``out:<name>``.
     """
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(folder / model_file), providers=["CPUExecutionProvider"])
-    ins = {i.name: i for i in sess.get_inputs()}
+    sess = ort_session(folder / model_file)
     rng = np.random.default_rng(0)
     tokens = rng.integers(4, VOCAB_SIZE, size=(1, PAST_LEN + NEW_LEN), dtype=np.int64)
-
-    def feeds(ids: np.ndarray, start: int, past: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        total = start + ids.shape[1]
-        f: dict[str, np.ndarray] = {}
-        for name, info in ins.items():
-            dtype = np.int32 if "int32" in info.type else np.int64 if "int64" in info.type else np.float32
-            if name == "input_ids":
-                f[name] = ids.astype(dtype)
-            elif name == "attention_mask":
-                f[name] = np.ones((1, total), dtype)
-            elif name == "position_ids":
-                f[name] = np.arange(start, total, dtype=dtype)[None]
-            elif name.startswith("past_key_values"):
-                f[name] = past[name]
-            else:
-                raise ValueError(f"unexpected input {name}")
-        return f
-
-    empty = {
-        name: np.zeros((1, kv_heads, 0, head_size), np.float32) for name in ins if name.startswith("past_key_values")
-    }
-    first = sess.run(None, feeds(tokens[:, :PAST_LEN], 0, empty))
-    out_names = [o.name for o in sess.get_outputs()]
-    past = {}
-    for name, value in zip(out_names, first):
-        if name.startswith("present"):
-            past[name.replace("present", "past_key_values")] = value
-    call = feeds(tokens[:, PAST_LEN:], PAST_LEN, past)
+    first = sess.run(None, step_feeds(sess, tokens[:, :PAST_LEN], 0, empty_past(sess, kv_heads, head_size)))
+    call = step_feeds(sess, tokens[:, PAST_LEN:], PAST_LEN, presents_as_past(sess, first))
     outs = sess.run(None, call)
     arrays = dict(call)
-    arrays.update({f"out:{n}": v for n, v in zip(out_names, outs)})
+    arrays.update({f"out:{o.name}": v for o, v in zip(sess.get_outputs(), outs)})
     np.savez_compressed(folder / "forward.npz", **arrays)
 
 
@@ -295,7 +340,11 @@ def builder_fixture(name: str, arch: str, seed: int, precision: str, extra: dict
         },
     )
     decoder = json.loads((out / "genai_config.json").read_text())["model"]["decoder"]
-    forward_npz(out, decoder["num_key_value_heads"], decoder["head_size"])
+    kv_heads, head_size = decoder["num_key_value_heads"], decoder["head_size"]
+    expected = json.loads((out / "expected_tokens.json").read_text())
+    expected["onnxruntime_greedy_loop"] = ort_greedy_check(out, singles, kv_heads, head_size)
+    write_json(out / "expected_tokens.json", expected)
+    forward_npz(out, kv_heads, head_size)
 
 
 def export_torch_with_cache(model: Any, path: Path) -> None:
@@ -358,6 +407,15 @@ def export_torch_with_cache(model: Any, path: Path) -> None:
             dynamo=True,
             external_data=False,
         )
+    import onnx
+
+    exported = onnx.load(str(path))
+    for node in exported.graph.node:
+        # torch's stack traces name this machine's paths
+        kept = [p for p in node.metadata_props if p.key != "pkg.torch.onnx.stack_trace"]
+        del node.metadata_props[:]
+        node.metadata_props.extend(kept)
+    onnx.save(exported, str(path))
 
 
 def transformers_generate(model: Any, prompts: list[list[int]], max_length: int) -> list[list[int]]:
@@ -428,6 +486,9 @@ def torch_fixture(name: str, arch: str, seed: int, work: Path) -> None:
             "versions": versions(),
         },
     )
+    expected = json.loads((out / "expected_tokens.json").read_text())
+    expected["onnxruntime_greedy_loop"] = ort_greedy_check(out, tokens, cfg.num_key_value_heads, cfg.head_dim)
+    write_json(out / "expected_tokens.json", expected)
     forward_npz(out, cfg.num_key_value_heads, cfg.head_dim)
 
 
