@@ -3,7 +3,7 @@
 CI compares onnx2jax's generation with the token ids stored here and never installs
 onnxruntime-genai, torch or transformers. This script is the only place they are needed.
 
-Fixtures (tiny random-weight decoders, fixed seeds, one WordLevel tokenizer made here):
+Fixtures (tiny random-weight decoders, fixed seeds, one byte-level BPE tokenizer trained here):
 
 - ``llama_gqa``       LlamaForCausalLM, 8 query heads / 2 KV heads, model builder, fp32.
 - ``llama_mqa``       LlamaForCausalLM, 4 query heads / 1 KV head (multi-query), builder, fp32.
@@ -68,19 +68,54 @@ MAX_LENGTH = 32
 PAST_LEN, NEW_LEN = 6, 3
 
 
+TEXT_EXAMPLE = "the small model writes text"
+
+
 def make_tokenizer(folder: Path) -> None:
-    """Save a WordLevel tokenizer over made-up words w4..w511 (no network, no download)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    """Save a byte-level BPE tokenizer of exactly VOCAB_SIZE tokens, trained here on made-up
+    words (no network, no download); byte-level BPE is what onnxruntime-genai's own tokenizer
+    reads too (it rejects a WordLevel one)."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
-    vocab.update({f"w{i}": i for i in range(len(SPECIAL_TOKENS), VOCAB_SIZE)})
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    rnd = random.Random(0)
+    syllables = [c + v for c in "bdfgklmnprstvz" for v in "aeiou"]
+    words = ["the", "small", "model", "writes", "text"]
+    words += ["".join(rnd.choice(syllables) for _ in range(rnd.randint(1, 3))) for _ in range(400)]
+    corpus = [" ".join(rnd.choice(words) for _ in range(12)) for _ in range(2000)]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VOCAB_SIZE,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus, trainer)
+    if tok.get_vocab_size() != VOCAB_SIZE:
+        raise RuntimeError(f"tokenizer has {tok.get_vocab_size()} tokens, not {VOCAB_SIZE}")
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="<pad>"
     )
     fast.save_pretrained(folder)
+
+
+def text_example(folder: Path) -> dict[str, Any]:
+    """TEXT_EXAMPLE's ids by the folder's tokenizer.json (and by onnxruntime-genai's tokenizer,
+    which must agree, for builder folders)."""
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(TEXT_EXAMPLE).ids
+    if (folder / "genai_config.json").exists():
+        import onnxruntime_genai as og
+
+        genai_ids = [int(i) for i in og.Tokenizer(og.Model(str(folder))).encode(TEXT_EXAMPLE)]
+        if genai_ids != ids:
+            raise RuntimeError(f"tokenizers {ids} != onnxruntime-genai {genai_ids}")
+    return {"text": TEXT_EXAMPLE, "ids": ids}
 
 
 def hf_config(arch: str) -> Any:
@@ -347,6 +382,7 @@ def builder_fixture(name: str, arch: str, seed: int, precision: str, extra: dict
     kv_heads, head_size = decoder["num_key_value_heads"], decoder["head_size"]
     expected = json.loads((out / "expected_tokens.json").read_text())
     expected["onnxruntime_greedy_loop"] = ort_greedy_check(out, singles, kv_heads, head_size)
+    expected["text_example"] = text_example(out)
     write_json(out / "expected_tokens.json", expected)
     forward_npz(out, kv_heads, head_size)
 
@@ -492,6 +528,7 @@ def torch_fixture(name: str, arch: str, seed: int, work: Path) -> None:
     )
     expected = json.loads((out / "expected_tokens.json").read_text())
     expected["onnxruntime_greedy_loop"] = ort_greedy_check(out, tokens, cfg.num_key_value_heads, cfg.head_dim)
+    expected["text_example"] = text_example(out)
     write_json(out / "expected_tokens.json", expected)
     forward_npz(out, cfg.num_key_value_heads, cfg.head_dim)
 

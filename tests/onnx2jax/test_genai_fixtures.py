@@ -63,13 +63,15 @@ def test_folder_has_its_files(name):
 
 
 @pytest.mark.parametrize("name", ALL_FIXTURES)
-def test_tokenizer_is_the_made_up_word_level_one(name):
-    """Text 'w17 w230' is tokens [17, 230] in every folder (whitespace split, WordLevel, no normalizer)."""
+def test_tokenizer_is_the_one_made_for_the_fixtures(name):
+    """One byte-level BPE tokenizer of the model's 512 tokens in every folder (special ids 0-3)."""
     tokenizer = json.loads((GENAI / name / "tokenizer.json").read_text())
-    assert tokenizer["model"]["type"] == "WordLevel" and tokenizer["normalizer"] is None
-    assert tokenizer["pre_tokenizer"] == {"type": "WhitespaceSplit"}
+    assert tokenizer["model"]["type"] == "BPE" and tokenizer["pre_tokenizer"]["type"] == "ByteLevel"
     vocab = tokenizer["model"]["vocab"]
-    assert vocab["w17"] == 17 and vocab["</s>"] == 2 and len(vocab) == 512
+    assert [vocab[t] for t in ("<unk>", "<s>", "</s>", "<pad>")] == [0, 1, 2, 3] and len(vocab) == 512
+    assert tokenizer == json.loads((GENAI / "llama_gqa" / "tokenizer.json").read_text())
+    example = _expected(name)["text_example"]
+    assert len(example["ids"]) > 0 and max(example["ids"]) < 512
 
 
 @pytest.mark.parametrize("name", BUILDER_FIXTURES)
