@@ -345,6 +345,50 @@ def forward_npz(folder: Path, kv_heads: int, head_size: int, model_file: str = "
     np.savez_compressed(folder / "forward.npz", **arrays)
 
 
+def forward_batch_npz(folder: Path, kv_heads: int, head_size: int, right_padded: bool) -> None:
+    """A padded batch of 2 through plain onnxruntime -> forward_batch.npz: a prefill of rows of 5
+    and 3 tokens (empty past), then one decode step of one token per row on its presents.
+
+    Builder models (GroupQueryAttention) take the batch right-padded, as onnxruntime-genai feeds
+    it: GQA reads only the mask's row sums (seqlens_k) and width, and writes each row's new key
+    and value at the row's own length, over the pad. The torch export takes it left-padded, with
+    mask 0 on the pads and positions counted from each row's first token (transformers' way).
+    Keys: ``prefill:<input>``, ``prefill:out:<output>``, ``decode:<input>``, ``decode:out:<output>``.
+    """
+    sess = ort_session(folder / "model.onnx")
+    types = {i.name: np.int32 if "int32" in i.type else np.int64 for i in sess.get_inputs()}
+    rows = [[1, 57, 301, 12, 480], [1, 222, 9]]
+    width = 5
+    ids = np.full((2, width), PAD_ID, np.int64)
+    mask = np.zeros((2, width), np.int64)
+    for r, row in enumerate(rows):
+        cols = slice(0, len(row)) if right_padded else slice(width - len(row), width)
+        ids[r, cols], mask[r, cols] = row, 1
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    past = {n: np.zeros((2, kv_heads, 0, head_size), np.float32) for n in types if n.startswith("past_key_values")}
+    arrays: dict[str, np.ndarray] = {}
+    for step in ("prefill", "decode"):
+        feeds = {"input_ids": ids.astype(types["input_ids"]), "attention_mask": mask.astype(types["attention_mask"])}
+        if "position_ids" in types:
+            feeds["position_ids"] = positions.astype(types["position_ids"])
+        feeds.update(past)
+        outs = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        arrays.update({f"{step}:{k}": v for k, v in feeds.items()})
+        arrays.update({f"{step}:out:{k}": v for k, v in outs.items()})
+        last = mask.sum(axis=1) - 1 if right_padded and step == "prefill" else np.full(2, ids.shape[1] - 1)
+        next_ids = outs["logits"][np.arange(2), last].argmax(axis=-1)
+        lengths = mask.sum(axis=1)
+        ids = next_ids[:, None].astype(np.int64)
+        positions = lengths[:, None]
+        if right_padded:
+            # each row's real tokens first, then pads: the layout GQA leaves in the cache
+            mask = (np.arange(width + 1)[None] < (lengths + 1)[:, None]).astype(np.int64)
+        else:
+            mask = np.concatenate([mask, np.ones((2, 1), np.int64)], axis=1)
+        past = presents_as_past(sess, [outs[o.name] for o in sess.get_outputs()])
+    np.savez_compressed(folder / "forward_batch.npz", **arrays)
+
+
 def write_json(path: Path, obj: Any) -> None:
     """Indented JSON with each list of numbers on one line (readable token rows)."""
     text = json.dumps(obj, indent=1)
@@ -385,6 +429,7 @@ def builder_fixture(name: str, arch: str, seed: int, precision: str, extra: dict
     expected["text_example"] = text_example(out)
     write_json(out / "expected_tokens.json", expected)
     forward_npz(out, kv_heads, head_size)
+    forward_batch_npz(out, kv_heads, head_size, right_padded=True)
 
 
 def export_torch_with_cache(model: Any, path: Path) -> None:
@@ -531,6 +576,7 @@ def torch_fixture(name: str, arch: str, seed: int, work: Path) -> None:
     expected["text_example"] = text_example(out)
     write_json(out / "expected_tokens.json", expected)
     forward_npz(out, cfg.num_key_value_heads, cfg.head_dim)
+    forward_batch_npz(out, cfg.num_key_value_heads, cfg.head_dim, right_padded=False)
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 What can be checked without onnx2jax's generation: each folder has its files, genai_config.json
 agrees with the model it describes (cache names and shapes, heads, head size, context length,
 eos), and plain onnxruntime reproduces both the stored forward call and, by a greedy loop, the
-stored tokens (onnxruntime-genai's, or transformers' for the torch export). Made by
+stored tokens (onnxruntime-genai's, or transformers' for the torch export); a right-padded
+GroupQueryAttention batch equals the torch export's left-padded one. Made by
 scripts/make_genai_fixtures.py; see tests/data/genai/README.md.
 """
 
@@ -54,7 +55,8 @@ def _session(name: str) -> ort.InferenceSession:
 @pytest.mark.parametrize("name", ALL_FIXTURES)
 def test_folder_has_its_files(name):
     files = {p.name for p in (GENAI / name).iterdir()}
-    needed = {"model.onnx", "tokenizer.json", "tokenizer_config.json", "expected_tokens.json", "forward.npz"}
+    needed = {"model.onnx", "tokenizer.json", "tokenizer_config.json", "expected_tokens.json"}
+    needed |= {"forward.npz", "forward_batch.npz"}
     if name in BUILDER_FIXTURES:
         needed |= {"genai_config.json", "model.onnx.data"}
     assert needed <= files
@@ -191,3 +193,28 @@ def test_onnxruntime_greedy_loop_gives_the_stored_tokens(name):
     for prompt, tokens in zip(expected["prompts"], expected["tokens"], strict=True):
         eos = expected["hf"]["config"]["eos_token_id"]
         assert _greedy(session, prompt, expected["max_length"], eos, kv_heads, head_size) == tokens
+
+
+@pytest.mark.parametrize("name", ALL_FIXTURES)
+def test_onnxruntime_reproduces_the_stored_padded_batch(name):
+    stored = np.load(GENAI / name / "forward_batch.npz")
+    session = _session(name)
+    for step in ("prefill", "decode"):
+        feeds = {i.name: stored[f"{step}:{i.name}"] for i in session.get_inputs()}
+        for output, value in zip(session.get_outputs(), session.run(None, feeds), strict=True):
+            np.testing.assert_allclose(value, stored[f"{step}:out:{output.name}"], rtol=1e-4, atol=1e-4)
+
+
+def test_right_padded_gqa_batch_equals_left_padded_torch_batch():
+    """Same weights, two paddings: GroupQueryAttention's right-padded batch and the torch export's
+    left-padded one give the same logits at every real position, prefill and decode."""
+    gqa = np.load(GENAI / "llama_gqa" / "forward_batch.npz")
+    torch_export = np.load(GENAI / "llama_gqa_torch" / "forward_batch.npz")
+    lengths = gqa["prefill:attention_mask"].sum(axis=1)
+    width = gqa["prefill:attention_mask"].shape[1]
+    for row, length in enumerate(lengths):
+        right = gqa["prefill:out:logits"][row, :length]
+        left = torch_export["prefill:out:logits"][row, width - length :]
+        np.testing.assert_allclose(right, left, rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(gqa["decode:input_ids"], torch_export["decode:input_ids"])
+    np.testing.assert_allclose(gqa["decode:out:logits"], torch_export["decode:out:logits"], rtol=1e-4, atol=1e-4)
