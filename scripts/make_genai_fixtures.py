@@ -34,6 +34,11 @@ onnxruntime-genai 0.18.0, onnx 1.23.2, tokenizers 0.23.3.
 Run from the repository root::
 
     /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py [--only NAME ...]
+    /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py --medium /tmp/genai_medium
+
+The second builds, outside the repository, the benchmark's medium model (6 layers, width 512,
+8 query / 2 KV heads of 64, context 1024, about 17M parameters): fp32 and int4 builder folders
+with the same stored tokens and forward calls.
 """
 
 from __future__ import annotations
@@ -119,7 +124,7 @@ def text_example(folder: Path) -> dict[str, Any]:
 
 
 def hf_config(arch: str) -> Any:
-    """The tiny transformers config of one architecture ('llama_gqa', 'llama_mqa', 'qwen2_window')."""
+    """The transformers config of one architecture ('llama_gqa', 'llama_mqa', 'qwen2_window', 'llama_medium')."""
     import transformers
 
     common = dict(
@@ -142,6 +147,12 @@ def hf_config(arch: str) -> Any:
     if arch == "llama_mqa":
         return transformers.LlamaConfig(
             hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=1, head_dim=32, **common
+        )
+    if arch == "llama_medium":
+        # for bench/ only (about 17M parameters; not stored in the repository)
+        return transformers.LlamaConfig(
+            hidden_size=512, intermediate_size=1408, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+            **{**common, "num_hidden_layers": 6, "max_position_embeddings": 1024, "initializer_range": 0.05},
         )
     if arch == "qwen2_window":
         # layer 0 full attention, layer 1 a sliding window of 8 (layer_types); q/k/v have biases.
@@ -396,11 +407,14 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(text + "\n")
 
 
-def builder_fixture(name: str, arch: str, seed: int, precision: str, extra: dict[str, str], work: Path) -> None:
+def builder_fixture(
+    name: str, arch: str, seed: int, precision: str, extra: dict[str, str], work: Path, out_root: Path = OUT_ROOT
+) -> None:
+    """One builder folder under out_root: the model, genai_config.json, tokenizer, stored tokens, forward calls."""
     hf = work / f"hf_{arch}_{seed}"
     if not hf.exists():
         make_hf_model(arch, seed, hf)
-    out = OUT_ROOT / name
+    out = out_root / name
     shutil.rmtree(out, ignore_errors=True)
     run_builder(hf, out, precision, extra)
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -582,7 +596,22 @@ def torch_fixture(name: str, arch: str, seed: int, work: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="fixture names to (re)make")
+    parser.add_argument(
+        "--medium",
+        type=Path,
+        default=None,
+        help="instead, build the benchmark's medium model (6 layers, width 512, GQA 8/2) as "
+        "llama_medium_fp32 and llama_medium_int4 folders under this directory",
+    )
     args = parser.parse_args()
+    if args.medium is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            for precision, extra in (("fp32", {}), ("int4", {"accuracy_level": "1"})):
+                print(f"-- llama_medium_{precision}", flush=True)
+                builder_fixture(
+                    f"llama_medium_{precision}", "llama_medium", 30, precision, extra, Path(tmp), args.medium
+                )
+        return
     want = set(args.only) if args.only else None
     OUT_ROOT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
