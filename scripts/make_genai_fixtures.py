@@ -16,17 +16,22 @@ Fixtures (tiny random-weight decoders, fixed seeds, one byte-level BPE tokenizer
                       (``past_key_values.N.key/value`` in, ``present.N.key/value`` out), plain
                       ONNX ops only; its tokens come from transformers' ``generate``.
 
-Each builder folder gets ``expected_tokens.json`` (onnxruntime-genai's greedy tokens, prompt
-included) and every folder gets ``forward.npz`` (one plain onnxruntime forward call with a
-non-empty past: inputs, logits, presents).
+Every folder gets ``expected_tokens.json`` (onnxruntime-genai's greedy tokens, prompt included;
+transformers' for the torch export; checked against a plain onnxruntime greedy loop),
+``forward.npz`` (one plain onnxruntime forward call with a non-empty past: inputs, logits,
+presents) and ``forward_batch.npz`` (a padded batch's prefill and decode step).
+tests/data/genai/README.md describes them.
 
-Install (a separate virtualenv; never a CUDA torch)::
+Install (a separate virtualenv, not --system-site-packages; never a CUDA torch: torch first,
+as a CPU-only wheel, so that nothing later pulls the CUDA build and its nvidia-* packages)::
 
     python -m venv /work/venvs/fixtures
-    /work/venvs/fixtures/bin/pip install torch==2.13.0+cpu   # the local +cpu wheel, or
-        # pip install torch --index-url <PyTorch's CPU index>
+    # the CPU wheel on these machines (pip's find-links folder); elsewhere:
+    #   pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>
+    /work/venvs/fixtures/bin/pip install /opt/wheels/torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl
     /work/venvs/fixtures/bin/pip install numpy onnx onnxruntime onnxruntime-genai onnx-ir \\
         onnxscript transformers tokenizers
+    /work/venvs/fixtures/bin/pip list | grep -i nvidia    # must print nothing
 
 Versions used for the stored fixtures: torch 2.13.0+cpu, transformers 5.24.0, onnxruntime 1.32.0,
 onnxruntime-genai 0.18.0, onnx 1.23.2, tokenizers 0.23.3.
