@@ -253,6 +253,25 @@ def genai_generate_batch(folder: Path, prompts: list[list[int]], max_length: int
     return [[int(t) for t in gen.get_sequence(i)] for i in range(len(prompts))]
 
 
+def genai_eos_runs(folder: Path, singles: list[list[int]], work: Path) -> dict[str, Any]:
+    """onnxruntime-genai's greedy runs with eos_token_id set to a token of the first prompt's
+    continuation (the stored runs never reach eos 2): where it stops, whether the eos token is
+    returned, and what a batch does with rows that stopped early."""
+    prompt_len = len(PROMPTS[0])
+    eos = singles[0][prompt_len + 4]
+    copy = work / f"eos_{folder.name}"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(folder, copy)
+    config = json.loads((copy / "genai_config.json").read_text())
+    config["model"]["eos_token_id"] = eos
+    (copy / "genai_config.json").write_text(json.dumps(config, indent=4))
+    return {
+        "eos_token_id": eos,
+        "tokens": genai_generate(copy, PROMPTS, MAX_LENGTH),
+        "batch_right_padded": genai_generate_batch(copy, PROMPTS, MAX_LENGTH),
+    }
+
+
 def versions() -> dict[str, str]:
     """The versions of the packages that made a fixture (stored in expected_tokens.json)."""
     import onnx
@@ -428,6 +447,7 @@ def builder_fixture(
         shutil.copy(hf / f, out / f)
     singles = genai_generate(out, PROMPTS, MAX_LENGTH)
     batch = genai_generate_batch(out, PROMPTS, MAX_LENGTH)
+    eos_runs = genai_eos_runs(out, singles, work)
     write_json(
         out / "expected_tokens.json",
         {
@@ -436,6 +456,7 @@ def builder_fixture(
             "max_length": MAX_LENGTH,
             "tokens": singles,
             "batch_right_padded": {"pad_token_id": PAD_ID, "tokens": batch},
+            "eos_override": eos_runs,
             "hf": {"architecture": arch, "seed": seed, "config": hf_config(arch).to_dict()},
             "builder": {"precision": precision, "execution_provider": "cpu", "extra_options": extra},
             "versions": versions(),

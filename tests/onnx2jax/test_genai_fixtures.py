@@ -146,6 +146,23 @@ def test_expected_tokens_are_well_formed(name):
         for prompt, single, row in zip(expected["prompts"], expected["tokens"], batch["tokens"], strict=True):
             padded = prompt + [batch["pad_token_id"]] * (width - len(prompt))
             assert row == (padded + single[len(prompt):])[: expected["max_length"]]
+        # eos_token_id overridden to a token of the first continuation: onnxruntime-genai stops at
+        # its first generated occurrence, leaving it out of a single sequence, keeping it in a
+        # batch row, whose later steps are pads
+        override = expected["eos_override"]
+        eos = override["eos_token_id"]
+        for prompt, single, stopped, row in zip(
+            expected["prompts"], expected["tokens"], override["tokens"], override["batch_right_padded"], strict=True
+        ):
+            continuation = single[len(prompt) :]
+            if eos in continuation:
+                cut = continuation[: continuation.index(eos)]
+                assert stopped == prompt + cut
+                padded = prompt + [batch["pad_token_id"]] * (width - len(prompt))
+                pads = [batch["pad_token_id"]] * expected["max_length"]
+                assert row == (padded + cut + [eos] + pads)[: expected["max_length"]]
+            else:
+                assert stopped == single
     else:
         assert expected["equals_genai_tokens_of"] == {"llama_gqa": True}
         assert expected["tokens"] == _expected("llama_gqa")["tokens"]
