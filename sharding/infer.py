@@ -44,7 +44,6 @@ configuration-chosen    note      several configurations; which was used
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 import re
@@ -53,13 +52,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
-import onnx.shape_inference
 from onnx import numpy_helper
 
 from sharding.model_arg import ModelArg, as_model_proto
+from sharding.configuration import choose_configuration
 from sharding.diagnostics import Diagnostic, Severity
 from sharding.reshard import reshard_kind
 from sharding.rules import rule_for
+from sharding.shapes import CONSTANT_LIMIT, tensor_shapes, topological_order
 from sharding.stages import has_stages
 from sharding.rules.base import NodeContext, Shape, text
 from sharding.rules.views import node_devices, renamed, replicated, sharded_dims
@@ -118,108 +118,6 @@ class Inference:
         return [d for d in self.diagnostics if d.severity == "error"]
 
 
-def _model_diag(code: str, severity: Severity, message: str, hint: str | None = None) -> Diagnostic:
-    return Diagnostic(code=code, severity=severity, message=message, hint=hint)
-
-
-# ------------------------------------------------------------------ shapes
-
-
-def _dims(type_proto: onnx.TypeProto) -> Shape | None:
-    if type_proto.WhichOneof("value") != "tensor_type":
-        return None
-    tensor = type_proto.tensor_type
-    if not tensor.HasField("shape"):
-        return None
-    return tuple(_dim(d) for d in tensor.shape.dim)
-
-
-def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
-    which = d.WhichOneof("value")
-    return d.dim_value if which == "dim_value" else (d.dim_param or None) if which else None
-
-
-def _light_copy(
-    model: onnx.ModelProto,
-    input_shapes: Mapping[str, Sequence[int]] | None,
-    order: Sequence[int] | None = None,
-) -> onnx.ModelProto:
-    """A copy for shape inference: large initializers become typed graph inputs."""
-    light = onnx.ModelProto()
-    light.ir_version = model.ir_version
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    graph = light.graph
-    source = model.graph
-    if order is None:
-        order = topological_order(source)
-    if list(order) == list(range(len(source.node))):
-        graph.node.extend(source.node)
-    else:
-        graph.node.extend(source.node[i] for i in order)
-    graph.input.extend(source.input)
-    graph.output.extend(source.output)
-    graph.value_info.extend(source.value_info)
-    declared = {i.name for i in source.input}
-    for init in source.initializer:
-        if math.prod(init.dims) <= 4096 and init.data_location != onnx.TensorProto.EXTERNAL:
-            graph.initializer.append(init)
-        elif init.name not in declared:
-            graph.input.append(onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims)))
-    for name, dims in (input_shapes or {}).items():
-        for info in graph.input:
-            if info.name == name:
-                shape = info.type.tensor_type.shape
-                shape.ClearField("dim")
-                for d in dims:
-                    shape.dim.add().dim_value = int(d)
-    return light
-
-
-def tensor_shapes(
-    model: onnx.ModelProto,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
-    order: Sequence[int] | None = None,
-) -> tuple[dict[str, Shape], list[Diagnostic]]:
-    """Shapes of the main graph's tensors after ONNX shape inference (``data_prop=True``).
-
-    Args:
-        model: The model (a ModelProto, a path, bytes or an onnx_ir.Model); not modified.
-        input_shapes: Concrete dims for model inputs, replacing symbolic ones.
-        order: The nodes' topological order, if already known.
-
-    Returns:
-        ``{tensor: shape}`` and any diagnostics (a failed inference is a
-        warning; the model's own value_info is used then).
-    """
-    diags = []
-    light = _light_copy(model, input_shapes, order)
-    try:
-        graph = onnx.shape_inference.infer_shapes(light, strict_mode=True, data_prop=True).graph
-    except Exception as e:  # onnx raises several types (InferenceError, ValidationError, RuntimeError)
-        try:  # what can be inferred despite the error
-            graph = onnx.shape_inference.infer_shapes(light, data_prop=True).graph
-        except Exception:
-            graph = light.graph
-        diags.append(
-            _model_diag(
-                "shape-inference-failed",
-                "warning",
-                f"ONNX shape inference failed ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
-                "shapes may be missing or wrong",
-                "fix the model's types, or give input_shapes",
-            )
-        )
-    shapes: dict[str, Shape] = {}
-    for info in (*graph.value_info, *graph.input, *graph.output):
-        dims = _dims(info.type)
-        if dims is not None:
-            shapes[info.name] = dims
-    for init in model.graph.initializer:
-        shapes[init.name] = tuple(init.dims)
-    return shapes, diags
-
-
 class _Constants(Mapping):
     """Initializer and Constant values by name, converted on first use."""
 
@@ -242,7 +140,7 @@ class _Constants(Mapping):
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self._values:
             proto = self._protos[name]
-            small = math.prod(proto.dims) <= 4096 and proto.data_location != onnx.TensorProto.EXTERNAL
+            small = math.prod(proto.dims) <= CONSTANT_LIMIT and proto.data_location != onnx.TensorProto.EXTERNAL
             self._values[name] = numpy_helper.to_array(proto) if small else None
         value = self._values[name]
         if value is None:
@@ -281,73 +179,8 @@ class _Constants(Mapping):
 # ------------------------------------------------------------------ walk
 
 
-def topological_order(graph: onnx.GraphProto) -> list[int]:
-    """Node indices in an order where producers come first (stored order when it is one)."""
-    produced = {}
-    for index, node in enumerate(graph.node):
-        for name in node.output:
-            if name:
-                produced[name] = index
-    ok = all(
-        produced.get(name, -1) < index
-        for index, node in enumerate(graph.node)
-        for name in node.input
-        if name
-    )
-    if ok:
-        return list(range(len(graph.node)))
-    waiting = [0] * len(graph.node)
-    users = collections.defaultdict(list)
-    for index, node in enumerate(graph.node):
-        deps = {produced[n] for n in node.input if n in produced and produced[n] != index}
-        waiting[index] = len(deps)
-        for dep in deps:
-            users[dep].append(index)
-    ready = collections.deque(i for i, w in enumerate(waiting) if w == 0)
-    order = []
-    while ready:
-        index = ready.popleft()
-        order.append(index)
-        for user in users[index]:
-            waiting[user] -= 1
-            if waiting[user] == 0:
-                ready.append(user)
-    order += [i for i in range(len(graph.node)) if i not in set(order)]  # cycles: stored order
-    return order
-
-
 def _has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-
-
-def _choose_configuration(
-    model: onnx.ModelProto, configuration: str | None, diags: list[Diagnostic]
-) -> str | None:
-    names = [c.name for c in model.configuration]
-    used = [c.configuration_id for n in model.graph.node for c in n.device_configurations]
-    if configuration is not None:
-        if configuration not in names:
-            diags.append(
-                _model_diag(
-                    "unknown-configuration",
-                    "error",
-                    f"configuration {configuration!r} is not defined in the model",
-                    f"choose one of {names}",
-                )
-            )
-        return configuration
-    if not names:
-        return used[0] if used else None
-    if len(names) > 1:
-        diags.append(
-            _model_diag(
-                "configuration-chosen",
-                "note",
-                f"the model defines configurations {names}; {names[0]!r} was used",
-                "pass configuration= (or --configuration) to choose",
-            )
-        )
-    return names[0]
 
 
 def _annotations(
@@ -406,6 +239,7 @@ def infer(
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     unsupported: str = "warning",
+    shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
 ) -> Inference:
     """Completes the sharding annotations of the main graph.
 
@@ -416,6 +250,8 @@ def infer(
         input_shapes: Concrete dims of model inputs, for rules that need
             sizes where the model has symbols.
         unsupported: Severity of ``unsupported-op``: ``"warning"`` or ``"error"``.
+        shapes: ``sharding.shapes.tensor_shapes(model, input_shapes)`` when
+            the caller has it already (a compile computes it once).
 
     Returns:
         The `Inference`: every node's specs, every placed tensor's spec, and
@@ -430,13 +266,16 @@ def infer(
     if unsupported not in ("warning", "error"):
         raise ValueError(f"unsupported must be 'warning' or 'error', got {unsupported!r}")
     diags: list[Diagnostic] = []
-    config = _choose_configuration(model, configuration, diags)
+    choice = choose_configuration(model, configuration)
+    diags += choice.diagnostics
+    config = choice.name
     if config is not None and has_stages(model, config):  # stages are inferred one by one
         from sharding.stage_infer import infer_by_stage
 
         return infer_by_stage(model, config, diags, input_shapes=input_shapes, unsupported=unsupported)
     order = topological_order(model.graph)
-    shapes, shape_diags = tensor_shapes(model, input_shapes, order)
+    shapes, shape_diags = shapes if shapes is not None else tensor_shapes(model, input_shapes, order)
+    shape_diags = list(shape_diags)
     diags += shape_diags
     annotations = _annotations(model, config, diags)
     constants = _Constants(model.graph)

@@ -33,6 +33,7 @@ import onnx
 
 from sharding.annotate import add_configuration, set_stage
 from sharding.partition import GraphIndex, Partition, node_inputs, partition, require_unique_names
+from sharding.shapes import tensor_shapes
 from sharding.spec import read_model_configs
 
 METADATA_KEY = "onnx2jax.stage_devices"
@@ -303,8 +304,6 @@ def _nbytes(init: onnx.TensorProto) -> int:
 
 def _flops(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> list[int] | None:
     """2*M*K*N per MatMul/Gemm when every such shape is known, else None."""
-    from sharding.infer import tensor_shapes
-
     shapes, _ = tensor_shapes(model)
     result = []
     for node in nodes:

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 import onnx
 
 from sharding.diagnostics import Diagnostic, Severity, ShardingError
-from sharding.infer import tensor_shapes
+from sharding.shapes import tensor_shapes
 from sharding.model_arg import takes_model
 
 Dim = int | str | None
@@ -531,6 +531,7 @@ def validate_model(
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     strict: bool = False,
+    shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
 ) -> list[Diagnostic]:
     """Every structural problem of the model's multi-device annotations.
 
@@ -543,6 +544,8 @@ def validate_model(
         strict: Validate for running (`onnx2jax.compile`): a device holding
             two shards of one tensor, or listed twice in a group, and a fused
             axis whose sub-axis sizes cannot be known are errors.
+        shapes: ``sharding.shapes.tensor_shapes(model)`` (the model's own
+            shapes) when the caller has it already (a compile computes it once).
 
     Returns:
         The diagnostics, model-level first, then node by node in graph order.
@@ -555,14 +558,18 @@ def validate_model(
         error[axis-repeated] node 'mm0' (MatMul), tensor 'X', axis 1: ...
     """
     annotated = any(node.device_configurations for node in model.graph.node)
-    declared, diags = tensor_shapes(model) if annotated else ({}, [])
+    if not annotated:
+        declared, diags = {}, []
+    else:
+        declared, found = shapes if shapes is not None else tensor_shapes(model)
+        diags = list(found)
     sized = tensor_shapes(model, input_shapes)[0] if annotated and input_shapes else declared
-    shapes = _Shapes(declared, sized)
+    known = _Shapes(declared, sized)
     configs, config_diags = _check_configurations(model)
     diags += config_diags
     diags += _check_node_names(model)
     for index, node in enumerate(model.graph.node):
-        diags += _check_node(index, node, configs, shapes, strict)
+        diags += _check_node(index, node, configs, known, strict)
     return diags
 
 
@@ -572,6 +579,7 @@ def require_valid(
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     strict: bool = False,
+    shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
 ) -> list[Diagnostic]:
     """Validates the model (see `validate_model`) and raises if any error was found.
 
@@ -581,7 +589,7 @@ def require_valid(
     Raises:
         ShardingError: With every diagnostic, when at least one is an error.
     """
-    diags = validate_model(model, input_shapes=input_shapes, strict=strict)
+    diags = validate_model(model, input_shapes=input_shapes, strict=strict, shapes=shapes)
     if any(d.severity == "error" for d in diags):
         raise ShardingError(diags)
     return diags

@@ -39,7 +39,7 @@ from onnx2jax.cli.app import main as cli_main
 from onnx2jax.errors import ModelLoadError
 from sharding import check
 from sharding.diagnostics import ShardingError
-from sharding.infer import tensor_shapes
+from sharding.shapes import tensor_shapes
 from sharding.megatron import megatron_plan
 
 DATA = Path(__file__).resolve().parents[1] / "data"
