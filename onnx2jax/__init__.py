@@ -16,7 +16,8 @@ __version__ = "0.1.0"
 
 # name -> module that defines it
 _EXPORTS: dict[str, str] = {
-    "compile": "onnx2jax.runtime.spmd",
+    "compile": "onnx2jax.runtime.compile",
+    "Executable": "onnx2jax.runtime.executable",
     "Compiled": "onnx2jax.runtime.spmd",
     "PipelineCompiled": "onnx2jax.runtime.pipeline",
     "SegmentedCompiled": "onnx2jax.runtime.segmented",
@@ -83,6 +84,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from onnx2jax.runtime.pipeline import PipelineCompiled as PipelineCompiled
     from onnx2jax.runtime.segmented import SegmentedCompiled as SegmentedCompiled
     from onnx2jax.runtime.spmd import Compiled as Compiled
-    from onnx2jax.runtime.spmd import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
+    from onnx2jax.runtime.compile import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
+    from onnx2jax.runtime.executable import Executable as Executable
     from onnx2jax.translate import JaxModel as JaxModel
     from onnx2jax.translate import translate as translate

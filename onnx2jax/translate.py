@@ -238,28 +238,8 @@ class JaxModel:
         return self._segment_runners[index]
 
     def bind_inputs(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> dict[str, Any]:
-        """Maps positional and named arguments onto the graph's inputs, checking dtype and rank.
-
-        Raises:
-          TypeError: missing, extra or ill-typed inputs, naming each.
-        """
-        if len(inputs) > len(self.inputs):
-            raise TypeError(f"model takes {len(self.inputs)} inputs {self.input_names}, got {len(inputs)}")
-        bound = {info.name: value for info, value in zip(self.inputs, inputs)}
-        for name, value in named.items():
-            if name in bound:
-                raise TypeError(f"input {name!r} given twice")
-            if name not in self.input_names:
-                raise TypeError(f"unknown input {name!r}; the model's inputs are {self.input_names}")
-            bound[name] = value
-        absent = [i.name for i in self.inputs if i.name not in bound]
-        if absent:
-            raise TypeError(f"missing inputs {absent}")
-        for info in self.inputs:
-            if info.is_map:
-                bound[info.name] = _map_input(info, bound[info.name])
-            _check_input(info, bound[info.name])
-        return bound
+        """Maps positional and named arguments onto the graph's inputs (:func:`bind_inputs`)."""
+        return bind_inputs(self.inputs, inputs, named)
 
     def evaluate(self, params: Mapping[str, Any], inputs: Mapping[str, Any], hooks: Hooks | None = None) -> tuple:
         """Traces the graph over ``params`` and named ``inputs``; returns the outputs in order.
@@ -438,6 +418,35 @@ def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
     flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, tuple(sparse.dims))
     dense[flat] = values
     return dense.reshape(tuple(sparse.dims))
+
+
+def bind_inputs(infos: Sequence[InputInfo], inputs: Sequence[Any], named: Mapping[str, Any]) -> dict[str, Any]:
+    """Maps positional and named arguments onto the inputs ``infos``, checking dtype and rank.
+
+    One binding for every way of running a model (a JaxModel, a compiled
+    program, a pipeline's whole-model interface).
+
+    Raises:
+      TypeError: missing, extra or ill-typed inputs, naming each.
+    """
+    names = [info.name for info in infos]
+    if len(inputs) > len(infos):
+        raise TypeError(f"model takes {len(infos)} inputs {names}, got {len(inputs)}")
+    bound = {info.name: value for info, value in zip(infos, inputs)}
+    for name, value in named.items():
+        if name in bound:
+            raise TypeError(f"input {name!r} given twice")
+        if name not in names:
+            raise TypeError(f"unknown input {name!r}; the model's inputs are {names}")
+        bound[name] = value
+    absent = [name for name in names if name not in bound]
+    if absent:
+        raise TypeError(f"missing inputs {absent}")
+    for info in infos:
+        if info.is_map:
+            bound[info.name] = _map_input(info, bound[info.name])
+        _check_input(info, bound[info.name])
+    return bound
 
 
 def _map_input(info: InputInfo, value: Any) -> MapValue:

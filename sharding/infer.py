@@ -56,7 +56,7 @@ from onnx import numpy_helper
 
 from sharding.model_arg import ModelArg, as_model_proto
 from sharding.configuration import choose_configuration
-from sharding.diagnostics import Diagnostic, Severity
+from sharding.diagnostics import Diagnostic
 from sharding.reshard import reshard_kind
 from sharding.rules import rule_for
 from sharding.shapes import CONSTANT_LIMIT, tensor_shapes, topological_order

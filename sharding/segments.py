@@ -184,7 +184,7 @@ def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> 
                 part += 1
             part_of[node.name] = part
     parts: Partition = partition(named.graph, part_of, what="segment")
-    reasons = {named.graph.node[i].name: _reason(node) for i, node in cuts}
+    reasons = {named.graph.node[i].name: cut_reason(node) for i, node in cuts}
     cut_nodes = {named.graph.node[i].name: node for i, node in cuts}
     original = {named.graph.node[i].name: _label(n, i) for i, n in enumerate(model.graph.node)}
     segments, models = [], []
@@ -208,7 +208,8 @@ def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> 
     return SegmentPlan(segments, models)
 
 
-def _reason(node: onnx.NodeProto) -> str:
+def cut_reason(node: onnx.NodeProto) -> str:
+    """Why ``node`` cuts the graph (its output shapes depend on values, or it reads a map), in words."""
     if node.op_type in MAP_READERS:
         return (
             f"{node.op_type} reads a map (a Python dict), which XLA cannot hold; it runs on the host and "

@@ -7,13 +7,16 @@ JAX (0.10) has no public jit across meshes, so a model with
    stage extracted as its own ONNX model (`sharding.partition.extract_part`:
    shape-only tensors such as masks and RoPE tables are recomputed, so the
    residual stream is what crosses);
-2. each stage model, its specs moved onto its own device numbering, goes
-   through the ordinary SPMD compile (:func:`onnx2jax.runtime.spmd.compile_proto`)
-   on the sub-mesh of its devices: tensor parallelism inside a stage is
-   exactly what :func:`onnx2jax.compile` does, and each stage's parameters
-   live only on its devices;
+2. each stage model, its specs moved onto its own device numbering, is
+   planned (:func:`onnx2jax.runtime.plan.program_plan`, with the whole
+   model's shapes) and compiled as one SPMD program
+   (:class:`onnx2jax.runtime.spmd.Compiled`) on the sub-mesh of its devices:
+   tensor parallelism inside a stage is exactly what :func:`onnx2jax.compile`
+   does, and each stage's parameters live only on its devices. A stage with
+   data-dependent output shapes is refused before anything is translated;
 3. a call splits the batch (axis 0 of every input) into M micro-batches and
-   issues stage k of micro-batch m at step m + k (fill-drain, GPipe);
+   issues the (stage, micro-batch) steps in the order of its schedule
+   (:mod:`onnx2jax.runtime.schedule`; GPipe's fill-drain by default);
    activations move with ``jax.device_put`` to the consumer's sharding.
    Nothing blocks until the outputs are joined, so JAX's asynchronous
    dispatch lets stages on different devices overlap.
@@ -31,15 +34,19 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.runtime.spmd import Compiled, compile_proto
-from onnx2jax.runtime.report import count_collectives, example_inputs, param_bytes_per_device
-from onnx2jax.runtime.constraints import SpecKey
 from onnx2jax.errors import DeviceCountError, NodeError
+from onnx2jax.runtime.constraints import SpecKey
+from onnx2jax.runtime.executable import merged_params, part_params, x64_scope
 from onnx2jax.runtime.parameters import holdable_sharding
+from onnx2jax.runtime.plan import Plan, program_plan
+from onnx2jax.runtime.report import count_collectives, example_inputs, param_bytes_per_device
+from onnx2jax.runtime.schedule import GPipe, Schedule, check_order
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
-from onnx2jax.translate import InputInfo, input_info
+from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.translate import InputInfo, JaxModel, bind_inputs, input_info
 from sharding.diagnostics import Diagnostic
 from sharding.partition import Partition
+from sharding.segments import cut_reason, data_dependent_nodes
 from sharding.spec import NodeConfig, device_configurations, remap_spec
 from sharding.stage_infer import stage_model
 from sharding.stages import model_partition, stage_devices
@@ -104,6 +111,8 @@ class PipelineCompiled:
       params: every stage's parameters as placed jax.Arrays, by name; each
         lives only on its own stage's devices (a parameter two stages read is
         held by both; this map shows the earlier stage's copy).
+      schedule: the order of the (stage, micro-batch) steps of a call
+        (:class:`onnx2jax.runtime.schedule.GPipe` unless given).
     """
 
     def __init__(
@@ -114,6 +123,7 @@ class PipelineCompiled:
         microbatches: int,
         configuration: str,
         structural: Sequence[Diagnostic] = (),
+        schedule: Schedule | None = None,
     ):
         static = [f"{i.name!r} {list(i.shape)}" for i in model.inputs if i.shape and isinstance(i.shape[0], int) and i.shape[0] > 0]
         if microbatches > 1 and static:
@@ -128,6 +138,7 @@ class PipelineCompiled:
         self.output_names = list(model.output_names)
         self.microbatches = microbatches
         self.configuration = configuration
+        self.schedule: Schedule = schedule if schedule is not None else GPipe()
         self.uses_64bit = any(s.compiled.model.uses_64bit for s in self.stages)
         self._last_inputs: tuple | None = None
         self._stage_args: dict[int, dict[str, Any]] = {}
@@ -136,26 +147,12 @@ class PipelineCompiled:
 
     @property
     def params(self) -> dict[str, jax.Array]:
-        merged: dict[str, jax.Array] = {}
-        for stage in self.stages:
-            for name, array in stage.compiled.params.items():
-                merged.setdefault(name, array)
-        return merged
+        return merged_params(stage.compiled for stage in self.stages)
 
     # -- running ----------------------------------------------------------
 
     def _bind(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> dict[str, Any]:
-        if len(inputs) > len(self.input_names):
-            raise TypeError(f"model takes {len(self.input_names)} inputs {self.input_names}, got {len(inputs)}")
-        bound = dict(zip(self.input_names, inputs))
-        for name, value in named.items():
-            if name not in self.input_names or name in bound:
-                raise TypeError(f"unknown or repeated input {name!r}; the model's inputs are {self.input_names}")
-            bound[name] = value
-        absent = [n for n in self.input_names if n not in bound]
-        if absent:
-            raise TypeError(f"missing inputs {absent}")
-        return bound
+        return bind_inputs(self.model.inputs, inputs, named)
 
     def _split(self, bound: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The inputs cut into ``microbatches`` equal slices along axis 0."""
@@ -175,14 +172,31 @@ class PipelineCompiled:
                 slices[i][name] = value[i * size : (i + 1) * size]
         return slices
 
-    def _run_stage(self, stage: Stage, env: dict[str, Any]) -> dict[str, Any]:
-        args = {
+    def _stage_inputs(self, stage: Stage, env: Mapping[str, Any]) -> dict[str, Any]:
+        return {
             name: jax.device_put(env[name], holdable_sharding(tuple(np.shape(env[name])), stage.input_shardings[name]))
             for name in stage.inputs
         }
-        outputs = stage.compiled(**args)
-        env.update(zip(stage.outputs, outputs))
-        return args
+
+    def _run(self, inputs: Sequence[Any], named: Mapping[str, Any], params: Mapping[str, Any] | None) -> tuple:
+        """Runs the schedule's steps; each stage its program (``params`` None) or its ``apply`` over ``params``."""
+        envs = self._split(self._bind(inputs, named))
+        self._sizes.check({name: tuple(np.shape(value)) for name, value in envs[0].items()})
+        steps = list(self.schedule.steps(len(self.stages), len(envs)))
+        check_order(steps, len(self.stages), len(envs))
+        for k, m in steps:
+            stage = self.stages[k]
+            args = self._stage_inputs(stage, envs[m])
+            if params is None:
+                outputs = stage.compiled(**args)
+            else:
+                outputs = stage.compiled.apply(part_params(stage.compiled, params), **args)
+            envs[m].update(zip(stage.outputs, outputs))
+            if m == 0:
+                self._stage_args[k] = args
+        if len(envs) == 1:
+            return tuple(envs[0][name] for name in self.output_names)
+        return tuple(jnp.concatenate([env[name] for env in envs], axis=0) for name in self.output_names)
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """Runs the pipeline; returns jax.Arrays in ONNX output order, micro-batches joined on axis 0.
@@ -191,21 +205,30 @@ class PipelineCompiled:
           sharding.ShardingError: a size written on a symbolic axis that a
             micro-batch's shapes contradict (naming the node, tensor and axis).
         """
-        with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
+        with x64_scope(self.uses_64bit):
             self._last_inputs = (inputs, named)
-            envs = self._split(self._bind(inputs, named))
-            self._sizes.check({name: tuple(np.shape(value)) for name, value in envs[0].items()})
-            count = len(self.stages)
-            for step in range(len(envs) + count - 1):  # fill-drain: stage k runs micro-batch step - k
-                for k, stage in enumerate(self.stages):
-                    m = step - k
-                    if 0 <= m < len(envs):
-                        args = self._run_stage(stage, envs[m])
-                        if m == 0:
-                            self._stage_args[k] = args
-            if len(envs) == 1:
-                return tuple(envs[0][name] for name in self.output_names)
-            return tuple(jnp.concatenate([env[name] for env in envs], axis=0) for name in self.output_names)
+            return self._run(inputs, named, None)
+
+    def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
+        """The pipeline as a function of ``params`` (laid out as :attr:`params`), stage by stage.
+
+        Each stage runs its program's :meth:`~onnx2jax.runtime.spmd.Compiled.apply`
+        on its own sub-mesh, in the schedule's order, each parameter moved onto
+        its stage's devices. JAX has no program spanning several meshes, so this
+        is not one jittable function: call it eagerly (``jax.grad`` through it
+        works: ``device_put`` and each stage's constraints are differentiable).
+        A model with 64-bit tensors needs ``jax.enable_x64`` around it.
+        """
+        return self._run(inputs, named, params)
+
+    def lower(self, *inputs: Any, **named: Any) -> list[jax.stages.Lowered]:
+        """Each stage's lowered program at one micro-batch of these inputs, in run order.
+
+        Runs the pipeline once on them (to know what each stage receives).
+        """
+        self(*inputs, **named)
+        with x64_scope(self.uses_64bit):
+            return [stage.compiled.lower(**self._stage_args[k]) for k, stage in enumerate(self.stages)]
 
     # -- report -----------------------------------------------------------
 
@@ -227,7 +250,7 @@ class PipelineCompiled:
         wall: list[float] = []
         alone: list[list[float]] = [[] for _ in self.stages]
         outputs: list[tuple] = [()] * len(self.stages)
-        with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
+        with x64_scope(self.uses_64bit):
             for _ in range(repeats):  # alternated, so that machine noise hits both alike
                 start = time.perf_counter()
                 jax.block_until_ready(self(*inputs, **named))
@@ -341,64 +364,59 @@ def _devices(devices: Sequence[int]) -> str:
 # ---------------------------------------------------------------------------
 
 
-def compile_pipeline(
-    proto: onnx.ModelProto,
-    external_dir: str | None,
-    configuration: str,
-    mesh: Mesh | None = None,
-    *,
-    microbatches: int = 1,
-    check: bool = True,
-    structural: Sequence[Diagnostic] = (),
-    scan_layers: bool | str = "auto",
-) -> PipelineCompiled:
+def compile_pipeline(plan: Plan, schedule: Schedule | None = None) -> PipelineCompiled:
     """Compiles each stage of a staged model on its devices (see the module docstring).
 
-    Args:
-      mesh: when given, its devices in row-major order are the
-        configuration's devices; else ``jax.devices()``.
-      structural: what ``sharding.validate`` found on the whole model: a size
-        written on a symbolic axis is checked at each call against a
-        micro-batch's shapes (each stage runs the graph on one), as
-        :class:`onnx2jax.runtime.spmd.Compiled` checks a call's.
-      scan_layers: each stage's, as :func:`onnx2jax.compile`'s (the
-        repeated layers within one stage run as one ``lax.scan``).
+    The plan's mesh (when given) lends its devices in row-major order, each
+    configuration device at the flat position ``plan.devices`` gives it
+    (default: device i at position i); else ``jax.devices()``. Sizes written
+    on symbolic axes (the plan's ``structural`` notes) are checked at each
+    call against a micro-batch's shapes; each stage translates with the
+    plan's ``scan_layers``.
 
     Raises:
       ValueError: bad stages (duplicate names, backward edges, negative
-        stages), too few devices, a spec naming a device outside its stage's
-        group, or ``microbatches`` < 1.
+        stages), a spec naming a device outside its stage's group,
+        ``microbatches`` < 1, or ``devices`` not a permutation.
+      DeviceCountError: too few devices.
+      NodeError: a stage has nodes with data-dependent output shapes (naming the stage and node).
     """
+    proto, configuration, microbatches = plan.proto, plan.configuration, plan.microbatches
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise ValueError(f"microbatches must be an int >= 1, got {microbatches!r}")
     num_devices = device_configurations(proto)[configuration].num_devices
+    mesh = plan.mesh
     pool = list(mesh.devices.flat) if mesh is not None else jax.devices()
     if len(pool) < num_devices:
         raise DeviceCountError(
             configuration, num_devices, len(pool), mesh=mesh is not None, hint=len(jax.devices()) < num_devices
         )
+    positions = list(plan.devices) if plan.devices is not None else list(range(num_devices))
+    if sorted(positions) != list(range(num_devices)):
+        raise ValueError(f"devices= must be a permutation of range({num_devices}), got {positions}")
     part = model_partition(proto, configuration)
     groups = stage_devices(proto, configuration, part.parts, num_devices)
+    models = {stage_id: _stage_model(proto, part, stage_id, configuration, groups[stage_id]) for stage_id in part.parts}
+    for stage_id, (sub, _) in models.items():
+        cuts = data_dependent_nodes(sub)
+        if cuts:
+            node = cuts[0][1]
+            raise NodeError(
+                f"node {node.name!r} (stage {stage_id}): {cut_reason(node)}. Pipeline stages with data-dependent "
+                "output shapes inside them are not supported; compile the model without pipeline_stage"
+            )
     stages = []
     for stage_id in part.parts:
         group = groups[stage_id]
-        sub, annotated = _stage_model(proto, part, stage_id, configuration, group)
-        devices = [pool[d] for d in group]
+        sub, annotated = models[stage_id]
+        devices = [pool[positions[d]] for d in group]
         if annotated:
-            compiled = compile_proto(
-                sub, external_dir, None, configuration=configuration, check=check, jax_devices=devices,
-                scan_layers=scan_layers,
-            )
+            program = program_plan(sub, configuration, None, check=plan.check, jax_devices=devices, shapes=plan.shapes)
         else:
-            compiled = compile_proto(sub, external_dir, Mesh(np.array(devices), ("d0",)), scan_layers=scan_layers)
-        if not isinstance(compiled, Compiled):
-            host = next(s for s in compiled.segments if s.kind == "host")
-            raise NodeError(
-                f"node {host.nodes[0]!r} (stage {stage_id}): {host.reason}. Pipeline stages with data-dependent "
-                "output shapes inside them are not supported; compile the model without pipeline_stage"
-            )
+            program = program_plan(sub, None, Mesh(np.array(devices), ("d0",)))
+        compiled = Compiled(JaxModel(sub, plan.external_dir, scan_layers=plan.scan_layers), program)
         stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
-        stage.input_shardings = _input_shardings(sub, compiled, stage.inputs)
+        stage.input_shardings = _input_shardings(sub, program.placements, compiled.mesh, stage.inputs)
         stages.append(stage)
     initialized = {t.name for t in proto.graph.initializer}
     model = PipelineModel(
@@ -407,7 +425,7 @@ def compile_pipeline(
         tuple(o.name for o in proto.graph.output),
         tuple((s.stage, s.compiled.model.layers_report()) for s in stages),
     )
-    return PipelineCompiled(stages, part, model, microbatches, configuration, structural)
+    return PipelineCompiled(stages, part, model, microbatches, configuration, plan.structural, schedule)
 
 
 def _stage_model(
@@ -444,16 +462,18 @@ def _stage_model(
     return sub, annotated
 
 
-def _input_shardings(sub: onnx.ModelProto, compiled: Compiled, names: Sequence[str]) -> dict[str, NamedSharding]:
+def _input_shardings(
+    sub: onnx.ModelProto, placements: Mapping[SpecKey, Any], mesh: Mesh, names: Sequence[str]
+) -> dict[str, NamedSharding]:
     """Where each stage input goes: the spec of its first reader in the stage, else replicated."""
-    replicated = NamedSharding(compiled.mesh, PartitionSpec())
+    replicated = NamedSharding(mesh, PartitionSpec())
     result = {}
     for name in names:
         result[name] = replicated
         for node in sub.graph.node:
             if name not in node.input:
                 continue
-            placement = compiled._placements.get(SpecKey(node.name, "in", list(node.input).index(name), name))
+            placement = placements.get(SpecKey(node.name, "in", list(node.input).index(name), name))
             if placement is not None and not placement.fused:
                 result[name] = placement.sharding
             break

@@ -8,11 +8,13 @@ runs it as follows (the rules are in :mod:`sharding.segment_sharding`):
    producer's spec on tensors it receives from an earlier jitted segment)
    and inferred; the layouts of all segments together choose **one mesh**
    (or the caller's), so every segment runs on the same devices and axes;
-2. each jitted segment goes through the ordinary SPMD compile
-   (:func:`onnx2jax.runtime.spmd.compile_proto`): validation, inference at each
-   call's shapes, NamedShardings, output shardings decided by us, one
-   program per shape signature (a host step's output length changes the
-   next segment's signature);
+2. each jitted segment runs as one SPMD program
+   (:class:`onnx2jax.runtime.spmd.Compiled`) over the sub-model the model was
+   translated into once (``JaxModel.segment_models``) and the plan of its
+   annotated model (:func:`onnx2jax.runtime.plan.program_plan`, taking the
+   inference of step 1): inference at each call's shapes, NamedShardings,
+   output shardings decided by us, one program per shape signature (a host
+   step's output length changes the next segment's signature);
 3. a call runs the steps in order. A host step **gathers** its inputs:
    ``np.asarray`` of each global ``jax.Array`` (every shard copied to the
    host, as if fully replicated), then numpy. The next jitted segment
@@ -34,14 +36,16 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.runtime.spmd import Compiled, compile_proto
-from onnx2jax.runtime.report import Report
 from onnx2jax.errors import NodeError
+from onnx2jax.runtime.executable import merged_params, part_params, x64_scope
 from onnx2jax.runtime.placements import mesh_for, spec_layouts
+from onnx2jax.runtime.plan import Plan, program_plan
+from onnx2jax.runtime.report import Report
+from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.translate import JaxModel
+from sharding.diagnostics import ShardingError
 from sharding.segment_sharding import ShardedSegments, ignored_specs, ignored_text, shard_segments
 from sharding.segments import Segment
-from onnx2jax.translate import JaxModel
-from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.spec import device_configurations
 
 
@@ -123,22 +127,30 @@ class SegmentedCompiled:
     @property
     def params(self) -> dict[str, jax.Array]:
         """Every jitted segment's parameters, placed (a parameter two segments read: the first's copy)."""
-        merged: dict[str, jax.Array] = {}
-        for program in self.programs:
-            if program is not None:
-                for name, array in program.params.items():
-                    merged.setdefault(name, array)
-        return merged
+        return merged_params(self.programs)
 
     # -- running ----------------------------------------------------------
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """Runs the segments in turn; returns jax.Arrays on the mesh, in ONNX output order."""
-        bound = self.model.bind_inputs(inputs, named)
         self._last_args = (inputs, named)
+        return self._run(inputs, named, None)
+
+    def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
+        """The segmented run as a function of ``params`` (laid out as :attr:`params`), segment by segment.
+
+        Each jitted segment runs its program's
+        :meth:`~onnx2jax.runtime.spmd.Compiled.apply`; the host steps between
+        them need concrete values, so this is neither one jittable function
+        nor differentiable across a host step: call it eagerly.
+        """
+        return self._run(inputs, named, params)
+
+    def _run(self, inputs: Sequence[Any], named: Mapping[str, Any], params: Mapping[str, Any] | None) -> tuple:
+        bound = self.model.bind_inputs(inputs, named)
         moves: list[Move] = []
         self.last_outputs = []
-        with jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64):
+        with x64_scope(self.model.uses_64bit):
             # Initializers too: a graph output may be one (each segment reads its own copies).
             env: dict[str, Any] = {**self.model.constants, **self.model.params, **bound}
             for index, (segment, program) in enumerate(zip(self.segments, self.programs)):
@@ -153,7 +165,10 @@ class SegmentedCompiled:
                             kind = "re-place" if self.segments[source - 1].kind == "host" else "as placed"
                             moves.append(self._move(name, index + 1, kind, placed[name]))
                     self.segment_inputs[index] = placed
-                    outputs = program(**placed)
+                    if params is None:
+                        outputs = program(**placed)
+                    else:
+                        outputs = program.apply(part_params(program, params), **placed)
                 self.last_outputs.append(tuple(outputs))
                 env.update(zip(segment.outputs, outputs))
             results = tuple(self._output(name, env[name], moves) for name in self.output_names)
@@ -187,9 +202,14 @@ class SegmentedCompiled:
         nbytes = int(np.prod(shape)) * dtype.itemsize
         return Move(name, step, kind, shape, dtype.name, nbytes, where, self._producer.get(name, 0), reader)
 
-    def lower(self, *inputs: Any, **named: Any):
-        """Refused: a segmented model is several programs (see :meth:`compiled_texts`)."""
-        self._refuse_one_program()
+    def lower(self, *inputs: Any, **named: Any) -> list[jax.stages.Lowered | None]:
+        """Per segment, its lowered program at these inputs (None: a host step). Runs the model once on them."""
+        self(*inputs, **named)
+        with x64_scope(self.model.uses_64bit):
+            return [
+                None if program is None else program.lower(**self.segment_inputs[index])
+                for index, program in enumerate(self.programs)
+            ]
 
     def compiled_text(self, *inputs: Any, **named: Any) -> str:
         """Refused: a segmented model is several programs (see :meth:`compiled_texts`)."""
@@ -345,54 +365,54 @@ def _move_text(move: Move) -> str:
     return f"output {what} from {source}: returned replicated on the mesh ({move.sharding})"
 
 
-def compile_segmented(
-    model: JaxModel,
-    external_dir: str | None,
-    mesh: Mesh | None,
-    *,
-    configuration: str | None,
-    check: bool = True,
-    devices: Sequence[int] | None = None,
-    jax_devices: Sequence[jax.Device] | None = None,
-    structural: Sequence[Diagnostic] = (),
-) -> SegmentedCompiled:
-    """Compiles each jitted segment of ``model`` on one mesh (see the module docstring).
+def compile_segmented(plan: Plan) -> SegmentedCompiled:
+    """Compiles each jitted segment of the planned model on one mesh (see the module docstring).
+
+    The model is translated once; each jitted segment's program runs the
+    sub-model that translation made, and each segment is inferred once (with
+    its neighbours, :func:`sharding.segment_sharding.shard_segments`).
 
     Raises:
       sharding.ShardingError: a segment's annotations have errors (each names
         its node, tensor and axis).
-      sharding.mesh.layout.MeshMappingError: the segments' specs fit no single mesh.
+      onnx2jax.errors.MeshMappingError: the segments' specs fit no single mesh.
     """
-    plan = model.segment_plan
+    model = JaxModel(plan.proto, plan.external_dir, scan_layers=plan.scan_layers)
+    segments = model.segment_plan
+    configuration, mesh = plan.configuration, plan.mesh
     if configuration is None:
         mesh = mesh or Mesh(np.array(jax.devices()[:1]), ("d0",))
         programs = [
-            None if s.kind == "host" else compile_proto(m, external_dir, mesh)
-            for s, m in zip(plan.segments, plan.models)
+            None if sub is None else Compiled(sub, program_plan(sub.proto, None, mesh)) for sub in model.segment_models
         ]
         return SegmentedCompiled(model, mesh, None, programs, None)
     num_devices = device_configurations(model.proto)[configuration].num_devices
-    sharded = shard_segments(plan, configuration)
+    sharded = shard_segments(segments, configuration)
     errors = [d for inference in sharded.inferences if inference is not None for d in inference.errors()]
-    if check and errors:
+    if plan.check and errors:
         raise ShardingError(errors)
-    layouts = {}
-    for inference in sharded.inferences:
-        if inference is not None:
-            layouts.update(spec_layouts(inference, strict=False))
+    devices = plan.devices
     if mesh is None:
-        mesh, mapping = mesh_for(layouts, configuration, num_devices, None, None, jax_devices)
+        layouts = {}
+        for inference in sharded.inferences:
+            if inference is not None:
+                layouts.update(spec_layouts(inference, strict=False))
+        mesh, mapping = mesh_for(layouts, configuration, num_devices, None, None, None)
         positions = [0] * num_devices
         for position, config_device in enumerate(mapping.plan.device_order):
             positions[config_device] = position
-        devices = positions
+        devices = tuple(positions)
     programs = [
         None
-        if sub is None
-        else compile_proto(
-            sub, external_dir, mesh, configuration=configuration, check=check, devices=devices, structural=structural
+        if annotated is None
+        else Compiled(
+            sub,
+            program_plan(
+                annotated, configuration, mesh, check=plan.check, devices=devices, structural=plan.structural,
+                inference=inference,
+            ),
         )
-        for sub in sharded.models
+        for sub, annotated, inference in zip(model.segment_models, sharded.models, sharded.inferences)
     ]
     return SegmentedCompiled(model, mesh, configuration, programs, sharded)
 

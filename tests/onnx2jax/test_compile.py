@@ -9,7 +9,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec
 
 import onnx2jax
-from onnx2jax.runtime.spmd import compile as compile_model
+from onnx2jax.runtime.compile import compile as compile_model
 from onnx2jax.runtime.spmd import count_collectives
 from sharding.mesh.layout import MeshMappingError
 from sharding.diagnostics import ShardingError

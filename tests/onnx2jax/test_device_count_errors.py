@@ -23,7 +23,7 @@ import pytest
 
 import onnx2jax
 from onnx2jax.cli.app import main
-from onnx2jax.runtime.spmd import compile_proto
+from onnx2jax.runtime.plan import program_plan
 from onnx2jax.errors import DeviceCountError
 from sharding import ShardingError, add_configuration, annotate_tensor, parse_spec
 
@@ -49,7 +49,7 @@ def _matmul(spec_x: str, spec_w: str, devices: int) -> onnx.ModelProto:
 def test_compile_with_too_few_jax_devices_names_the_count_and_the_flag():
     model = _matmul("replicated @ [{0,1,2,3,4,5,6,7}]", "1:8 @ [0,1,2,3,4,5,6,7]", 8)
     with pytest.raises(DeviceCountError) as caught:
-        compile_proto(model, None, None, configuration="tp", jax_devices=jax.devices()[:4])
+        program_plan(model, "tp", None, jax_devices=jax.devices()[:4])
     error = caught.value
     assert isinstance(error, ValueError)  # what it was before it had a class of its own
     assert (error.needed, error.available, error.configuration) == (8, 4, "tp")

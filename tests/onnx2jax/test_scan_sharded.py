@@ -53,14 +53,14 @@ def test_scanned_megatron_program_has_the_unrolled_collectives_per_layer(name):
 
 def test_layers_whose_specs_differ_are_not_scanned():
     compiled, _, _ = _compiled("mistral", True)
-    model, placements = compiled.model, dict(compiled._placements)
+    model, placements = compiled.model, dict(compiled.plan.placements)
     rep = model.scan.repetition
     node = model.proto.graph.node[rep.layer_nodes(1)[0]]
     key = next(k for k in placements if k.node == node.name)
     del placements[key]  # layer 1's first node without the spec layer 0's has
     why = layer_specs_differ(model.proto, model.scan, placements, model.params)
     assert why.startswith(f"node {node.name!r} {key.kind}put {key.position}") and "first layer's specs" in why
-    assert layer_specs_differ(model.proto, model.scan, compiled._placements, model.params) == ""
+    assert layer_specs_differ(model.proto, model.scan, compiled.plan.placements, model.params) == ""
     with pytest.raises(NodeError, match="scan_layers=True: cannot run the layers as a scan"):
         model.unscan(why)
 

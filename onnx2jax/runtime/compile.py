@@ -1,0 +1,103 @@
+"""``onnx2jax.compile(model, mesh)``: plan once, then run by the strategy the plan calls for.
+
+The front door. :func:`onnx2jax.runtime.plan.make_plan` makes the one
+analysis (load, shapes, validation, configuration, partition kind, and for a
+whole model inference and mesh); the plan's kind picks the strategy:
+
+- ``"whole"``: one SPMD program (:class:`onnx2jax.runtime.spmd.Compiled`);
+- ``"stages"``: one program per pipeline stage (:mod:`onnx2jax.runtime.pipeline`);
+- ``"segments"``: jitted segments and host steps (:mod:`onnx2jax.runtime.segmented`).
+
+Every strategy returns an :class:`~onnx2jax.runtime.executable.Executable`.
+The strategies never import this module.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from jax.sharding import Mesh
+
+from onnx2jax.loading import ModelLike
+from onnx2jax.runtime.executable import Executable
+from onnx2jax.runtime.pipeline import compile_pipeline
+from onnx2jax.runtime.plan import make_plan
+from onnx2jax.runtime.segmented import compile_segmented
+from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.scan import ScanSetting
+from onnx2jax.translate import JaxModel
+
+
+def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
+    model: ModelLike,
+    mesh: Mesh | None = None,
+    *,
+    configuration: str | None = None,
+    check: bool = True,
+    devices: Sequence[int] | None = None,
+    microbatches: int = 1,
+    scan_layers: ScanSetting = "auto",
+) -> Executable:
+    """Compiles an annotated ONNX model for a device mesh.
+
+    Args:
+      model: a path, bytes or ModelProto carrying sharding annotations (or none:
+        then it runs replicated).
+      mesh: the jax Mesh to run on, with Explicit or Auto axes (the program
+        runs on its devices and axis names with Auto axes: see
+        :mod:`onnx2jax.runtime.user_mesh`). When None, the mesh of an enclosing
+        ``with jax.set_mesh(mesh):``; outside one, a mesh is built from the
+        model's device configuration over ``jax.devices()`` (configuration
+        device i is ``jax.devices()[i]``), with axes chosen so that every spec
+        is a NamedSharding on it.
+      configuration: which DeviceConfigurationProto to use, when there are several.
+      check: refuse a model whose annotations break an op's sharding rule
+        (``sharding.infer``'s errors). Malformed annotations (axes, sizes,
+        devices, configurations, node names, stages: ``sharding.validate``)
+        are refused whatever ``check`` says, before anything is traced.
+      devices: with a user ``mesh``, the flat mesh position of each configuration
+        device (default: row-major, device i at position i).
+      microbatches: for a model with pipeline stages (``pipeline_stage``), the
+        number of micro-batches a call's batch is split into; such a model
+        compiles to a :class:`onnx2jax.runtime.pipeline.PipelineCompiled`
+        (GPipe's fill-drain order; ``PipelineCompiled.schedule`` takes another).
+      scan_layers: as :func:`onnx2jax.translate`'s: run the repeated layers
+        as one ``lax.scan``, each stacked parameter placed with its first
+        layer's spec behind an unsplit layer axis. Layers whose specs differ
+        stay unrolled (``report().notes`` says why; ``True`` raises instead).
+
+    Returns:
+      An :class:`~onnx2jax.runtime.executable.Executable` (``__call__``,
+      ``params``, ``apply``, ``lower``, ``report``): a
+      :class:`~onnx2jax.runtime.spmd.Compiled`: call it like the model. A model whose output
+      shapes depend on run-time values (NonMaxSuppression, NonZero, ...:
+      ``onnx2jax.translate(model).segments``) gives a
+      :class:`onnx2jax.runtime.segmented.SegmentedCompiled`, which runs each jitted
+      segment sharded and the data-dependent nodes on the host between them.
+
+    Raises:
+      ValueError: the configuration asked for is not in the model, or the
+        model has several and none was asked for.
+      sharding.ShardingError: the annotations have errors (each diagnostic
+        names the node, tensor and axis); at a call, a size written on a
+        symbolic axis that the call's shapes contradict.
+      onnx2jax.errors.ModelLoadError: the file cannot be read safely.
+      onnx2jax.errors.MeshMappingError: a spec cannot be a NamedSharding on one mesh.
+
+    Example:
+      >>> compiled = onnx2jax.compile("llama_tp8.onnx")          # doctest: +SKIP
+      >>> (logits,) = compiled(input_ids)                         # doctest: +SKIP
+      >>> compiled.report().render()                              # doctest: +SKIP
+    """
+    plan = make_plan(
+        model, mesh, configuration=configuration, check=check, devices=devices, microbatches=microbatches,
+        scan_layers=scan_layers,
+    )
+    if plan.kind == "stages":
+        return compile_pipeline(plan)
+    if plan.kind == "segments":
+        return compile_segmented(plan)
+    return Compiled(JaxModel(plan.proto, plan.external_dir, scan_layers=plan.scan_layers), plan.program)
+
+
+__all__ = ["compile"]

@@ -1,0 +1,77 @@
+"""The one public face of every way of running a model: :class:`Executable`.
+
+After jax's own stages (Traced -> Lowered -> Compiled), whatever
+:func:`onnx2jax.compile` returns (one SPMD program, pipeline stages,
+segments; next a generation loop, a train step) is called like the model,
+holds its placed parameters, offers the pure function of those parameters,
+its lowered program(s) and a report.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterable, Iterator, Mapping, Protocol, runtime_checkable
+
+import jax
+
+
+@runtime_checkable
+class Executable(Protocol):
+    """A compiled model.
+
+    Attributes:
+      params: the parameters as placed jax.Arrays, by name.
+    """
+
+    @property
+    def params(self) -> Mapping[str, jax.Array]: ...
+
+    def __call__(self, *inputs: Any, **named: Any) -> tuple:
+        """Runs the model; returns jax.Arrays in ONNX output order."""
+        ...
+
+    def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
+        """The model as a pure function of ``params`` (laid out as :attr:`params`), sharded as compiled."""
+        ...
+
+    def lower(self, *inputs: Any, **named: Any) -> Any:
+        """The lowered program at these inputs (``jax.stages.Lowered``), or one per part."""
+        ...
+
+    def report(self, *inputs: Any, **named: Any) -> Any:
+        """What the compiled program(s) do at these inputs: specs, collectives, bytes."""
+        ...
+
+
+@contextlib.contextmanager
+def x64_scope(uses_64bit: bool) -> Iterator[None]:
+    """64-bit types for one call of a model that has 64-bit tensors, never switched on globally.
+
+    The one place an executable enters jax's x64 mode (see :func:`onnx2jax.translate.translate`).
+    """
+    with jax.enable_x64(uses_64bit or jax.config.jax_enable_x64):
+        yield
+
+
+def merged_params(parts: Iterable[Executable | None]) -> dict[str, jax.Array]:
+    """Every part's parameters by name; a parameter several parts hold: the first part's copy."""
+    merged: dict[str, jax.Array] = {}
+    for part in parts:
+        if part is not None:
+            for name, array in part.params.items():
+                merged.setdefault(name, array)
+    return merged
+
+
+def part_params(part: Executable, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The entries of ``params`` that ``part`` holds, each moved where the part holds it.
+
+    A part of a pipeline or a segmented run has its own devices: a parameter
+    given on another part's devices (``merged_params`` keeps the first copy)
+    is moved onto this part's (``jax.device_put`` is differentiable).
+    """
+    own = part.params
+    return {name: jax.device_put(value, own[name].sharding) for name, value in params.items() if name in own}
+
+
+__all__ = ["Executable", "merged_params", "part_params", "x64_scope"]

@@ -1,0 +1,236 @@
+"""The analysis of a compile, done once: a frozen :class:`Plan` every way of running takes.
+
+``make_plan`` walks the one path, in order:
+
+1. load the model (:func:`onnx2jax.loading.open_model`);
+2. ONNX shape inference at the model's own shapes, once (:mod:`sharding.shapes`),
+   for validation and inference alike;
+3. validate the annotations (:func:`sharding.validate.require_valid`);
+4. choose the device configuration by the one rule (:mod:`sharding.configuration`;
+   a compile refuses the rule's guess among several);
+5. the partition kind: ``"stages"`` (``pipeline_stage`` annotations),
+   ``"segments"`` (nodes whose output shapes depend on values), else ``"whole"``;
+6. for a whole model, inference and the mesh (:func:`program_plan`).
+
+A :class:`ProgramPlan` is one SPMD program's analysis (a whole model, a
+pipeline stage, a jitted segment): its inference at the model's own shapes,
+its mesh and placements, and per call-shape signature its inference at the
+call's shapes (:meth:`ProgramPlan.at_shapes`, computed once per signature).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal, Mapping, Sequence
+
+import jax
+import numpy as np
+import onnx
+from jax.sharding import Mesh
+
+import sharding
+from onnx2jax.loading import ModelLike, open_model
+from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.placements import mesh_for, placements_on, spec_layouts
+from onnx2jax.runtime.user_mesh import auto_axes, context_mesh
+from onnx2jax.scan import ScanSetting
+from sharding.configuration import choose_configuration
+from sharding.diagnostics import Diagnostic, ShardingError
+from sharding.mesh.mapping import MeshMapping, map_specs
+from sharding.rules.core import Shape
+from sharding.segments import data_dependent_nodes
+from sharding.shapes import tensor_shapes
+from sharding.spec import device_configurations
+from sharding.stages import has_stages
+from sharding.validate import require_valid
+
+Shapes = tuple[Mapping[str, Shape], tuple[Diagnostic, ...]]  # tensor_shapes' result
+
+Kind = Literal["whole", "stages", "segments"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramPlan:
+    """One SPMD program's analysis: its annotated model, inference, mesh and placements.
+
+    Attributes:
+      proto: the program's annotated ModelProto (a whole model, a stage, a segment).
+      configuration: its device configuration (None: unannotated, replicated on ``mesh``).
+      inference: the completed annotations at the model's own shapes (None: unannotated).
+      mesh: the jax Mesh the program runs on.
+      mapping: the specs mapped onto ``mesh`` (None: unannotated).
+      placements: every laid-out spec as a Placement on ``mesh``.
+      check: whether inference errors at a call's shapes refuse the call.
+      structural: what ``sharding.validate`` found (sizes to check at each call).
+    """
+
+    proto: onnx.ModelProto
+    configuration: str | None
+    inference: "sharding.Inference | None"
+    mesh: Mesh
+    mapping: MeshMapping | None
+    placements: Mapping[SpecKey, Placement]
+    check: bool = True
+    structural: tuple[Diagnostic, ...] = ()
+    _at_shapes: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def at_shapes(
+        self, input_shapes: Mapping[str, tuple[int, ...]]
+    ) -> tuple["sharding.Inference", Mapping[SpecKey, Placement]]:
+        """Inference and placements at a call's input shapes, computed once per shape signature.
+
+        The model's own inference serves when every shape is already concrete
+        and every spec was laid out; else inference runs again at these shapes
+        (a Reshape ``[B,H,S,D] -> [B*H,S,D]`` keeps its head split only when B is
+        known) and its specs are mapped onto the same mesh, in the same device order.
+
+        Raises:
+          sharding.ShardingError: with ``check``, the annotations have errors at these shapes.
+        """
+        key = tuple(sorted((name, tuple(shape)) for name, shape in input_shapes.items()))
+        found = self._at_shapes.get(key)
+        if found is not None:
+            return found
+        inference = self.inference
+        laid_out = len(self.placements) == sum(
+            spec is not None for node in inference.nodes.values() for spec in (*node.inputs, *node.outputs)
+        )
+        if laid_out and all(inference.shapes.get(name) == tuple(shape) for name, shape in input_shapes.items()):
+            found = (inference, self.placements)
+        else:
+            inference = sharding.infer(self.proto, self.configuration, input_shapes=input_shapes)
+            errors = inference.errors()
+            if self.check and errors:
+                raise ShardingError(list(errors))
+            layouts = spec_layouts(inference, strict=True)
+            mapping = map_specs(layouts, self.mapping.plan.device_array().size, self.mapping.plan)
+            found = (inference, placements_on(mapping, layouts, self.mesh))
+        self._at_shapes[key] = found
+        return found
+
+
+def program_plan(
+    proto: onnx.ModelProto,
+    configuration: str | None,
+    mesh: Mesh | None,
+    *,
+    check: bool = True,
+    devices: Sequence[int] | None = None,
+    jax_devices: Sequence[jax.Device] | None = None,
+    structural: Sequence[Diagnostic] = (),
+    shapes: Shapes | None = None,
+    inference: "sharding.Inference | None" = None,
+) -> ProgramPlan:
+    """Inference and the mesh of one SPMD program at its model's own shapes.
+
+    Args:
+      mesh: the mesh to run on; None: one searched from the specs over
+        ``jax_devices`` (default ``jax.devices()``; a pipeline stage passes its sub-mesh's).
+      devices: with ``mesh``, the flat mesh position of each configuration device.
+      shapes: the model's ``tensor_shapes``, when the caller has them.
+      inference: the model's inference, when the caller has it (a segment's, inferred with its neighbours).
+
+    Raises:
+      sharding.ShardingError: with ``check``, the annotations have errors.
+      sharding.mesh.layout.MeshMappingError: a spec cannot be a NamedSharding on one mesh.
+    """
+    if configuration is None:
+        mesh = mesh or Mesh(np.array((list(jax_devices) if jax_devices else jax.devices())[:1]), ("d0",))
+        return ProgramPlan(proto, None, None, mesh, None, {}, check, tuple(structural))
+    num_devices = device_configurations(proto)[configuration].num_devices
+    if inference is None:
+        inference = sharding.infer(proto, configuration, shapes=shapes)
+    errors = inference.errors()
+    if check and errors:
+        raise ShardingError(list(errors))
+    # At the model's own shapes: a fused spec on a symbolic axis waits for the call's shapes.
+    layouts = spec_layouts(inference, strict=False)
+    mesh, mapping = mesh_for(layouts, configuration, num_devices, mesh, devices, jax_devices)
+    placements = placements_on(mapping, layouts, mesh)
+    return ProgramPlan(proto, configuration, inference, mesh, mapping, placements, check, tuple(structural))
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The analysis of one compile, made once by :func:`make_plan`; every strategy takes it.
+
+    Attributes:
+      proto: the loaded model.
+      external_dir: where its external data lives (None: inline).
+      structural: the warnings and notes ``sharding.validate`` found.
+      configuration: the device configuration chosen (None: unannotated).
+      shapes: the model's tensor shapes from one ONNX shape inference (None: unannotated,
+        nothing needed them).
+      kind: ``"whole"`` (one SPMD program), ``"stages"`` (pipeline) or ``"segments"``
+        (data-dependent output shapes).
+      mesh: the mesh the caller gave (or the enclosing ``jax.set_mesh``'s), None: searched.
+      devices: with ``mesh``, the flat mesh position of each configuration device.
+      check, microbatches, scan_layers: as :func:`onnx2jax.compile` was given them.
+      program: for ``kind == "whole"``, the program's analysis (inference, mesh, placements).
+    """
+
+    proto: onnx.ModelProto
+    external_dir: str | None
+    structural: tuple[Diagnostic, ...]
+    configuration: str | None
+    shapes: Shapes | None
+    kind: Kind
+    mesh: Mesh | None
+    devices: tuple[int, ...] | None
+    check: bool
+    microbatches: int
+    scan_layers: ScanSetting
+    program: ProgramPlan | None = None
+
+
+def make_plan(
+    model: ModelLike,
+    mesh: Mesh | None = None,
+    *,
+    configuration: str | None = None,
+    check: bool = True,
+    devices: Sequence[int] | None = None,
+    microbatches: int = 1,
+    scan_layers: ScanSetting = "auto",
+) -> Plan:
+    """The one analysis of a compile (see the module docstring); arguments as :func:`onnx2jax.compile`'s.
+
+    Raises:
+      ValueError: the configuration asked for is not in the model, or the model has
+        several and none was asked for; ``microbatches`` without pipeline stages.
+      sharding.ShardingError, sharding.mesh.layout.MeshMappingError: as :func:`program_plan`.
+    """
+    proto, external_dir = open_model(model)
+    annotated = any(node.device_configurations for node in proto.graph.node)
+    shapes = None
+    if annotated:
+        found, diagnostics = tensor_shapes(proto)
+        shapes = (found, tuple(diagnostics))
+    structural = tuple(require_valid(proto, strict=True, shapes=shapes))
+    mesh = auto_axes(context_mesh() if mesh is None else mesh)
+    choice = choose_configuration(proto, configuration)
+    if choice.unknown:
+        raise ValueError(f"configuration {configuration!r} not in the model; it has {sorted(choice.defined)}")
+    if choice.guessed:
+        raise ValueError(f"the model has several device configurations {sorted(choice.defined)}; pass configuration=")
+    config = choice.name
+    kind: Kind = "whole"
+    if config is not None and has_stages(proto, config):
+        kind = "stages"
+    elif data_dependent_nodes(proto):
+        kind = "segments"
+    if kind != "stages" and microbatches != 1:
+        raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
+    plan = Plan(
+        proto, external_dir, structural, config, shapes, kind, mesh, None if devices is None else tuple(devices),
+        check, microbatches, scan_layers,
+    )
+    if kind == "whole":
+        program = program_plan(
+            proto, config, mesh, check=check, devices=devices, structural=structural, shapes=shapes
+        )
+        plan = dataclasses.replace(plan, program=program)
+    return plan
+
+
+__all__ = ["Kind", "Plan", "ProgramPlan", "Shapes", "make_plan", "program_plan"]
