@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from sharding.partition import node_inputs
+from sharding.shapes import node_inputs
 
 
 def branch_model(step: onnx.ModelProto, branch: onnx.GraphProto) -> onnx.ModelProto:

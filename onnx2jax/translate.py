@@ -28,6 +28,7 @@ import onnx.numpy_helper
 
 from onnx2jax import scan as _scan
 from sharding import segments as _segments
+from sharding.shapes import InferredModel
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.runtime.fast_call import call_key
@@ -114,7 +115,9 @@ class JaxModel:
       segments: where the graph is cut around nodes whose output shapes
         depend on run-time values (:mod:`sharding.segments`): jitted
         segments and host steps in run order, each host step with its
-        reason. Empty for a model that runs as one program.
+        reason. Empty for a model that runs as one program. A compile
+        passes its plan's shape inference (``inferred``), so that cutting and
+        typing the segments does not run it again.
     """
 
     def __init__(
@@ -124,8 +127,10 @@ class JaxModel:
         *,
         segmentable: bool = True,
         scan_layers: _scan.ScanSetting = "auto",
+        inferred: InferredModel | None = None,
     ):
         self.proto = proto
+        self._inferred = inferred  # the model's shape inference, when a compile's plan has it
         graph = proto.graph
         self.opsets = opsets_of(proto)
         missing = unsupported_ops(graph, self.opsets)
@@ -155,7 +160,7 @@ class JaxModel:
         self._segmentable, self._external_dir = segmentable, external_dir
         self._scan_setting = scan_layers
         self.scan_note = ""
-        self._cuts = _segments.data_dependent_nodes(proto) if segmentable else []
+        self._cuts = _segments.data_dependent_nodes(proto, inferred) if segmentable else []
         self._segment(self._cuts)
 
     def _segment(self, cuts: list[tuple[int, onnx.NodeProto]]) -> None:
@@ -163,7 +168,7 @@ class JaxModel:
 
         A segmented model's layers are never scanned (:func:`onnx2jax.scan.plan`).
         """
-        self._plan = _segments.plan(self.proto, cuts) if cuts else None
+        self._plan = _segments.plan(self.proto, cuts, self._inferred) if cuts else None
         self.scan = _scan.plan(
             self.proto, self._scan_setting, self.params, self.constants, segmented=self._plan is not None
         )

@@ -57,6 +57,7 @@ from onnx import numpy_helper
 from sharding.model_arg import ModelArg, as_model_proto
 from sharding.configuration import choose_configuration
 from sharding.diagnostics import Diagnostic
+from sharding.inference import Inference, NodeShardings
 from sharding.reshard import reshard_kind
 from sharding.rules import rule_for
 from sharding.shapes import CONSTANT_LIMIT, tensor_shapes, topological_order
@@ -64,58 +65,7 @@ from sharding.stages import has_stages
 from sharding.rules.base import NodeContext, Shape, text
 from sharding.rules.views import node_devices, renamed, replicated, sharded_dims
 from sharding.spec import NodeConfig, ShardingSpec
-
-
-@dataclass(frozen=True)
-class NodeShardings:
-    """Complete specs of one node after inference.
-
-    Attributes:
-        node: The node's name.
-        op_type: Its op type.
-        inputs: Per ``node.input`` position: the spec the node runs it with;
-            None for an empty input name or when nothing is known.
-        outputs: Per ``node.output`` position: written or inferred; None
-            when no rule covers the op and none was written.
-        given_inputs: Which input specs were written in the model.
-        given_outputs: Which output specs were written in the model.
-    """
-
-    node: str
-    op_type: str
-    inputs: tuple[ShardingSpec | None, ...]
-    outputs: tuple[ShardingSpec | None, ...]
-    given_inputs: tuple[bool, ...]
-    given_outputs: tuple[bool, ...]
-
-
-@dataclass(frozen=True)
-class Inference:
-    """The result of `infer`.
-
-    Attributes:
-        configuration: The device configuration used, or None when the model
-            has none.
-        nodes: By node name (``"<op_type>#<index>"`` for unnamed nodes), in
-            topological order.
-        tensors: Each tensor's spec as its producer leaves it; model inputs
-            and initializers as first consumed (an initializer's entry is
-            informative only: each consumer takes its own written spec, or
-            the initializer unsharded).
-        diagnostics: Errors, warnings and notes (reshards, collectives).
-        shapes: Tensor shapes known after shape inference (ints, symbols or
-            None per axis).
-    """
-
-    configuration: str | None
-    nodes: dict[str, NodeShardings]
-    tensors: dict[str, ShardingSpec]
-    diagnostics: tuple[Diagnostic, ...]
-    shapes: Mapping[str, Shape] = field(default_factory=dict, repr=False, compare=False)
-
-    def errors(self) -> list[Diagnostic]:
-        """The diagnostics of severity ``error``."""
-        return [d for d in self.diagnostics if d.severity == "error"]
+from sharding.stage_infer import infer_by_stage
 
 
 class _Constants(Mapping):
@@ -270,9 +220,7 @@ def infer(
     diags += choice.diagnostics
     config = choice.name
     if config is not None and has_stages(model, config):  # stages are inferred one by one
-        from sharding.stage_infer import infer_by_stage
-
-        return infer_by_stage(model, config, diags, input_shapes=input_shapes, unsupported=unsupported)
+        return infer_by_stage(model, config, infer, diags, input_shapes=input_shapes, unsupported=unsupported)
     order = topological_order(model.graph)
     shapes, shape_diags = shapes if shapes is not None else tensor_shapes(model, input_shapes, order)
     shape_diags = list(shape_diags)

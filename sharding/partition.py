@@ -19,12 +19,12 @@ Framework-neutral: onnx and numpy only.
 from __future__ import annotations
 
 import copy
-import heapq
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import onnx
-import onnx.shape_inference
+
+from sharding.shapes import infer_model, node_inputs, subgraphs, topological_order
 
 # Ops whose output depends on their input's shape only, never its values.
 _SHAPE_READERS = frozenset({"Shape", "Size"})
@@ -51,34 +51,6 @@ class BackwardEdgeError(ValueError):
             f"{len(self.edges)} data edge(s) go from a later {what} back to an earlier one "
             f"({what}s run in increasing order):\n" + "\n".join(lines)
         )
-
-
-def _subgraphs(node: onnx.NodeProto) -> Iterator[onnx.GraphProto]:
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            yield attr.g
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            yield from attr.graphs
-
-
-def _outer_names(graph: onnx.GraphProto) -> set[str]:
-    """Names a subgraph reads from enclosing scopes."""
-    defined = {i.name for i in graph.input} | {i.name for i in graph.initializer}
-    used: set[str] = set()
-    for node in graph.node:
-        used.update(n for n in node.input if n)
-        for sub in _subgraphs(node):
-            used |= _outer_names(sub)
-        defined.update(n for n in node.output if n)
-    return used - defined
-
-
-def node_inputs(node: onnx.NodeProto) -> list[str]:
-    """A node's inputs, including the outer-scope names its subgraphs read."""
-    names = [n for n in node.input if n]
-    for sub in _subgraphs(node):
-        names += sorted(_outer_names(sub) - set(names))
-    return names
 
 
 @dataclass(frozen=True)
@@ -127,25 +99,7 @@ class GraphIndex:
         Raises:
             ValueError: The graph has a cycle or reads a tensor nothing defines.
         """
-        pending = {}
-        for index, node in enumerate(self.nodes):
-            pending[index] = sum(1 for n in node_inputs(node) if n in self.producer)
-        ready = [i for i, count in pending.items() if count == 0]
-        order: list[int] = []
-
-        heapq.heapify(ready)
-        while ready:
-            index = heapq.heappop(ready)
-            order.append(index)
-            for name in self.nodes[index].output:
-                for consumer in self.consumers.get(name, ()):
-                    pending[consumer] -= 1
-                    if pending[consumer] == 0:
-                        heapq.heappush(ready, consumer)
-        if len(order) != len(self.nodes):
-            stuck = [self.nodes[i].name or f"#{i}" for i in range(len(self.nodes)) if i not in set(order)]
-            raise ValueError(f"the graph has a cycle through nodes {stuck[:10]}")
-        return order
+        return topological_order(self.nodes)
 
     def shape_only(self) -> set[str]:
         """Tensors whose values follow from graph input shapes and constants alone.
@@ -157,7 +111,7 @@ class GraphIndex:
         result = set(self.constants)
         for index in self.topological_order():
             node = self.nodes[index]
-            if node.op_type in _NONDETERMINISTIC or any(True for _ in _subgraphs(node)):
+            if node.op_type in _NONDETERMINISTIC or any(True for _ in subgraphs(node)):
                 continue
             names = node_inputs(node)
             if node.op_type in _SHAPE_READERS:
@@ -329,17 +283,24 @@ def _recomputed(index: GraphIndex, assigned: Mapping[str, int], shape_only: set[
     return tuple(index.nodes[i].name for i in sorted(needed))
 
 
-def extract_part(model: onnx.ModelProto, part: Partition, which: int) -> onnx.ModelProto:
+def extract_part(
+    model: onnx.ModelProto, part: Partition, which: int, types: Mapping[str, onnx.ValueInfoProto] | None = None
+) -> onnx.ModelProto:
     """One part as a standalone model: its nodes and recomputed nodes, inputs and outputs.
 
     The part's inputs (graph inputs and crossing tensors) become graph inputs
     typed from the whole model's shape inference; initializers are copied only
     if read (external-data references are kept as they are). Node annotations
     are kept; the caller adapts them to the part's devices.
+
+    Args:
+        types: ``sharding.shapes.infer_model(model).value_types(model)``, when
+            the caller has it (one inference for every part).
     """
     members = set(part.nodes[which]) | set(part.recomputed[which])
     graph = model.graph
-    types = _value_types(model)
+    if types is None:
+        types = infer_model(model).value_types(model)
     sub = onnx.GraphProto(name=f"{graph.name or 'graph'}_{which}")
     sub.node.extend(copy.deepcopy(n) for n in graph.node if n.name in members)
     read = {n for node in sub.node for n in node_inputs(node)}
@@ -378,68 +339,12 @@ def _without_graph(model: onnx.ModelProto) -> onnx.ModelProto:
     return result
 
 
-def _value_types(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
-    """Every tensor's ValueInfo from the model and ONNX shape inference (initializers excluded)."""
-    inferred = inferred_graph(model)
-    types = {}
-    for info in list(inferred.value_info) + list(inferred.output) + list(inferred.input):
-        types[info.name] = info
-    for info in list(model.graph.value_info) + list(model.graph.input) + list(model.graph.output):
-        if info.type.HasField("tensor_type") and info.type.tensor_type.elem_type:
-            types.setdefault(info.name, info)
-    return types
-
-
-def inferred_graph(model: onnx.ModelProto) -> onnx.GraphProto:
-    """The main graph after ONNX shape inference (with data propagation), subgraphs included.
-
-    Inference runs on a light copy: large weights become typed graph inputs
-    (their dims and types are all it needs), small ones stay for data
-    propagation. Inference is best effort: where it fails, the graph comes back
-    as the model holds it.
-    """
-    light = _without_graph(model)
-    for field, value in model.graph.ListFields():
-        if field.name in ("initializer", "sparse_initializer"):
-            continue
-        if _is_repeated(field):
-            getattr(light.graph, field.name).extend(value)
-        else:
-            setattr(light.graph, field.name, value)
-    for init in model.graph.initializer:  # keep small constants for data propagation
-        if init.data_location != onnx.TensorProto.EXTERNAL and _numel(init) <= 64:
-            light.graph.initializer.append(init)
-    known = {i.name for i in light.graph.initializer} | {i.name for i in light.graph.input}
-    for init in model.graph.initializer:
-        if init.name not in known:
-            light.graph.input.append(
-                onnx.helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
-            )
-    for sparse in model.graph.sparse_initializer:
-        if sparse.values.name not in known:
-            light.graph.input.append(
-                onnx.helper.make_tensor_value_info(sparse.values.name, sparse.values.data_type, list(sparse.dims))
-            )
-    try:
-        return onnx.shape_inference.infer_shapes(light, data_prop=True).graph
-    except Exception:  # noqa: BLE001 - inference is best effort; the model's own value_info remains
-        return light.graph
-
-
-def _numel(init: onnx.TensorProto) -> int:
-    count = 1
-    for d in init.dims:
-        count *= d
-    return count
-
-
 __all__ = [
     "BackwardEdgeError",
     "GraphIndex",
     "Partition",
     "duplicate_names",
     "extract_part",
-    "node_inputs",
     "partition",
     "require_unique_names",
 ]

@@ -27,7 +27,8 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
-from sharding.partition import GraphIndex, Partition, extract_part, inferred_graph, partition
+from sharding.partition import GraphIndex, Partition, extract_part, partition
+from sharding.shapes import InferredModel, infer_model
 
 DATA_DEPENDENT: Mapping[str, tuple[int, ...] | None] = {
     "NonMaxSuppression": None,  # every input: boxes, scores and the thresholds
@@ -76,16 +77,24 @@ def _label(node: onnx.NodeProto, index: int) -> str:
     return node.name or f"#{index}"
 
 
-def data_dependent_nodes(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto]]:
+def may_cut(model: onnx.ModelProto) -> bool:
+    """Whether any main-graph node may cut the graph (a data-dependent op, an If, a map reader)."""
+    return any(node.op_type in DATA_DEPENDENT or node.op_type in ("If", *MAP_READERS) for node in model.graph.node)
+
+
+def data_dependent_nodes(
+    model: onnx.ModelProto, inferred: InferredModel | None = None
+) -> list[tuple[int, onnx.NodeProto]]:
     """Main-graph nodes whose output shape depends on values computed at run time.
 
     A node whose value inputs are constants or follow from input shapes only
     folds while tracing and is not listed. An If is listed when its condition
     is computed at run time and its branches' outputs differ in shape
-    (:func:`branch_shapes_differ`).
+    (:func:`branch_shapes_differ`); ``inferred`` is the model's shape
+    inference when the caller has it (else it runs here, for such an If only).
     """
     graph = model.graph
-    if not any(node.op_type in DATA_DEPENDENT or node.op_type in ("If", *MAP_READERS) for node in graph.node):
+    if not may_cut(model):
         return []  # the common case: no graph index to build
     index = GraphIndex.of(graph)
     shape_only = index.shape_only()
@@ -105,8 +114,8 @@ def data_dependent_nodes(model: onnx.ModelProto) -> list[tuple[int, onnx.NodePro
         if any(n not in shape_only for n in names):
             found.append((i, node))
     if runtime_ifs:
-        inferred = inferred_graph(model).node
-        found += [(i, graph.node[i]) for i in runtime_ifs if branch_shapes_differ(inferred[i])]
+        inferred = inferred or infer_model(model)
+        found += [(i, graph.node[i]) for i in runtime_ifs if branch_shapes_differ(inferred.node(i))]
     return sorted(found, key=lambda pair: pair[0])
 
 
@@ -165,11 +174,15 @@ class SegmentPlan:
     models: list[onnx.ModelProto]
 
 
-def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> SegmentPlan:
+def plan(
+    model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]], inferred: InferredModel | None = None
+) -> SegmentPlan:
     """Cuts ``model`` around the ``cuts`` (from :func:`data_dependent_nodes`).
 
     Part numbers follow graph order (which is topological): the nodes before
-    the first cut form part 0, the cut itself part 1, and so on.
+    the first cut form part 0, the cut itself part 1, and so on. Each part's
+    inputs are typed from one shape inference of the model (``inferred``, when
+    the caller has it).
     """
     named = _named(model)
     cut_at = {i for i, _ in cuts}
@@ -187,6 +200,7 @@ def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> 
     reasons = {named.graph.node[i].name: cut_reason(node) for i, node in cuts}
     cut_nodes = {named.graph.node[i].name: node for i, node in cuts}
     original = {named.graph.node[i].name: _label(n, i) for i, n in enumerate(model.graph.node)}
+    types = (inferred or infer_model(model)).value_types(model)
     segments, models = [], []
     for p in parts.parts:
         host = p % 2 == 1
@@ -204,7 +218,7 @@ def plan(model: onnx.ModelProto, cuts: Sequence[tuple[int, onnx.NodeProto]]) -> 
                 _variable_outputs(cut) if cut is not None else (),
             )
         )
-        models.append(extract_part(named, parts, p))
+        models.append(extract_part(named, parts, p, types))
     return SegmentPlan(segments, models)
 
 

@@ -13,24 +13,22 @@ and for the jitted segments of a model with data-dependent shapes
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import onnx
 
 from sharding.diagnostics import Diagnostic
+from sharding.inference import Inference
 from sharding.partition import extract_part
+from sharding.shapes import infer_model
 from sharding.spec import device_configurations
 from sharding.stages import model_partition, stage_devices
-
-if TYPE_CHECKING:  # infer imports this module lazily, and this one infer only when it runs
-    from sharding.infer import Inference
-
 
 def infer_by_stage(
     model: onnx.ModelProto,
     configuration: str,
+    infer: Callable[..., Inference],
     diagnostics: Sequence[Diagnostic] = (),
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
@@ -38,12 +36,13 @@ def infer_by_stage(
 ):
     """`sharding.infer.infer` of a staged model, one stage at a time (see the module docstring).
 
+    ``infer`` is `sharding.infer.infer` (which calls this for a staged model: it is passed in, not imported).
+    Every stage's inputs are typed from one shape inference of the whole model.
+
     Returns:
         One `Inference` holding every stage's nodes, tensors and diagnostics
         (after ``diagnostics``, those already found), nodes in graph order.
     """
-    from sharding.infer import Inference, infer
-
     diags = list(diagnostics)
     try:
         part = model_partition(model, configuration)
@@ -54,6 +53,7 @@ def infer_by_stage(
         diags.append(Diagnostic(code="stage-invalid", severity="error", message=str(e)))
         return Inference(configuration, {}, {}, tuple(diags))
     merged = PartsMerger(configuration, diags)
+    types = infer_model(model).value_types(model)
     for stage in part.parts:
         sends = sorted({t for t, f, _ in part.crossing if f == stage})
         merged.diagnostics.append(
@@ -64,7 +64,7 @@ def infer_by_stage(
                 + (f"; sends {', '.join(sends)}" if sends else ""),
             )
         )
-        sub = stage_model(model, part, stage, configuration)
+        sub = stage_model(model, part, stage, configuration, types)
         merged.add(part.nodes[stage], infer(sub, configuration, input_shapes=input_shapes, unsupported=unsupported))
     order = {n.name: i for i, n in enumerate(model.graph.node)}
     merged.nodes = dict(sorted(merged.nodes.items(), key=lambda kv: order.get(kv[0], 0)))
@@ -95,7 +95,7 @@ class PartsMerger:
     shapes: dict = field(default_factory=dict)
     _seen: set = field(default_factory=set)
 
-    def add(self, own_nodes: Iterable[str], part: "Inference") -> None:
+    def add(self, own_nodes: Iterable[str], part: Inference) -> None:
         """Takes in one part's `Inference`, keeping only the nodes named in ``own_nodes``."""
         own = set(own_nodes)
         self.nodes.update((k, v) for k, v in part.nodes.items() if k in own)
@@ -107,20 +107,21 @@ class PartsMerger:
                 self._seen.add(key)
                 self.diagnostics.append(d)
 
-    def inference(self) -> "Inference":
+    def inference(self) -> Inference:
         """The merged `Inference`."""
-        from sharding.infer import Inference
-
         return Inference(self.configuration, self.nodes, self.tensors, tuple(self.diagnostics), self.shapes)
 
 
-def stage_model(model: onnx.ModelProto, part, stage: int, configuration: str) -> onnx.ModelProto:
+def stage_model(
+    model: onnx.ModelProto, part, stage: int, configuration: str, types: Mapping[str, onnx.ValueInfoProto] | None = None
+) -> onnx.ModelProto:
     """A stage as its own model, device numbers unchanged, without stages.
 
     Recomputed nodes of other stages lose their annotations; every node loses
     its ``pipeline_stage`` (so the stage model is an ordinary SPMD model).
+    ``types``: as :func:`sharding.partition.extract_part`'s.
     """
-    sub = extract_part(model, part, stage)
+    sub = extract_part(model, part, stage, types)
     own = set(part.nodes[stage])
     for node in sub.graph.node:
         keep = [c for c in node.device_configurations if node.name in own]

@@ -32,8 +32,8 @@ import numpy as np
 import onnx
 
 from sharding.annotate import add_configuration, set_stage
-from sharding.partition import GraphIndex, Partition, node_inputs, partition, require_unique_names
-from sharding.shapes import tensor_shapes
+from sharding.partition import GraphIndex, Partition, partition, require_unique_names
+from sharding.shapes import node_inputs, tensor_shapes
 from sharding.spec import read_model_configs
 
 METADATA_KEY = "onnx2jax.stage_devices"

@@ -97,7 +97,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         return compile_pipeline(plan)
     if plan.kind == "segments":
         return compile_segmented(plan)
-    return Compiled(JaxModel(plan.proto, plan.external_dir, scan_layers=plan.scan_layers), plan.program)
+    return Compiled(JaxModel(plan.proto, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred), plan.program)
 
 
 __all__ = ["compile"]

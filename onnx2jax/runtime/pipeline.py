@@ -396,7 +396,10 @@ def compile_pipeline(plan: Plan, schedule: Schedule | None = None) -> PipelineCo
         raise ValueError(f"devices= must be a permutation of range({num_devices}), got {positions}")
     part = model_partition(proto, configuration)
     groups = stage_devices(proto, configuration, part.parts, num_devices)
-    models = {stage_id: _stage_model(proto, part, stage_id, configuration, groups[stage_id]) for stage_id in part.parts}
+    types = plan.inferred.value_types(proto)  # one shape inference types every stage's inputs
+    models = {
+        stage_id: _stage_model(proto, part, stage_id, configuration, groups[stage_id], types) for stage_id in part.parts
+    }
     for stage_id, (sub, _) in models.items():
         cuts = data_dependent_nodes(sub)
         if cuts:
@@ -429,13 +432,18 @@ def compile_pipeline(plan: Plan, schedule: Schedule | None = None) -> PipelineCo
 
 
 def _stage_model(
-    proto: onnx.ModelProto, part: Partition, stage: int, configuration: str, group: Sequence[int]
+    proto: onnx.ModelProto,
+    part: Partition,
+    stage: int,
+    configuration: str,
+    group: Sequence[int],
+    types: Mapping[str, onnx.ValueInfoProto],
 ) -> tuple[onnx.ModelProto, bool]:
     """The stage as a model whose specs use the group's own numbering 0..len(group)-1.
 
     Returns the model and whether it keeps any spec.
     """
-    sub = stage_model(proto, part, stage, configuration)
+    sub = stage_model(proto, part, stage, configuration, types)
     local = {d: i for i, d in enumerate(group)}
     annotated = False
     for node in sub.graph.node:

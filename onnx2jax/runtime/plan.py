@@ -38,8 +38,8 @@ from sharding.configuration import choose_configuration
 from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.mesh.mapping import MeshMapping, map_specs
 from sharding.rules.core import Shape
-from sharding.segments import data_dependent_nodes
-from sharding.shapes import tensor_shapes
+from sharding.segments import data_dependent_nodes, may_cut
+from sharding.shapes import InferredModel, infer_model
 from sharding.spec import device_configurations
 from sharding.stages import has_stages
 from sharding.validate import require_valid
@@ -159,8 +159,8 @@ class Plan:
       external_dir: where its external data lives (None: inline).
       structural: the warnings and notes ``sharding.validate`` found.
       configuration: the device configuration chosen (None: unannotated).
-      shapes: the model's tensor shapes from one ONNX shape inference (None: unannotated,
-        nothing needed them).
+      inferred: the model's one ONNX shape inference (None: unannotated and nothing
+        that could cut it, so nothing needs it).
       kind: ``"whole"`` (one SPMD program), ``"stages"`` (pipeline) or ``"segments"``
         (data-dependent output shapes).
       mesh: the mesh the caller gave (or the enclosing ``jax.set_mesh``'s), None: searched.
@@ -173,7 +173,7 @@ class Plan:
     external_dir: str | None
     structural: tuple[Diagnostic, ...]
     configuration: str | None
-    shapes: Shapes | None
+    inferred: InferredModel | None
     kind: Kind
     mesh: Mesh | None
     devices: tuple[int, ...] | None
@@ -181,6 +181,11 @@ class Plan:
     microbatches: int
     scan_layers: ScanSetting
     program: ProgramPlan | None = None
+
+    @property
+    def shapes(self) -> Shapes | None:
+        """The inferred shapes and their diagnostics, as ``sharding.infer`` and ``validate`` take them."""
+        return None if self.inferred is None else (self.inferred.shapes, self.inferred.diagnostics)
 
 
 def make_plan(
@@ -202,10 +207,8 @@ def make_plan(
     """
     proto, external_dir = open_model(model)
     annotated = any(node.device_configurations for node in proto.graph.node)
-    shapes = None
-    if annotated:
-        found, diagnostics = tensor_shapes(proto)
-        shapes = (found, tuple(diagnostics))
+    inferred = infer_model(proto) if annotated or may_cut(proto) else None
+    shapes = None if inferred is None or not annotated else (inferred.shapes, inferred.diagnostics)
     structural = tuple(require_valid(proto, strict=True, shapes=shapes))
     mesh = auto_axes(context_mesh() if mesh is None else mesh)
     choice = choose_configuration(proto, configuration)
@@ -217,12 +220,12 @@ def make_plan(
     kind: Kind = "whole"
     if config is not None and has_stages(proto, config):
         kind = "stages"
-    elif data_dependent_nodes(proto):
+    elif data_dependent_nodes(proto, inferred):
         kind = "segments"
     if kind != "stages" and microbatches != 1:
         raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
     plan = Plan(
-        proto, external_dir, structural, config, shapes, kind, mesh, None if devices is None else tuple(devices),
+        proto, external_dir, structural, config, inferred, kind, mesh, None if devices is None else tuple(devices),
         check, microbatches, scan_layers,
     )
     if kind == "whole":

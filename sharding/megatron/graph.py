@@ -14,7 +14,8 @@ import logging
 from collections import defaultdict
 
 import onnx
-import onnx.shape_inference
+
+from sharding.shapes import tensor_shapes
 
 _log = logging.getLogger(__name__)
 
@@ -82,24 +83,9 @@ class PlanGraph:
         self.norm_nodes = self._norm_nodes()
 
     def _infer_shapes(self, model: onnx.ModelProto) -> dict[str, Shape]:
-        try:
-            graph = onnx.shape_inference.infer_shapes(model, data_prop=True).graph
-        except Exception as e:  # noqa: BLE001 - shapes only refine the plan
-            _log.info("shape inference failed (%s); planning without shapes", e)
-            graph = model.graph
-        shapes: dict[str, Shape] = {}
-        for info in (*graph.input, *graph.output, *graph.value_info):
-            tensor_type = info.type.tensor_type
-            if tensor_type.HasField("shape"):
-                shapes[info.name] = tuple(
-                    d.dim_value
-                    if d.HasField("dim_value")
-                    else d.dim_param
-                    if d.HasField("dim_param")
-                    else None
-                    for d in tensor_type.shape.dim
-                )
-        shapes.update(self.inits)
+        shapes, diagnostics = tensor_shapes(model)  # the one shape inference (sharding.shapes)
+        for diagnostic in diagnostics:  # shapes only refine the plan
+            _log.info("%s; planning with the shapes known", diagnostic.message)
         return shapes
 
     def _norm_nodes(self) -> set[int]:
