@@ -2,7 +2,7 @@
 
 :func:`translate` opens the model and builds a :class:`JaxModel`: it sorts
 the initializers into parameters and constants, reads the graph's inputs
-(:class:`InputInfo`) and checks a call's inputs against them, plans the
+(:mod:`onnx2jax.binding`) and checks a call's inputs against them, plans the
 layer scan (:mod:`onnx2jax.scan`) and the cuts around data-dependent nodes
 (:mod:`sharding.segments`), and jits. Running the graph itself is
 :mod:`onnx2jax.graph_runner`'s job. Symbolic dims are specialised from the
@@ -17,18 +17,17 @@ folded as constants so that shape chains stay static.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 import onnx
-import onnx.helper
 import onnx.numpy_helper
 
 from onnx2jax import scan as _scan
 from sharding import segments as _segments
 from sharding.shapes import InferredModel
+from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.runtime.fast_call import call_key
@@ -44,7 +43,6 @@ from onnx2jax.graph_runner import (
 )
 from onnx2jax.hostvalues import to_host
 from onnx2jax.loading import ModelLike, initializer_array, open_model
-from onnx2jax.ops.ml_maps import MapValue
 from onnx2jax.runtime.xla_options import compiler_options
 
 STATIC_INITIALIZER_LIMIT = 4096
@@ -61,34 +59,6 @@ broadcast to the attention scores is materialised. ``JaxModel.__call__`` always
 runs with ``params`` as loaded, so it bakes these in; ``fn`` still takes them
 as arguments, so differentiating or replacing them works as before.
 """
-
-
-@dataclasses.dataclass
-class InputInfo:
-    """A graph input: its name, ONNX dtype and shape (ints, dim_param strings or None).
-
-    A map input (``is_map``) has its values' dtype and no shape.
-    """
-
-    name: str
-    dtype: np.dtype | None
-    shape: tuple[int | str | None, ...] | None
-    is_map: bool = False
-
-
-def input_info(info: onnx.ValueInfoProto) -> InputInfo:
-    """A graph input's name, numpy dtype and shape (ints, dim_param strings or None) from its ValueInfo."""
-    if info.type.HasField("map_type"):
-        values = info.type.map_type.value_type.tensor_type.elem_type
-        return InputInfo(info.name, onnx.helper.tensor_dtype_to_np_dtype(values) if values else None, None, True)
-    tt = info.type.tensor_type
-    dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else None
-    shape = None
-    if tt.HasField("shape"):
-        shape = tuple(
-            d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim
-        )
-    return InputInfo(info.name, dtype, shape)
 
 
 class JaxModel:
@@ -423,59 +393,6 @@ def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
     flat = indices if indices.ndim == 1 else np.ravel_multi_index(indices.T, tuple(sparse.dims))
     dense[flat] = values
     return dense.reshape(tuple(sparse.dims))
-
-
-def bind_inputs(infos: Sequence[InputInfo], inputs: Sequence[Any], named: Mapping[str, Any]) -> dict[str, Any]:
-    """Maps positional and named arguments onto the inputs ``infos``, checking dtype and rank.
-
-    One binding for every way of running a model (a JaxModel, a compiled
-    program, a pipeline's whole-model interface).
-
-    Raises:
-      TypeError: missing, extra or ill-typed inputs, naming each.
-    """
-    names = [info.name for info in infos]
-    if len(inputs) > len(infos):
-        raise TypeError(f"model takes {len(infos)} inputs {names}, got {len(inputs)}")
-    bound = {info.name: value for info, value in zip(infos, inputs)}
-    for name, value in named.items():
-        if name in bound:
-            raise TypeError(f"input {name!r} given twice")
-        if name not in names:
-            raise TypeError(f"unknown input {name!r}; the model's inputs are {names}")
-        bound[name] = value
-    absent = [name for name in names if name not in bound]
-    if absent:
-        raise TypeError(f"missing inputs {absent}")
-    for info in infos:
-        if info.is_map:
-            bound[info.name] = _map_input(info, bound[info.name])
-        _check_input(info, bound[info.name])
-    return bound
-
-
-def _map_input(info: InputInfo, value: Any) -> MapValue:
-    """A dict given for a map input, as the MapValue the ops that read maps take (:mod:`onnx2jax.ops.ml_maps`)."""
-    if isinstance(value, MapValue):
-        return value
-    if not isinstance(value, Mapping):
-        raise TypeError(f"input {info.name!r} is a map: give a dict, got {type(value).__name__}")
-    return MapValue.of(value, info.dtype)
-
-
-def _check_input(info: InputInfo, value: Any) -> None:
-    if value is None:
-        return
-    dtype = getattr(value, "dtype", None)
-    if info.dtype is not None and dtype is not None and np.dtype(dtype) != info.dtype:
-        raise TypeError(f"input {info.name!r}: expected dtype {info.dtype}, got {np.dtype(dtype)}")
-    shape = getattr(value, "shape", None)
-    if info.shape is not None and shape is not None:
-        if len(shape) != len(info.shape):
-            raise TypeError(f"input {info.name!r}: expected rank {len(info.shape)} {info.shape}, got shape {tuple(shape)}")
-        for axis, (want, got) in enumerate(zip(info.shape, shape)):
-            if isinstance(want, int) and want > 0 and want != got:
-                raise TypeError(f"input {info.name!r}: axis {axis} must be {want}, got shape {tuple(shape)}")
 
 
 def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto") -> JaxModel:

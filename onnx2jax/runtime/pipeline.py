@@ -43,7 +43,8 @@ from onnx2jax.runtime.report import count_collectives, example_inputs, param_byt
 from onnx2jax.runtime.schedule import GPipe, Schedule, check_order
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
 from onnx2jax.runtime.spmd import Compiled
-from onnx2jax.translate import InputInfo, JaxModel, bind_inputs, input_info
+from onnx2jax.binding import InputInfo, bind_inputs, input_info
+from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic
 from sharding.partition import Partition
 from sharding.segments import cut_reason, data_dependent_nodes
