@@ -79,6 +79,8 @@ class ProgramPlan:
     ) -> tuple["sharding.Inference", Mapping[SpecKey, Placement]]:
         """Inference and placements at a call's input shapes, computed once per shape signature.
 
+        For an annotated program (``inference`` not None); an unannotated one has nothing to infer.
+
         The model's own inference serves when every shape is already concrete
         and every spec was laid out; else inference runs again at these shapes
         (a Reshape ``[B,H,S,D] -> [B*H,S,D]`` keeps its head split only when B is

@@ -54,7 +54,10 @@ class _Signature:
 
 
 class Compiled:
-    """A model compiled for a mesh. Call it like the model; see :func:`compile`.
+    """A model compiled for a mesh. Call it like the model; see :func:`onnx2jax.compile`.
+
+    An :class:`~onnx2jax.runtime.executable.Executable`: ``apply`` is the same
+    program as a pure function of the parameters.
 
     Inference runs again with the concrete shapes of each call's shape
     signature (a Reshape ``[B,H,S,D] -> [B*H,S,D]`` keeps its head split only
@@ -63,6 +66,8 @@ class Compiled:
 
     Attributes:
       model: the translated :class:`~onnx2jax.translate.JaxModel`.
+      plan: its :class:`~onnx2jax.runtime.plan.ProgramPlan` (inference, mesh,
+        placements; inference at each call's shapes, once per signature).
       mesh: the jax Mesh every sharding lives on.
       inference: the completed annotations at the model's own (possibly
         symbolic) shapes (None for an unannotated model).
