@@ -48,7 +48,6 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
