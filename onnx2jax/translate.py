@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 
-from onnx2jax import scan as _scan
-from sharding import segments as _segments
+import onnx2jax.scan as _scan
+import sharding.segments as _segments
 from sharding.shapes import InferredModel
 from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.branch_step import if_step

@@ -34,9 +34,10 @@ import numpy as np
 import onnx
 import onnx.helper
 
-import sharding
 from sharding.segments import Segment, SegmentPlan
 from sharding.annotate import set_spec
+from sharding.infer import infer
+from sharding.inference import Inference
 from sharding.spec import NodeConfig, ShardingSpec
 from sharding.stage_infer import PartsMerger
 from sharding.text import format_spec
@@ -75,7 +76,7 @@ class ShardedSegments:
     plan: SegmentPlan
     configuration: str
     models: list[onnx.ModelProto | None]
-    inferences: list["sharding.Inference | None"]
+    inferences: list[Inference | None]
     crossings: list[Crossing]
 
     @property
@@ -106,7 +107,7 @@ def shard_segments(
         for name in segment.outputs:
             producer.setdefault(name, index)
     models: list[onnx.ModelProto | None] = []
-    inferences: list[sharding.Inference | None] = []
+    inferences: list[Inference | None] = []
     crossings: list[Crossing] = []
     for index, (segment, model) in enumerate(zip(plan.segments, plan.models)):
         sources = {name: producer.get(name) for name in segment.inputs}
@@ -129,7 +130,7 @@ def shard_segments(
             known = inferences[source].shapes.get(name) if source is not None and inferences[source] else None
             if known is not None and all(isinstance(d, int) for d in known):
                 own_shapes[name] = list(known)
-        inference = sharding.infer(sub, configuration, input_shapes=own_shapes or None, unsupported=unsupported)
+        inference = infer(sub, configuration, input_shapes=own_shapes or None, unsupported=unsupported)
         models.append(sub)
         inferences.append(inference)
         for name, source in sources.items():
@@ -154,7 +155,7 @@ def ignored_specs(sharded: ShardedSegments, index: int, configuration: str) -> l
     return names
 
 
-def merged_inference(sharded: ShardedSegments, configuration: str) -> "sharding.Inference":
+def merged_inference(sharded: ShardedSegments, configuration: str) -> Inference:
     """One `Inference` of the jitted segments' own nodes, in graph order (what ``explain`` lists).
 
     Host steps have none: their nodes run unsharded on the host.
@@ -220,7 +221,7 @@ def _crossing_text(sharded: ShardedSegments, crossing: Crossing, types: Mapping)
     return f"receive {what} from {source} as placed, {spec}: no transfer"
 
 
-def _source_inference(sharded: ShardedSegments, crossing: Crossing) -> "sharding.Inference | None":
+def _source_inference(sharded: ShardedSegments, crossing: Crossing) -> Inference | None:
     return None if crossing.source is None else sharded.inferences[crossing.source]
 
 
@@ -253,7 +254,7 @@ def _write_on_readers(model: onnx.ModelProto, tensor: str, spec: ShardingSpec, c
 
 
 def first_reader(
-    model: onnx.ModelProto, inference: "sharding.Inference", tensor: str
+    model: onnx.ModelProto, inference: Inference, tensor: str
 ) -> tuple[str | None, ShardingSpec | None]:
     """The first node (graph order) reading ``tensor`` with a spec, and that spec; (None, None) if none.
 

@@ -28,7 +28,6 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh
 
-import sharding
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.runtime.constraints import Placement, SpecKey
 from onnx2jax.runtime.placements import mesh_for, placements_on, spec_layouts
@@ -36,6 +35,8 @@ from onnx2jax.runtime.user_mesh import auto_axes, context_mesh
 from onnx2jax.scan import ScanSetting
 from sharding.configuration import choose_configuration
 from sharding.diagnostics import Diagnostic, ShardingError
+from sharding.infer import infer
+from sharding.inference import Inference
 from sharding.mesh.mapping import MeshMapping, map_specs
 from sharding.rules.core import Shape
 from sharding.segments import data_dependent_nodes, may_cut
@@ -66,7 +67,7 @@ class ProgramPlan:
 
     proto: onnx.ModelProto
     configuration: str | None
-    inference: "sharding.Inference | None"
+    inference: Inference | None
     mesh: Mesh
     mapping: MeshMapping | None
     placements: Mapping[SpecKey, Placement]
@@ -76,7 +77,7 @@ class ProgramPlan:
 
     def at_shapes(
         self, input_shapes: Mapping[str, tuple[int, ...]]
-    ) -> tuple["sharding.Inference", Mapping[SpecKey, Placement]]:
+    ) -> tuple[Inference, Mapping[SpecKey, Placement]]:
         """Inference and placements at a call's input shapes, computed once per shape signature.
 
         For an annotated program (``inference`` not None); an unannotated one has nothing to infer.
@@ -100,7 +101,7 @@ class ProgramPlan:
         if laid_out and all(inference.shapes.get(name) == tuple(shape) for name, shape in input_shapes.items()):
             found = (inference, self.placements)
         else:
-            inference = sharding.infer(self.proto, self.configuration, input_shapes=input_shapes)
+            inference = infer(self.proto, self.configuration, input_shapes=input_shapes)
             errors = inference.errors()
             if self.check and errors:
                 raise ShardingError(list(errors))
@@ -121,7 +122,7 @@ def program_plan(
     jax_devices: Sequence[jax.Device] | None = None,
     structural: Sequence[Diagnostic] = (),
     shapes: Shapes | None = None,
-    inference: "sharding.Inference | None" = None,
+    inference: Inference | None = None,
 ) -> ProgramPlan:
     """Inference and the mesh of one SPMD program at its model's own shapes.
 
@@ -141,7 +142,7 @@ def program_plan(
         return ProgramPlan(proto, None, None, mesh, None, {}, check, tuple(structural))
     num_devices = device_configurations(proto)[configuration].num_devices
     if inference is None:
-        inference = sharding.infer(proto, configuration, shapes=shapes)
+        inference = infer(proto, configuration, shapes=shapes)
     errors = inference.errors()
     if check and errors:
         raise ShardingError(list(errors))

@@ -26,7 +26,6 @@ from typing import Any, Hashable, Mapping, Sequence
 import jax
 import numpy as np
 
-import sharding
 from onnx2jax.errors import NodeError
 from onnx2jax.runtime.executable import x64_scope
 from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
@@ -41,13 +40,14 @@ from onnx2jax.runtime.user_mesh import auto_input, tracing
 from onnx2jax.runtime.xla_options import compiler_options
 from onnx2jax.scan import per_layer_names
 from onnx2jax.translate import JaxModel
+from sharding.inference import Inference
 
 
 @dataclasses.dataclass(frozen=True)
 class _Signature:
     """What depends on one call's input shapes: inference, specs on the mesh, output placements."""
 
-    inference: "sharding.Inference"
+    inference: Inference | None
     placements: dict[SpecKey, Placement]
     out_placements: tuple  # per graph output, its producer's placement or None
     in_placements: dict[str, Placement]  # per graph input, its first annotated reader's placement

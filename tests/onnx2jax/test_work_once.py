@@ -1,7 +1,8 @@
 """Work a compile does once (issue 19): whole-model shape inference once per compile, each (sub-)model
 translated once, and sharding inference once per model or segment and per call-shape signature.
 
-Counted by wrapping ``onnx.shape_inference.infer_shapes``, ``JaxModel.__init__`` and ``sharding.infer``.
+Counted by wrapping ``onnx.shape_inference.infer_shapes``, ``JaxModel.__init__`` and ``sharding.infer`` where
+the runtime calls it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import onnx.shape_inference
 import pytest
 
 import onnx2jax
-import sharding
+import onnx2jax.runtime.plan
+import sharding.segment_sharding
 from onnx2jax.translate import JaxModel
 from sharding.annotate import add_configuration, set_stage
 from sharding.megatron.plan import megatron_plan
@@ -29,7 +31,7 @@ LLAMA = DATA / "tiny_llama.onnx"
 def counts(monkeypatch) -> dict:
     """Calls so far: ``shape inference`` (node counts of the models inferred), ``translate``, ``infer``."""
     found: dict = {"shape inference": [], "translate": 0, "infer": 0}
-    infer_shapes, init, infer = onnx.shape_inference.infer_shapes, JaxModel.__init__, sharding.infer
+    infer_shapes, init, infer = onnx.shape_inference.infer_shapes, JaxModel.__init__, sharding.segment_sharding.infer
 
     def counted_infer_shapes(model, *args, **kwargs):
         found["shape inference"].append(len(model.graph.node))
@@ -45,7 +47,8 @@ def counts(monkeypatch) -> dict:
 
     monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counted_infer_shapes)
     monkeypatch.setattr(JaxModel, "__init__", counted_init)
-    monkeypatch.setattr(sharding, "infer", counted_infer)
+    for module in (onnx2jax.runtime.plan, sharding.segment_sharding):  # the runtime's callers of sharding.infer
+        monkeypatch.setattr(module, "infer", counted_infer)
     return found
 
 
