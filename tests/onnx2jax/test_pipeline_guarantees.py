@@ -78,3 +78,8 @@ def test_stage_inputs_are_checked_like_a_models() -> None:
         compiled(np.zeros((2, 4), np.int32))
     with pytest.raises(TypeError, match=r"input 'x': expected rank 2"):
         compiled(np.zeros((2, 4, 1), np.float32))
+
+
+def test_compile_refuses_an_unknown_configuration_by_the_same_rule() -> None:
+    with pytest.raises(ValueError, match=r"configuration 'nope' not in the model; it has \['pp', 'tp'\]"):
+        onnx2jax.compile(_staged(nonzero_then_matmul(), {"row"}), configuration="nope")
