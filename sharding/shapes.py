@@ -28,7 +28,7 @@ import onnx.shape_inference
 from sharding.diagnostics import Diagnostic
 
 Dim = int | str | None
-Shape = tuple[Dim, ...]  # as sharding.rules.core.Shape: ints, symbols or None per axis
+Shape = tuple[Dim, ...]  # as sharding.rules.base.Shape: ints, symbols or None per axis
 
 CONSTANT_LIMIT = 4096  # elements: larger initializers are typed inputs for shape inference
 

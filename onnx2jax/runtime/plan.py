@@ -38,7 +38,7 @@ from sharding.diagnostics import Diagnostic, ShardingError
 from sharding.infer import infer
 from sharding.inference import Inference
 from sharding.mesh.mapping import MeshMapping, map_specs
-from sharding.rules.core import Shape
+from sharding.rules.base import Shape
 from sharding.segments import data_dependent_nodes, may_cut
 from sharding.shapes import InferredModel, infer_model
 from sharding.spec import device_configurations
