@@ -1,0 +1,55 @@
+"""Thousands of sharded calls in a loop: the executions in flight are bounded on CPU devices.
+
+Unbounded, a few hundred queued TP-8 executions abort XLA CPU's all-reduce rendezvous
+(docs/known-issues.md); a decode loop makes thousands of calls.
+"""
+
+import numpy as np
+import onnx
+import pytest
+
+import onnx2jax
+from onnx2jax.runtime.in_flight import InFlight
+from sharding.megatron import megatron_plan
+
+DEMO = "tests/data/tiny_llama.onnx"
+
+
+def test_ten_thousand_sharded_calls_run_and_equal_the_unsharded_run():
+    model = onnx.load(DEMO)
+    ids = np.load("tests/data/tiny_llama.inputs.npz")["input_ids"]
+    compiled = onnx2jax.compile(megatron_plan(model, 8))
+    (expected,) = onnx2jax.translate(model)(ids)
+    results = [compiled(ids)[0] for _ in range(10_000)]  # nothing waits between calls
+    assert compiled.report(ids).collectives["all-reduce"] == 5
+    np.testing.assert_allclose(np.asarray(results[0]), np.asarray(expected), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(np.asarray(results[-1]), np.asarray(results[0]))
+
+
+class _Result:
+    def __init__(self, log: list, k: int):
+        self.log, self.k = log, k
+
+    def block_until_ready(self):
+        self.log.append(self.k)
+        return self
+
+
+def test_the_bound_waits_for_the_call_bound_back_and_only_on_several_cpu_devices():
+    class Device:
+        def __init__(self, platform):
+            self.platform = platform
+
+    waited: list[int] = []
+    bounded = InFlight([Device("cpu")] * 8, bound=3)
+    for k in range(6):
+        bounded.admit((_Result(waited, k), None))
+    assert waited == [0, 1, 2]  # call k waits for call k - 3
+    for devices in ([Device("cpu")], [Device("gpu")] * 8):
+        idle: list[int] = []
+        free = InFlight(devices, bound=1)
+        for k in range(4):
+            free.admit(_Result(idle, k))
+        assert idle == [] and not free.active
+    with pytest.raises(ValueError, match="at least 1"):
+        InFlight([Device("cpu")] * 2, bound=0)
