@@ -30,6 +30,7 @@ from onnx2jax.errors import NodeError
 from onnx2jax.runtime.executable import x64_scope
 from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
 from onnx2jax.runtime.fast_call import FastCall, call_key, moved_inputs
+from onnx2jax.runtime.in_flight import InFlight
 from onnx2jax.runtime.parameters import ParameterStore
 from onnx2jax.runtime.placements import input_placements, output_placements, output_shardings, place_on_mesh
 from onnx2jax.runtime.plan import ProgramPlan
@@ -84,6 +85,7 @@ class Compiled:
         self.model = model
         self.plan = plan
         self.mesh = plan.mesh
+        self._in_flight = InFlight(self.mesh.devices.flat)  # XLA CPU's rendezvous: see runtime/in_flight.py
         self.inference = plan.inference
         self.configuration = plan.configuration
         placements = plan.placements
@@ -243,16 +245,16 @@ class Compiled:
         key = None if self.model.shape_input_names else call_key(inputs, named)
         fast = self._fast_calls.get(key)
         if fast is not None:
-            return fast(inputs, named)
+            return self._in_flight.admit(fast(inputs, named))
         with self._scope():
             jitted, args, _ = self._program(inputs, named)
             if key is None:
-                return jitted(*args)
+                return self._in_flight.admit(jitted(*args))
             executable = jitted.lower(*args).compile()  # the same compile: jit and lower() share their cache
             names = tuple(self.model.input_names[: len(inputs)])
             moves = moved_inputs({**dict(zip(names, inputs)), **named}, args[1])
             self._fast_calls[key] = FastCall(executable, args[0], names, moves, self.model.uses_64bit)
-            return executable(*args)
+            return self._in_flight.admit(executable(*args))
 
     def _scope(self) -> contextlib.ExitStack:
         """64-bit types for this call only, and this program's mesh whatever mesh the caller set."""
