@@ -26,6 +26,7 @@ from onnx.backend.test.case.node import collect_testcases
 from onnx.backend.test.case.test_case import TestCase
 
 from onnx2jax.translate import translate
+from sharding import op_facts
 
 
 @functools.lru_cache(maxsize=1)
@@ -120,8 +121,7 @@ def run_case(case: TestCase) -> None:
             assert_outputs_match(e, a, case.rtol, case.atol, f"{case.name} set {index} output {name!r}")
 
 
-RANDOM_OPS = frozenset({"Bernoulli", "Multinomial", "RandomNormal", "RandomNormalLike", "RandomUniform",
-                        "RandomUniformLike"})
+RANDOM_OPS = op_facts.RANDOM
 """Ops whose outputs are random draws (Dropout is not one: its draw is ONNX's seeded reference draw)."""
 
 RANDOM_REASON = "random: cannot match the reference's generator"

@@ -34,6 +34,7 @@ from onnx2jax import scan as _scan
 from onnx2jax.errors import NodeError, UnsupportedOpError
 from onnx2jax.hostvalues import is_host_value
 from onnx2jax.ops.registry import OpImpl, lookup
+from sharding import op_facts
 
 _WIDE_TYPES = frozenset(
     {
@@ -145,9 +146,6 @@ def unsupported_ops(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> list[t
     return missing
 
 
-_SHAPE_READERS = frozenset({"Shape", "Size", "SequenceLength"})  # read only shapes or lengths, never values
-
-
 def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> set[str]:
     """Names whose *values* must be known while tracing: they reach an op's static input.
 
@@ -173,7 +171,7 @@ def shape_setting_inputs(graph: onnx.GraphProto, opsets: Mapping[str, int]) -> s
     frontier = list(needed)
     while frontier:
         node = producers.get(frontier.pop())
-        if node is None or node.op_type in _SHAPE_READERS:
+        if node is None or node.op_type in op_facts.SHAPE_READERS:
             continue
         sources = list(node.input)
         if node.op_type == "If":
@@ -398,16 +396,6 @@ def _elem_types(type_proto: onnx.TypeProto):
         yield from _elem_types(type_proto.optional_type.elem_type)
 
 
-_INT64_RESULTS = frozenset(
-    {
-        "ArgMax", "ArgMin", "TopK", "NonZero", "Unique", "NonMaxSuppression", "Shape", "Size",
-        # ai.onnx.ml: int64 labels, categories and one-hot indices
-        "LinearClassifier", "TreeEnsembleClassifier", "SVMClassifier", "CategoryMapper", "LabelEncoder",
-    }
-)
-"""Ops whose outputs (or one of them) are int64 whatever their inputs."""
-
-
 def uses_wide_types(graph: onnx.GraphProto) -> bool:
     """Whether the graph or any subgraph (a Loop body's int64 counter, say) has 64-bit tensors.
 
@@ -420,7 +408,7 @@ def uses_wide_types(graph: onnx.GraphProto) -> bool:
     if any(t.data_type in _WIDE_TYPES for t in graph.initializer):
         return True
     for node in graph.node:
-        if node.op_type in _INT64_RESULTS:
+        if node.op_type in op_facts.INT64_RESULTS:
             return True
         if node.op_type in ("Cast", "Constant", "ConstantOfShape", "EyeLike", "RandomNormal", "RandomUniform"):
             for attr in node.attribute:

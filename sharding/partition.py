@@ -24,14 +24,8 @@ from dataclasses import dataclass
 
 import onnx
 
+from sharding.op_facts import NONDETERMINISTIC, SHAPE_READERS
 from sharding.shapes import infer_model, node_inputs, subgraphs, topological_order
-
-# Ops whose output depends on their input's shape only, never its values.
-_SHAPE_READERS = frozenset({"Shape", "Size"})
-# Ops that are not functions of their inputs: never recomputed.
-_NONDETERMINISTIC = frozenset(
-    {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial", "Bernoulli", "Dropout"}
-)
 
 
 class BackwardEdgeError(ValueError):
@@ -111,10 +105,10 @@ class GraphIndex:
         result = set(self.constants)
         for index in self.topological_order():
             node = self.nodes[index]
-            if node.op_type in _NONDETERMINISTIC or any(True for _ in subgraphs(node)):
+            if node.op_type in NONDETERMINISTIC or any(True for _ in subgraphs(node)):
                 continue
             names = node_inputs(node)
-            if node.op_type in _SHAPE_READERS:
+            if node.op_type in SHAPE_READERS:
                 ok = bool(names) and (names[0] in result or names[0] in self.inputs)
             else:
                 ok = all(n in result for n in names)

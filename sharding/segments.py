@@ -27,27 +27,12 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import onnx
 
+from sharding.op_facts import DATA_DEPENDENT, VARIABLE_OUTPUTS
 from sharding.partition import GraphIndex, Partition, extract_part, partition
 from sharding.shapes import InferredModel, infer_model
 
-DATA_DEPENDENT: Mapping[str, tuple[int, ...] | None] = {
-    "NonMaxSuppression": None,  # every input: boxes, scores and the thresholds
-    "NonZero": (0,),
-    "Unique": (0,),
-    "Compress": (1,),  # the condition
-}
-"""Ops whose output shape depends on the values of these inputs (None: all of them)."""
-
 MAP_READERS = ("DictVectorizer", "CastMap")
 """ai.onnx.ml ops whose input is a map (a Python dict), which XLA cannot hold: host steps always."""
-
-VARIABLE_OUTPUTS: Mapping[str, tuple[int, ...]] = {
-    "NonMaxSuppression": (0,),  # selected_indices: one row per kept box
-    "NonZero": (0,),  # one column per nonzero element
-    "Unique": (0, 1, 3),  # Y, indices, counts (inverse_indices has the input's length)
-    "Compress": (0,),
-}
-"""Per op, the outputs whose length depends on those values."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,6 +9,13 @@ Versions are registered *exactly*: ``@register("Relu", 6, 13, 14)`` claims the
 schema versions 6, 13 and 14. A model whose opset resolves to a schema version
 nobody registered fails loudly instead of running code written for another
 version of the op.
+
+Each implementation also carries its op's facts (elementwise, shape-reading, data-dependent output
+shapes, 64-bit results, random draws): ``register`` reads them from :mod:`sharding.op_facts`, the
+jax-free table that partitioning and planning read too, so both sides ask one source. Attribute
+defaults are the schema's (``onnx.defs``), filled in by ``graph_runner.node_attributes``: an
+implementation repeats no schema default; only ops without an ONNX schema (contrib domains) keep
+Python defaults.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import dataclasses
 from typing import Callable, Iterable, NamedTuple
 
 import onnx.defs
+
+from sharding.op_facts import OpFacts, facts_of
 
 
 class OpKey(NamedTuple):
@@ -41,12 +50,14 @@ class OpImpl:
       host_values: whether ``fn`` passes on values that the host finishes
         after the run (:mod:`onnx2jax.hostvalues`: run-time strings, maps);
         every other op is refused such an input by name.
+      facts: the op's facts (:mod:`sharding.op_facts`).
     """
 
     fn: Callable
     static_inputs: frozenset[int] = frozenset()
     needs_context: bool = False
     host_values: bool = False
+    facts: OpFacts = OpFacts()
 
 
 _REGISTRY: dict[OpKey, OpImpl] = {}
@@ -69,7 +80,7 @@ def register(
         raise ValueError(f"register({op_type!r}) needs at least one since_version")
 
     def decorate(fn: Callable) -> Callable:
-        impl = OpImpl(fn, frozenset(static_inputs), context, host_values)
+        impl = OpImpl(fn, frozenset(static_inputs), context, host_values, facts_of(op_type, domain))
         for version in since_versions:
             key = OpKey(domain, op_type, version)
             if key in _REGISTRY:
@@ -107,3 +118,13 @@ def lookup(domain: str, op_type: str, opset: int) -> OpImpl | None:
 def registered() -> frozenset[OpKey]:
     """Every registered (domain, op_type, since_version)."""
     return frozenset(_REGISTRY)
+
+
+def ops_with(predicate: Callable[[OpFacts], bool], domain: str | None = None) -> frozenset[str]:
+    """The registered op types whose facts satisfy ``predicate`` (``lambda f: f.elementwise``, say),
+    of ``domain`` only where given."""
+    return frozenset(
+        key.op_type
+        for key, impl in _REGISTRY.items()
+        if (domain is None or key.domain == domain) and predicate(impl.facts)
+    )

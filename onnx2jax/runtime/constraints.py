@@ -35,20 +35,11 @@ import onnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.graph_runner import is_static
+from sharding import op_facts
 from sharding.mesh.layout import expand_shape
 
-ELEMENTWISE = frozenset(
-    """Abs Acos Acosh Add And Asin Asinh Atan Atanh BitwiseAnd BitwiseNot BitwiseOr BitwiseXor Cast Ceil
-    Celu Clip Cos Cosh Div Elu Equal Erf Exp Floor Gelu Greater GreaterOrEqual HardSigmoid HardSwish Identity
-    IsInf IsNaN LeakyRelu Less LessOrEqual Log Max Min Mish Mod Mul Neg Not Or Pow Reciprocal Relu Round
-    Selu Sigmoid Sign Sin Sinh Softplus Softsign Sqrt Sub Sum Tan Tanh Where Xor""".split()
-)
-
-
-REDUCTIONS = frozenset(
-    "ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum "
-    "ReduceSumSquare".split()
-)
+ELEMENTWISE = op_facts.ELEMENTWISE - {"CastLike"}  # CastLike's second input gives a type only: no frame
+REDUCTIONS = op_facts.REDUCTIONS
 
 
 class SpecKey(NamedTuple):

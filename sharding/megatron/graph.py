@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import onnx
 
+from sharding.op_facts import SHAPE_READERS
 from sharding.shapes import tensor_shapes
 
 _log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ _NORM_OPS = frozenset(
     }
 )
 # Ops that only carry shapes: a walk along values stops there.
-_SHAPE_OPS = frozenset({"Shape", "Size", "ConstantOfShape", "EyeLike"})
+_SHAPE_OPS = SHAPE_READERS | {"ConstantOfShape", "EyeLike"}
 # Ops a norm's statistics flow through between the ReduceMean and the apply node.
 _STAT_OPS = frozenset(
     {

@@ -23,3 +23,64 @@ def test_every_registered_version_is_a_real_schema_version():
 def test_duplicate_registration_is_refused():
     with pytest.raises(ValueError, match="registered twice"):
         register("Add", 7)(lambda a, b: a + b)
+
+
+# The sharding rules cover these ops although the op registry does not record them as elementwise:
+RULE_ONLY_UNARY = {
+    # Their output keeps the input's layout, so the unary rule passes the spec through; but they are
+    # not elementwise: per-axis and blocked scales and zero points lie along an axis of the input.
+    "QuantizeLinear",
+    "DequantizeLinear",
+}
+
+
+def _registered_with(predicate, domain: str | None = None) -> set[str]:
+    from onnx2jax.ops.registry import ops_with
+
+    return set(ops_with(predicate, domain))
+
+
+def test_registry_and_sharding_rules_agree_on_elementwise_ops():
+    from sharding.rules import broadcast, unary
+
+    registered_unary = _registered_with(lambda f: f.elementwise == "unary", domain="")
+    registered_broadcast = _registered_with(lambda f: f.elementwise == "broadcast", domain="")
+    assert registered_unary == set(unary.OPS) - RULE_ONLY_UNARY
+    assert registered_broadcast == set(broadcast.OPS)
+
+
+def test_contrib_ops_have_their_own_facts_and_no_sharding_rule():
+    """onnxruntime's contrib ops: their facts come from op_facts' contrib tables (a com.microsoft Gelu is
+    not the default domain's by name alone); the sharding rules cover none of them, so there is no rule to
+    agree with; SimplifiedLayerNormalization (onnxruntime's, in the default domain) is a normalization."""
+    from sharding.op_facts import CONTRIB_BROADCAST_ELEMENTWISE, CONTRIB_DOMAIN, CONTRIB_UNARY_ELEMENTWISE
+    from sharding.rules import rule_for
+
+    contrib = {k.op_type for k in registered() if k.domain == CONTRIB_DOMAIN}
+    assert CONTRIB_UNARY_ELEMENTWISE | CONTRIB_BROADCAST_ELEMENTWISE <= contrib
+    assert _registered_with(lambda f: f.elementwise == "unary", domain=CONTRIB_DOMAIN) == CONTRIB_UNARY_ELEMENTWISE
+    assert _registered_with(lambda f: f.elementwise == "broadcast", domain=CONTRIB_DOMAIN) == CONTRIB_BROADCAST_ELEMENTWISE
+    assert all(rule_for(op, CONTRIB_DOMAIN) is None for op in contrib)
+    assert "SimplifiedLayerNormalization" not in _registered_with(lambda f: f != f.__class__())
+    assert rule_for("SimplifiedLayerNormalization") is None
+
+
+def test_registry_and_sharding_rules_agree_on_reductions():
+    from sharding.op_facts import REDUCTIONS
+    from sharding.rules import reduction
+
+    assert set(reduction.REDUCE) == set(REDUCTIONS)
+
+
+def test_every_op_the_facts_name_is_registered():
+    from sharding.op_facts import named_ops
+
+    known = {key.op_type for key in registered() if key.domain in ("", "ai.onnx.ml")}
+    assert not named_ops() - known, f"op facts for unregistered ops: {sorted(named_ops() - known)}"
+
+
+def test_shape_readers_and_data_dependent_ops_are_recorded_on_their_implementations():
+    from sharding.op_facts import DATA_DEPENDENT, SHAPE_READERS, VARIABLE_OUTPUTS
+
+    assert _registered_with(lambda f: f.shape_reader) == set(SHAPE_READERS)
+    assert _registered_with(lambda f: f.data_dependent) == set(DATA_DEPENDENT) == set(VARIABLE_OUTPUTS)
