@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 
 import onnx
 
+from sharding.codes import ANNOTATION_INVALID, SHAPE_INFERENCE_FAILED
 from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference, infer
 from sharding.model_arg import ModelArg, as_model_proto
@@ -75,9 +76,9 @@ def merge(structural: Sequence[Diagnostic], semantic: Sequence[Diagnostic]) -> l
     codes = {(d.code, d.node) for d in structural}
     result = list(structural)
     for d in semantic:
-        if (d.code, d.node) in codes or (d.code == "shape-inference-failed" and ("shape-inference-failed", None) in codes):
+        if (d.code, d.node) in codes or (d.code == SHAPE_INFERENCE_FAILED and (SHAPE_INFERENCE_FAILED, None) in codes):
             continue
-        if d.code == "annotation-invalid" and d.node in broken:
+        if d.code == ANNOTATION_INVALID and d.node in broken:
             continue
         result.append(d)
     return result

@@ -16,6 +16,7 @@ import dataclasses
 
 import onnx
 
+from sharding import codes
 from sharding.diagnostics import Diagnostic
 
 
@@ -36,7 +37,7 @@ class ConfigurationChoice:
     @property
     def guessed(self) -> bool:
         """Whether the model has several configurations and none was asked for."""
-        return any(d.code == "configuration-chosen" for d in self.diagnostics)
+        return any(d.code == codes.CONFIGURATION_CHOSEN for d in self.diagnostics)
 
     @property
     def unknown(self) -> bool:
@@ -51,7 +52,7 @@ def choose_configuration(model: onnx.ModelProto, configuration: str | None = Non
         if configuration in names:
             return ConfigurationChoice(configuration, names)
         unknown = Diagnostic(
-            code="unknown-configuration",
+            code=codes.UNKNOWN_CONFIGURATION,
             severity="error",
             message=f"configuration {configuration!r} is not defined in the model",
             hint=f"choose one of {list(names)}",
@@ -63,7 +64,7 @@ def choose_configuration(model: onnx.ModelProto, configuration: str | None = Non
     if len(names) == 1:
         return ConfigurationChoice(names[0], names)
     chosen = Diagnostic(
-        code="configuration-chosen",
+        code=codes.CONFIGURATION_CHOSEN,
         severity="note",
         message=f"the model defines configurations {list(names)}; {names[0]!r} was used",
         hint="pass configuration= (or --configuration) to choose",

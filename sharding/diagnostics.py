@@ -3,20 +3,18 @@
 A `Diagnostic` names where the problem is (node, op type, tensor, axis), what
 was found against what was expected (`message`) and what would make it valid
 (`hint`). Checkers return lists of them so that a user sees every problem in
-one pass; `ShardingError` carries such a list when a caller must stop.
+one pass; `ShardingError` carries such a list when a caller must stop. Its
+code must be one that `sharding.codes` registers.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
-Severity = Literal["error", "warning", "note"]
+from sharding.codes import CODES, Severity
 
 _SEVERITIES = ("error", "warning", "note")
-_CODE = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -24,7 +22,7 @@ class Diagnostic:
     """One problem, located as precisely as the checker knows.
 
     Attributes:
-        code: Stable kebab-case identifier, e.g. ``"axis-repeated"``.
+        code: Stable kebab-case identifier registered in `sharding.codes`, e.g. ``codes.AXIS_REPEATED``.
         severity: ``"error"``, ``"warning"`` or ``"note"``.
         node: Name of the node, or None for model-level problems.
         op_type: The node's op type, when a node is named.
@@ -48,8 +46,8 @@ class Diagnostic:
     expected: str | None = None
 
     def __post_init__(self) -> None:
-        if not _CODE.fullmatch(self.code):
-            raise ValueError(f"Diagnostic.code must be kebab-case, got {self.code!r}")
+        if self.code not in CODES:
+            raise ValueError(f"Diagnostic.code must be a kebab-case code registered in sharding.codes, got {self.code!r}")
         if self.severity not in _SEVERITIES:
             raise ValueError(
                 f"Diagnostic.severity must be one of {_SEVERITIES}, got {self.severity!r}"

@@ -27,18 +27,24 @@ sharding-mismatch       error     two inputs shard one axis differently
 k-sharding-mismatch     error     MatMul-like: the K axes differ
 broadcast-axis-sharded  error     a broadcast size-1 axis is sharded
 empty-intersection      error     no device holds all shards an output needs
+spatial-axis-sharded    error     a conv, pool or resize spatial axis is cut
+group-split             error     a channel cut splits a conv's groups
+stage-invalid           error     pipeline stages cannot be placed on devices
+fused-axis-size         error     a fused spec has no layout at a call's shapes
 annotation-invalid      error     an annotation cannot be read
 unknown-configuration   error     the configuration asked for is not defined
 unsupported-op          warning   an annotated op with no rule (error on request)
 reshape-unsupported     warning   a sharded axis cannot follow a reshape
 einsum-unsupported      warning   an Einsum outside the MatMul-like cases
 shape-unknown           warning   a rule lacks a shape or constant it needs
+                                  (an error at compile, for a spec's tensor)
 shape-inference-failed  warning   ONNX shape inference failed
 rule-failed             warning   a rule raised (a bug): outputs unplaced
 reshard                 note      a written spec differs: data moves (kind)
 collective              note      the op itself combines shards (kind)
 no-rule                 note      sharded data enters an op with no rule
 configuration-chosen    note      several configurations; which was used
+pipeline-stage          note      one stage: its nodes, devices and sends
 ======================  ========  ===========================================
 """
 
@@ -53,6 +59,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from sharding import codes
 from sharding.model_arg import ModelArg, as_model_proto
 from sharding.configuration import choose_configuration
 from sharding.diagnostics import Diagnostic
@@ -147,7 +154,7 @@ def _annotations(
             except (TypeError, ValueError) as e:
                 diags.append(
                     Diagnostic(
-                        code="annotation-invalid",
+                        code=codes.ANNOTATION_INVALID,
                         severity="error",
                         node=node.name,
                         op_type=node.op_type,
@@ -163,7 +170,7 @@ def _reshard_note(
     node: onnx.NodeProto, tensor: str, src: ShardingSpec, dst: ShardingSpec, kind: str, where: str
 ) -> Diagnostic:
     return Diagnostic(
-        code="reshard",
+        code=codes.RESHARD,
         severity="note",
         node=node.name,
         op_type=node.op_type,
@@ -177,7 +184,7 @@ def _reshard_note(
 
 def reshard_note_kind(note: Diagnostic) -> str:
     """The collective a ``reshard`` note names (`_reshard_note` ends its message in ``(kind)``)."""
-    if note.code != "reshard":
+    if note.code != codes.RESHARD:
         raise ValueError(f"expected a reshard note, got {note.code!r}")
     return note.message.rsplit("(", 1)[-1].rstrip(")")
 
@@ -299,7 +306,7 @@ def infer(
             )
             diags.append(
                 Diagnostic(
-                    code="unsupported-op",
+                    code=codes.UNSUPPORTED_OP,
                     severity="error" if unsupported == "error" else "warning",
                     node=node.name,
                     op_type=node.op_type,
@@ -313,7 +320,7 @@ def infer(
         elif rule is None and any(s is not None and sharded_dims(s, None) for s in in_specs):
             diags.append(
                 Diagnostic(
-                    code="no-rule",
+                    code=codes.NO_RULE,
                     severity="note",
                     node=node.name,
                     op_type=node.op_type,
@@ -323,7 +330,7 @@ def infer(
             )
         diags += notes
         outputs: list[ShardingSpec | None] = []
-        reduced = {d.tensor for d in notes if d.code == "collective" and d.expected == "all-reduce"}
+        reduced = {d.tensor for d in notes if d.code == codes.COLLECTIVE and d.expected == "all-reduce"}
         for name, spec in zip(outs, inferred, strict=False):
             if not name:
                 outputs.append(None)
@@ -355,7 +362,7 @@ def infer(
 
 def _rule_failed(node: onnx.NodeProto, error: Exception) -> Diagnostic:
     return Diagnostic(
-        code="rule-failed",
+        code=codes.RULE_FAILED,
         severity="warning",
         node=node.name,
         op_type=node.op_type,

@@ -25,6 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 import onnx
 import onnx.shape_inference
 
+from sharding import codes
 from sharding.diagnostics import Diagnostic
 
 Dim = int | str | None
@@ -149,7 +150,7 @@ def infer_model(
             graph = light.graph
         diags.append(
             Diagnostic(
-                code="shape-inference-failed",
+                code=codes.SHAPE_INFERENCE_FAILED,
                 severity="warning",
                 message=f"ONNX shape inference failed ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
                 "shapes may be missing or wrong",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import onnx
 
+from sharding import codes
 from sharding.diagnostics import Diagnostic
 from sharding.inference import Inference
 from sharding.partition import extract_part
@@ -50,7 +51,7 @@ def infer_by_stage(
             model, configuration, part.parts, device_configurations(model)[configuration].num_devices
         )
     except ValueError as e:
-        diags.append(Diagnostic(code="stage-invalid", severity="error", message=str(e)))
+        diags.append(Diagnostic(code=codes.STAGE_INVALID, severity="error", message=str(e)))
         return Inference(configuration, {}, {}, tuple(diags))
     merged = PartsMerger(configuration, diags)
     types = infer_model(model).value_types(model)
@@ -58,7 +59,7 @@ def infer_by_stage(
         sends = sorted({t for t, f, _ in part.crossing if f == stage})
         merged.diagnostics.append(
             Diagnostic(
-                code="pipeline-stage",
+                code=codes.PIPELINE_STAGE,
                 severity="note",
                 message=f"stage {stage}: {len(part.nodes[stage])} nodes on devices {list(devices[stage])}"
                 + (f"; sends {', '.join(sends)}" if sends else ""),

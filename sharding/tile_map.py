@@ -30,6 +30,7 @@ from typing import Literal
 
 import onnx
 
+from sharding import codes
 from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference, reshard_note_kind
 from sharding.rules.base import Shape
@@ -170,9 +171,9 @@ def node_layer(node: onnx.NodeProto) -> str | None:
 
 def collective_of(diagnostic: Diagnostic) -> Collective | None:
     """The collective a ``collective`` or ``reshard`` note announces, or None for other diagnostics."""
-    if diagnostic.code == "collective":
+    if diagnostic.code == codes.COLLECTIVE:
         kind = diagnostic.expected or "collective"
-    elif diagnostic.code == "reshard":
+    elif diagnostic.code == codes.RESHARD:
         kind = reshard_note_kind(diagnostic)
     else:
         return None

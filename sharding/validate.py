@@ -60,6 +60,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from sharding import codes
 from sharding.diagnostics import Diagnostic, Severity, ShardingError
 from sharding.shapes import tensor_shapes
 from sharding.model_arg import takes_model
@@ -127,14 +128,14 @@ def _check_configurations(model: onnx.ModelProto) -> tuple[dict[str, int | None]
         name = config.name
         if not config.HasField("name") or not name:
             bad(
-                "configuration-invalid",
+                codes.CONFIGURATION_INVALID,
                 f"configuration #{index} has no name",
                 "set DeviceConfigurationProto.name",
             )
             continue
         if name in configs:
             bad(
-                "configuration-repeated",
+                codes.CONFIGURATION_REPEATED,
                 f"configuration {name!r} is defined twice",
                 "give each configuration its own name",
             )
@@ -142,14 +143,14 @@ def _check_configurations(model: onnx.ModelProto) -> tuple[dict[str, int | None]
         num = config.num_devices if config.HasField("num_devices") else None
         if num is None or num < 1:
             bad(
-                "configuration-invalid",
+                codes.CONFIGURATION_INVALID,
                 f"configuration {name!r} has num_devices {num}",
                 "set num_devices to the number of devices (>= 1)",
             )
             num = None
         elif config.device and len(config.device) != num:
             bad(
-                "configuration-invalid",
+                codes.CONFIGURATION_INVALID,
                 f"configuration {name!r} names {len(config.device)} devices "
                 f"but num_devices is {num}",
                 "name every device or none",
@@ -165,7 +166,7 @@ def _check_node_names(model: onnx.ModelProto) -> Iterator[Diagnostic]:
             continue
         if not node.name:
             yield Diagnostic(
-                code="node-name-missing",
+                code=codes.NODE_NAME_MISSING,
                 severity="error",
                 node=f"{node.op_type}#{index}",
                 op_type=node.op_type,
@@ -174,7 +175,7 @@ def _check_node_names(model: onnx.ModelProto) -> Iterator[Diagnostic]:
             )
         elif node.name in seen:
             yield Diagnostic(
-                code="node-name-repeated",
+                code=codes.NODE_NAME_REPEATED,
                 severity="error",
                 node=node.name,
                 op_type=node.op_type,
@@ -189,7 +190,7 @@ def _check_tensor_name(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Di
     outputs = [n for n in node.proto.output if n]
     if spec.tensor_name not in inputs + outputs:
         yield node.diag(
-            "tensor-not-in-node",
+            codes.TENSOR_NOT_IN_NODE,
             f"the spec names tensor {spec.tensor_name!r}, "
             "which is not an input or output of the node",
             f"name one of the inputs {inputs} or outputs {outputs}",
@@ -205,7 +206,7 @@ def _check_axes(
     for dim in spec.sharded_dim:
         if not dim.HasField("axis"):
             yield node.diag(
-                "axis-missing",
+                codes.AXIS_MISSING,
                 "a sharded_dim has no axis",
                 "set ShardedDimProto.axis",
                 tensor=tensor,
@@ -216,7 +217,7 @@ def _check_axes(
             rank = len(shape)
             if not -rank <= axis < rank:
                 yield node.diag(
-                    "axis-out-of-range",
+                    codes.AXIS_OUT_OF_RANGE,
                     f"axis {axis} is out of range for a tensor of rank {rank} "
                     f"(shape {list(shape)})",
                     f"use an axis in [{-rank}, {rank - 1}]",
@@ -227,7 +228,7 @@ def _check_axes(
             key = axis % rank
         if key in seen:
             yield node.diag(
-                "axis-repeated",
+                codes.AXIS_REPEATED,
                 f"axis {axis} is sharded twice (also as axis {seen[key]})",
                 "list each axis once; to shard one axis by several factors "
                 "use one fused sharded_dim",
@@ -254,7 +255,7 @@ def _check_sizes(
         which = part.WhichOneof("dim")
         if which == "dim_value" and isinstance(size, int) and part.dim_value != size:
             yield node.diag(
-                "dim-value-mismatch",
+                codes.DIM_VALUE_MISMATCH,
                 f"dim_value is {part.dim_value} but axis {axis} has size {size}",
                 f"write dim_value {size} or leave it out",
                 tensor=tensor,
@@ -267,7 +268,7 @@ def _check_sizes(
                 f"symbolic size {declared!r}" if isinstance(declared, str) else f"fixed size {declared}"
             )
             yield node.diag(
-                "dim-param-mismatch",
+                codes.DIM_PARAM_MISMATCH,
                 f"dim_param is {part.dim_param!r} but axis {axis} has {found}",
                 f"write {declared!r} or leave the size out",
                 tensor=tensor,
@@ -279,7 +280,7 @@ def _check_sizes(
     sizes = ["?" if v is None else v for v in values]
     if unknown > 1:
         yield node.diag(
-            "fused-size-unknown",
+            codes.FUSED_SIZE_UNKNOWN,
             f"fused axis {axis}: {unknown} sub-axes have no dim_value, "
             "so the sub-axis sizes cannot be known",
             "write dim_value on every sub-axis but at most one",
@@ -290,7 +291,7 @@ def _check_sizes(
         return
     if not isinstance(size, int):
         yield node.diag(
-            "fused-size-unresolved",
+            codes.FUSED_SIZE_UNRESOLVED,
             f"fused axis {axis} has sub-axis sizes {sizes} but the axis size is {_size_text(size)}, "
             "so they can be checked only against a call's shapes",
             "onnx2jax.compile lays the spec out, and checks it, at each call; "
@@ -308,7 +309,7 @@ def _check_sizes(
     else:
         return
     yield node.diag(
-        "fused-size-mismatch",
+        codes.FUSED_SIZE_MISMATCH,
         f"fused axis {axis} has size {size} but {found}",
         "the sub-axis sizes (dim_value) must multiply to the axis size",
         tensor=tensor,
@@ -322,7 +323,7 @@ def _size_text(size: Dim) -> str:
 
 def _unresolved(node: _Node, tensor: str, axis: int, size: Dim, written: str) -> Diagnostic:
     return node.diag(
-        "size-unresolved",
+        codes.SIZE_UNRESOLVED,
         f"{written} is written for axis {axis}, whose size is {_size_text(size)}: "
         "it is checked once the shapes are known",
         "onnx2jax.compile checks it at each call; `onnx2jax check --input-shape` fixes the inputs' dims",
@@ -338,7 +339,7 @@ def _check_parts(node: _Node, spec: onnx.ShardingSpecProto, shapes: _Shapes) -> 
         axis = dim.axis if dim.HasField("axis") else None
         if not dim.simple_sharding:
             yield node.diag(
-                "sharded-dim-empty",
+                codes.SHARDED_DIM_EMPTY,
                 "a sharded_dim has no simple_sharding",
                 "add one SimpleShardedDimProto with num_shards, or drop the sharded_dim",
                 tensor=tensor,
@@ -348,7 +349,7 @@ def _check_parts(node: _Node, spec: onnx.ShardingSpecProto, shapes: _Shapes) -> 
         for part in dim.simple_sharding:
             if not part.HasField("num_shards"):
                 yield node.diag(
-                    "num-shards-missing",
+                    codes.NUM_SHARDS_MISSING,
                     "a simple_sharding has no num_shards",
                     "set num_shards (>= 1)",
                     tensor=tensor,
@@ -356,7 +357,7 @@ def _check_parts(node: _Node, spec: onnx.ShardingSpecProto, shapes: _Shapes) -> 
                 )
             elif part.num_shards < 1:
                 yield node.diag(
-                    "num-shards-invalid",
+                    codes.NUM_SHARDS_INVALID,
                     f"num_shards is {part.num_shards}",
                     "set num_shards >= 1",
                     tensor=tensor,
@@ -364,7 +365,7 @@ def _check_parts(node: _Node, spec: onnx.ShardingSpecProto, shapes: _Shapes) -> 
                 )
             if part.WhichOneof("dim") == "dim_value" and part.dim_value < 0:
                 yield node.diag(
-                    "dim-value-invalid",
+                    codes.DIM_VALUE_INVALID,
                     f"dim_value is {part.dim_value}",
                     "sizes are >= 0",
                     tensor=tensor,
@@ -391,7 +392,7 @@ def _check_device_id(node: _Node, tensor: str, device: int, where: str) -> Itera
     if device < 0 or (limit is not None and device >= limit):
         bound = f"[0, {limit})" if limit is not None else "[0, ...)"
         yield node.diag(
-            "device-out-of-range",
+            codes.DEVICE_OUT_OF_RANGE,
             f"{where} names device {device}, outside {bound} (configuration {node.config!r})",
             f"use device ids in {bound}",
             tensor=tensor,
@@ -405,21 +406,21 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
         key = entry.key
         if key in groups:
             yield node.diag(
-                "group-key-repeated",
+                codes.GROUP_KEY_REPEATED,
                 f"group key {key} is defined twice",
                 "define each key once",
                 tensor=tensor,
             )
         if key >= 0:
             yield node.diag(
-                "group-key-not-negative",
+                codes.GROUP_KEY_NOT_NEGATIVE,
                 f"group key {key} is not negative, so it reads as a device",
                 "use negative keys (-1, -2, ...) for groups",
                 tensor=tensor,
             )
         if not entry.value:
             yield node.diag(
-                "group-empty",
+                codes.GROUP_EMPTY,
                 f"group {key} has no device",
                 "list the devices that replicate the shard",
                 tensor=tensor,
@@ -429,7 +430,7 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
         twice = sorted({d for d in entry.value if list(entry.value).count(d) > 1})
         if twice:
             yield node.diag(
-                "device-repeated",
+                codes.DEVICE_REPEATED,
                 f"group {key} lists device(s) {twice} more than once",
                 "list each device of a group once",
                 tensor=tensor,
@@ -439,7 +440,7 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
     shards = _num_shards(spec)
     if shards is not None and len(spec.device) != shards:
         yield node.diag(
-            "shard-count-mismatch",
+            codes.SHARD_COUNT_MISMATCH,
             f"device lists {len(spec.device)} entries but the sharded_dims make {shards} shards",
             "give one device (or negative group key) per shard: the product of all num_shards",
             tensor=tensor,
@@ -453,7 +454,7 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
             members = groups[entry]
         else:
             yield node.diag(
-                "group-key-missing",
+                codes.GROUP_KEY_MISSING,
                 f"shard {shard} has device entry {entry}, "
                 "which is not a key of index_to_device_group_map",
                 f"add {entry} to index_to_device_group_map or use a device id >= 0",
@@ -463,7 +464,7 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
         for device in dict.fromkeys(members):
             if device in holder:
                 yield node.diag(
-                    "device-repeated",
+                    codes.DEVICE_REPEATED,
                     f"device {device} holds shards {holder[device]} and {shard}",
                     "a device should hold one shard of a tensor",
                     tensor=tensor,
@@ -485,27 +486,27 @@ def _check_node(
         node = _Node(node_proto, config_id, configs.get(config_id), strict, f"{node_proto.op_type}#{index}")
         if not config.HasField("configuration_id"):
             yield node.diag(
-                "unknown-configuration",
+                codes.UNKNOWN_CONFIGURATION,
                 "an annotation has no configuration_id",
                 f"name one of {sorted(configs)}",
             )
         elif config_id not in configs:
             yield node.diag(
-                "unknown-configuration",
+                codes.UNKNOWN_CONFIGURATION,
                 f"configuration_id {config_id!r} names no device configuration of the model",
                 f"name one of {sorted(configs)} "
                 "or add the configuration to ModelProto.configuration",
             )
         if config_id in seen_configs:
             yield node.diag(
-                "configuration-repeated",
+                codes.CONFIGURATION_REPEATED,
                 f"the node has two annotations for configuration {config_id!r}",
                 "merge them into one NodeDeviceConfigurationProto",
             )
         seen_configs.add(config_id)
         if config.HasField("pipeline_stage") and config.pipeline_stage < 0:
             yield node.diag(
-                "pipeline-stage-invalid",
+                codes.PIPELINE_STAGE_INVALID,
                 f"pipeline_stage is {config.pipeline_stage}",
                 "pipeline stages are numbered from 0",
             )
@@ -513,7 +514,7 @@ def _check_node(
         for spec in config.sharding_spec:
             if spec.tensor_name in tensors:
                 yield node.diag(
-                    "spec-repeated",
+                    codes.SPEC_REPEATED,
                     f"tensor {spec.tensor_name!r} has two specs in one annotation",
                     "keep one spec per tensor",
                     tensor=spec.tensor_name,

@@ -25,7 +25,7 @@ from rich.table import Table
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.loading import load_model
-from sharding import segments
+from sharding import codes, segments
 from sharding.check import check_and_infer, merge
 from sharding.diagnostics import Diagnostic
 from sharding.segment_sharding import merged_inference, shard_segments
@@ -152,7 +152,7 @@ def summary_line(counts: dict[str, int]) -> str:
 def print_stages(console, diags: Sequence[Diagnostic]) -> None:
     """One line per pipeline stage (nodes, devices, what it sends), for a staged model."""
     for d in diags:
-        if d.code == "pipeline-stage":
+        if d.code == codes.PIPELINE_STAGE:
             console.print(d.message, markup=False)
 
 

@@ -38,6 +38,7 @@ from onnx2jax.cli.check import (
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, check_writable, require_matplotlib
 from onnx2jax.tile_plot import render
+from sharding import codes
 from sharding.infer import Inference, completed_model, reshard_note_kind
 from sharding.rules.views import sharded_dims
 from sharding.segment_sharding import describe
@@ -71,7 +72,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def _rows(inference: Inference, model: onnx.ModelProto, everything: bool, only: set[str] = frozenset()):
     """(node, op, role, tensor, written, inferred, reshard) per placed input/output."""
-    reshards = {(d.node, d.tensor): d for d in inference.diagnostics if d.code == "reshard"}
+    reshards = {(d.node, d.tensor): d for d in inference.diagnostics if d.code == codes.RESHARD}
     by_name = {n.name or f"{n.op_type}#{i}": n for i, n in enumerate(model.graph.node)}
     for key, found in inference.nodes.items():
         if only and key not in only:
@@ -196,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     rows = list(_rows(inference, model, not args.placed, set(args.node)))
     problems = [
         d for d in diagnostics
-        if (d.severity != "note" or d.code == "collective") and (not args.node or d.node in args.node)
+        if (d.severity != "note" or d.code == codes.COLLECTIVE) and (not args.node or d.node in args.node)
     ]
     if args.json:
         print(json.dumps({

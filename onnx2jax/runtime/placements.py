@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.runtime.constraints import Placement, SpecKey
 from onnx2jax.errors import DeviceCountError
+from sharding import codes
 from sharding.mesh.layout import Layout, MeshPlan, layout_of
 from sharding.mesh.mapping import MeshMapping, map_specs
 from onnx2jax.runtime.parameters import holdable_sharding, padded_shape
@@ -201,7 +202,7 @@ def output_shardings(
 
 def _fused_axis_error(node: str, op_type: str, tensor: str, axis: int | None, why: str) -> Diagnostic:
     return Diagnostic(
-        code="fused-axis-size",
+        code=codes.FUSED_AXIS_SIZE,
         severity="error",
         node=node,
         op_type=op_type,
@@ -214,7 +215,7 @@ def _fused_axis_error(node: str, op_type: str, tensor: str, axis: int | None, wh
 
 def _unknown_shape(node: str, op_type: str, tensor: str) -> Diagnostic:
     return Diagnostic(
-        code="unknown-shape",
+        code=codes.SHAPE_UNKNOWN,
         severity="error",
         node=node,
         op_type=op_type,

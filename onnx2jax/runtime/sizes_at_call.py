@@ -14,6 +14,7 @@ from typing import Mapping, Sequence
 
 import onnx
 
+from sharding import codes
 from sharding.diagnostics import Diagnostic
 from sharding.validate import require_valid
 
@@ -23,7 +24,7 @@ class SizesAtCall:
 
     def __init__(self, proto: onnx.ModelProto, structural: Sequence[Diagnostic]):
         """``structural``: what ``sharding.validate`` found at compile time (its ``size-unresolved`` notes)."""
-        self._proto = proto if any(d.code == "size-unresolved" for d in structural) else None
+        self._proto = proto if any(d.code == codes.SIZE_UNRESOLVED for d in structural) else None
         self._checked: set[tuple] = set()
 
     def check(self, input_shapes: Mapping[str, tuple[int, ...]]) -> None:

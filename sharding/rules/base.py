@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from sharding import codes
 from sharding.diagnostics import Diagnostic, Severity
 from sharding.spec import ShardingSpec
 from sharding.text import format_spec
@@ -148,7 +149,7 @@ class NodeContext:
     def unknown(self, what: str, tensor: str | None = None) -> None:
         """A warning that a rule lacks a shape or constant it needs."""
         self.diag(
-            "shape-unknown",
+            codes.SHAPE_UNKNOWN,
             f"cannot infer the output sharding: {what}",
             "give concrete input shapes (input_shapes= or --input-shape) or make the value "
             "a constant",

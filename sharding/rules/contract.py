@@ -29,6 +29,7 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from sharding import codes
 from sharding.rules.base import Dim, Label, NodeContext, Shape, Specs, devs, text
 from sharding.rules.views import build_spec, clone_spec, device_sets, dim_key, node_devices, sharded_dims
 from sharding.spec import ShardedDim, ShardingSpec
@@ -115,7 +116,7 @@ def contract(
             size = op.shape[axis] if op.shape is not None and axis < len(op.shape) else None
             if label is None:
                 ctx.diag(
-                    "broadcast-axis-sharded",
+                    codes.BROADCAST_AXIS_SHARDED,
                     f"axis {axis} of {op.spec.tensor_name!r} has size 1 and is broadcast, "
                     f"but it is sharded in {dim.num_shards}",
                     f"replicate {op.spec.tensor_name!r} along axis {axis}",
@@ -139,7 +140,7 @@ def contract(
             if other.key != first.key:
                 a, b = operands[first.operand].spec, operands[other.operand].spec
                 what = names.get(label, f"axis {other.axis}")
-                code = (mismatch_code or {}).get(label, "sharding-mismatch")
+                code = (mismatch_code or {}).get(label, codes.SHARDING_MISMATCH)
                 ctx.diag(
                     code,
                     f"{what}: {b.tensor_name!r} (axis {other.axis}) is cut as "
@@ -236,7 +237,7 @@ def contract(
                     f"{operands[i].spec.tensor_name}: {text(operands[i].spec)}" for i in live
                 )
                 ctx.diag(
-                    "empty-intersection",
+                    codes.EMPTY_INTERSECTION,
                     f"no device holds all the input shards some output block needs: {shown}{more}",
                     "place the inputs' shards so that each output block's inputs meet on "
                     "some device (0007: the devices of output shard [i,j] are the intersection "
@@ -260,7 +261,7 @@ def contract(
         if dropped:
             what = "; ".join(_label_text(label, cuts[label], operands, names) for label in dropped)
             ctx.diag(
-                "collective",
+                codes.COLLECTIVE,
                 f"{what}, but {name!r} does not keep it: the partial results meet in an "
                 f"{reduce_kind} over devices {devs(node_devices([results[-1]]))}",
                 severity="note",

@@ -31,6 +31,7 @@ Layout ``X[N, C, *spatial]`` (ONNX's NCHW). What each axis may carry:
 
 from __future__ import annotations
 
+from sharding import codes
 from sharding.rules.base import Rule, text
 from sharding.rules.contract import Operand, contract
 from sharding.rules.views import sharded_dims
@@ -50,7 +51,7 @@ def _refuse_spatial(ctx, index: int, spec, rank: int, first: int = 2, why: str =
         found = True
         name = ctx.input_name(index)
         ctx.diag(
-            "spatial-axis-sharded",
+            codes.SPATIAL_AXIS_SHARDED,
             f"axis {axis} of {name!r} is cut in {dim.num_shards}, but {ctx.op_type} "
             f"{why or 'slides a window along it and would need halos from neighbouring shards'}; "
             "onnx2jax does not partition spatial axes",
@@ -102,7 +103,7 @@ class Conv(Rule):
             for name, ways in cuts.items():
                 if group % ways:
                     ctx.diag(
-                        "group-split",
+                        codes.GROUP_SPLIT,
                         f"the channels of {name!r} are cut in {ways}, which does not divide "
                         f"group={group}: a device would hold part of a channel group",
                         f"cut the channels in a divisor of {group}",
@@ -112,7 +113,7 @@ class Conv(Rule):
                     return []
             if _channel_cut(w, rank, 1) > 1:
                 ctx.diag(
-                    "group-split",
+                    codes.GROUP_SPLIT,
                     f"axis 1 of the weight {ctx.input_name(iw)!r} (channels within a group) is cut; "
                     "only whole groups can be split",
                     "cut axis 0 (whole groups) instead",
@@ -208,7 +209,7 @@ class Resize(Rule):
         for axis, dim in sharded_dims(spec, rank) if spec is not None else ():
             if labels[axis] is None:
                 ctx.diag(
-                    "spatial-axis-sharded",
+                    codes.SPATIAL_AXIS_SHARDED,
                     f"axis {axis} of {ctx.input_name(0)!r} is cut in {dim.num_shards}, but "
                     f"{ctx.op_type} resizes it (or its scale is unknown): output rows would "
                     "need input rows of neighbouring shards",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from sharding import codes
 from sharding.rules.base import Rule, text
 from sharding.rules.contract import Operand, contract, elementwise_labels
 from sharding.rules.views import sharded_dims
@@ -60,7 +61,7 @@ def _k_conflict(ctx, specs, operands, k_axes):
     cut_b = dict(sharded_dims(b, len(operands[1].labels))).get(kb)
     if (cut_a is None) == (cut_b is None) and (cut_a is None or cut_a.num_shards == cut_b.num_shards):
         return
-    empties = [d for d in ctx.diagnostics if d.code == "empty-intersection"]
+    empties = [d for d in ctx.diagnostics if d.code == codes.EMPTY_INTERSECTION]
     if not empties:
         return
     for d in empties:
@@ -72,7 +73,7 @@ def _k_conflict(ctx, specs, operands, k_axes):
     else:
         wrong, axis, right, right_axis = names[0], ka, names[1], kb
     ctx.diag(
-        "k-sharding-mismatch",
+        codes.K_SHARDING_MISMATCH,
         f"the contracted axis K is {how(cut_a)} on {names[0]!r} (axis {ka}) but {how(cut_b)} on "
         f"{names[1]!r} (axis {kb}): no device holds matching K blocks of both",
         f"shard {wrong!r} on axis {axis} over the same devices as axis {right_axis} of {right!r}",
@@ -101,7 +102,7 @@ class MatMul(Rule):
                 operands.append(Operand(in_specs[i], _side_labels(ctx.in_shapes[i], label), ctx.in_shapes[i]))
         specs = {ia: in_specs[ia], ib: in_specs[ib]}
         result = contract(ctx, operands, [(ctx.node.output[0], out)], label_names=NAMES,
-                          mismatch_code={"k": "k-sharding-mismatch"})
+                          mismatch_code={"k": codes.K_SHARDING_MISMATCH})
         _k_conflict(ctx, specs, operands, ((ia, len(la) - 1), (ib, 0 if len(lb) == 1 else len(lb) - 2)))
         return result
 
@@ -123,7 +124,7 @@ class Gemm(Rule):
                 labels = []
             operands.append(Operand(in_specs[2], [None if x is None else "mn"[x] for x in labels], ctx.in_shapes[2]))
         result = contract(ctx, operands, [(ctx.node.output[0], ["m", "n"])], label_names=NAMES,
-                          mismatch_code={"k": "k-sharding-mismatch"})
+                          mismatch_code={"k": codes.K_SHARDING_MISMATCH})
         _k_conflict(ctx, in_specs, operands, ((0, la.index("k")), (1, lb.index("k"))))
         return result
 
@@ -169,7 +170,7 @@ class Einsum(Rule):
         parsed = parse_einsum(ctx.attr("equation", ""), ranks)
         if parsed is None:
             if any(s is not None and sharded_dims(s, None) for s in in_specs):
-                ctx.diag("einsum-unsupported",
+                ctx.diag(codes.EINSUM_UNSUPPORTED,
                          f"equation {ctx.attr('equation', '')!r} is outside the MatMul-like cases "
                          "(a label repeated inside one operand, or ranks unknown)",
                          "rewrite it as MatMul, or leave its inputs unsharded", severity="warning")

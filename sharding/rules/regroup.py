@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from sharding import codes
 from sharding.rules.base import NodeContext, Shape
 from sharding.rules.views import build_spec, device_sets, make_dim, resolved_parts, sharded_dims
 from sharding.spec import ShardingSpec
@@ -106,7 +107,7 @@ def regroup(
             split = _split_group(ins, outs, sizes_in, sizes_out, cut)
             if split is None:
                 ctx.diag(
-                    "reshape-unsupported",
+                    codes.RESHAPE_UNSUPPORTED,
                     f"axis {axis} of {spec.tensor_name!r} (parts {resolved_parts(dim, sizes_in[ins.index(axis)])} "
                     f"as (size, shards)) cannot follow the reshape {sizes_in} -> {sizes_out}: "
                     "a shard boundary falls inside an output axis's block; it is gathered",

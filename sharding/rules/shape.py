@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sharding import codes
 from sharding.rules.base import Rule, text
 from sharding.rules.contract import Operand, contract, elementwise_labels
 from sharding.rules.regroup import regroup, reshape_groups, unshard
@@ -36,7 +37,7 @@ def _gather_note(ctx, name, axes, spec, why=None):
     simply that the op needs the axes whole."""
     reason = f"{ctx.op_type} needs them whole" if why is None else f"{name!r} {why}"
     ctx.diag(
-        "collective",
+        codes.COLLECTIVE,
         f"axes {axes} of {spec.tensor_name!r} are sharded ({text(spec)}) but {reason}: {name!r} comes out "
         "unsharded there (an all-gather)",
         severity="note",
