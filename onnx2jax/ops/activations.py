@@ -23,7 +23,7 @@ def relu(x, *, consumed_inputs=None):
 
 
 @register("LeakyRelu", 1, 6, 16)
-def leaky_relu(x, *, alpha=0.01, consumed_inputs=None):
+def leaky_relu(x, *, alpha, consumed_inputs=None):
     return jnp.where(x < 0, x * _const(alpha, x), x)
 
 
@@ -44,23 +44,23 @@ def prelu_6(x, slope, *, consumed_inputs=None):
 
 
 @register("ThresholdedRelu", 10, 22)
-def thresholded_relu(x, *, alpha=1.0):
+def thresholded_relu(x, *, alpha):
     return jnp.where(x > _const(alpha, x), x, _zero(x))
 
 
 @register("Elu", 1, 6, 22)
-def elu(x, *, alpha=1.0, consumed_inputs=None):
+def elu(x, *, alpha, consumed_inputs=None):
     return jnp.where(x > 0, x, _const(alpha, x) * jnp.expm1(x))
 
 
 @register("Celu", 12, 28)
-def celu(x, *, alpha=1.0):
+def celu(x, *, alpha):
     a = _const(alpha, x)
     return jnp.maximum(x, _zero(x)) + jnp.minimum(_zero(x), a * jnp.expm1(x / a))
 
 
 @register("Selu", 1, 6, 22)
-def selu(x, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875, consumed_inputs=None):
+def selu(x, *, alpha, gamma, consumed_inputs=None):
     return _const(gamma, x) * jnp.where(x > 0, x, _const(alpha, x) * jnp.expm1(x))
 
 
@@ -70,7 +70,7 @@ def sigmoid(x, *, consumed_inputs=None):
 
 
 @register("HardSigmoid", 1, 6, 22)
-def hard_sigmoid(x, *, alpha=0.2, beta=0.5, consumed_inputs=None):
+def hard_sigmoid(x, *, alpha, beta, consumed_inputs=None):
     y = _const(alpha, x) * x + _const(beta, x)
     return jnp.clip(y, _zero(x), _const(1, x))
 
@@ -101,7 +101,7 @@ def mish(x):
 
 
 @register("Gelu", 20)
-def gelu(x, *, approximate="none"):
+def gelu(x, *, approximate):
     if approximate == "tanh":
         return jax.nn.gelu(x, approximate=True)
     if approximate == "none":
@@ -110,19 +110,19 @@ def gelu(x, *, approximate="none"):
 
 
 @register("Swish", 24)
-def swish(x, *, alpha=1.0):
+def swish(x, *, alpha):
     return x * jax.nn.sigmoid(_const(alpha, x) * x)
 
 
 @register("SwiGLU", 28)
-def swiglu(a, b, *, alpha=1.0):
+def swiglu(a, b, *, alpha):
     if jnp.shape(a) != jnp.shape(b):
         raise ValueError(f"SwiGLU inputs must have the same shape, got {jnp.shape(a)} and {jnp.shape(b)}")
     return a * jax.nn.sigmoid(_const(alpha, a) * a) * b
 
 
 @register("Shrink", 9)
-def shrink(x, *, bias=0.0, lambd=0.5):
+def shrink(x, *, bias, lambd):
     x = jnp.asarray(x)
     # Integer inputs compare and shift in floating point, as ONNX's reference does (an
     # unsigned x is never below -lambd), and the result is cast back.

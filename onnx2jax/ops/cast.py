@@ -129,12 +129,12 @@ def cast(x, *, to):
 
 
 @register("Cast", 19, 21, 23)
-def cast_19(x, *, to, saturate=1):
+def cast_19(x, *, to, saturate):
     return _cast(x, _onnx_dtype(to), saturate)
 
 
 @register("Cast", 24, 25, 28)
-def cast_24(x, *, to, saturate=1, round_mode="up"):
+def cast_24(x, *, to, saturate, round_mode):
     return _cast(x, _onnx_dtype(to), saturate, round_mode)
 
 
@@ -144,12 +144,12 @@ def cast_like(x, target):
 
 
 @register("CastLike", 19, 21, 23)
-def cast_like_19(x, target, *, saturate=1):
+def cast_like_19(x, target, *, saturate):
     return _cast(x, None if _is_string(target) else np.dtype(target.dtype), saturate)
 
 
 @register("CastLike", 24, 25)
-def cast_like_24(x, target, *, saturate=1, round_mode="up"):
+def cast_like_24(x, target, *, saturate, round_mode):
     return _cast(x, None if _is_string(target) else np.dtype(target.dtype), saturate, round_mode)
 
 

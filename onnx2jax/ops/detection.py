@@ -39,7 +39,7 @@ def _iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
 
 @register("NonMaxSuppression", 10, 11)
 def non_max_suppression(
-    boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None, *, center_point_box=0
+    boxes, scores, max_output_boxes_per_class=None, iou_threshold=None, score_threshold=None, *, center_point_box
 ):
     given = [v for v in (boxes, scores, max_output_boxes_per_class, iou_threshold, score_threshold) if v is not None]
     if not all(isinstance(v, (np.ndarray, np.generic)) for v in given):

@@ -60,7 +60,7 @@ def _drop(x, ratio, seed):
 
 
 @register("Dropout", 1, 6)
-def dropout_1(x, *, is_test=0, ratio=0.5, consumed_inputs=None):
+def dropout_1(x, *, is_test, ratio, consumed_inputs=None):
     # Opsets 1 and 6: training mode unless is_test; the mask has the input's type.
     if is_test or ratio == 0:
         return x, np.ones(x.shape, dtype=x.dtype)
@@ -69,12 +69,12 @@ def dropout_1(x, *, is_test=0, ratio=0.5, consumed_inputs=None):
 
 
 @register("Dropout", 7)
-def dropout_7(x, *, ratio=0.5):
+def dropout_7(x, *, ratio):
     return x, np.ones(x.shape, dtype=x.dtype)
 
 
 @register("Dropout", 10)
-def dropout_10(x, *, ratio=0.5):
+def dropout_10(x, *, ratio):
     return x, np.ones(x.shape, dtype=np.bool_)
 
 

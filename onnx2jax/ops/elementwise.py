@@ -39,7 +39,7 @@ def _binary(fn, *legacy_versions, name, modern_versions):
     if legacy_versions:
 
         @register(name, *legacy_versions)
-        def legacy(a, b, *, broadcast=0, axis=None, consumed_inputs=None):
+        def legacy(a, b, *, broadcast, axis=None, consumed_inputs=None):
             return fn(*_legacy_broadcast(a, b, broadcast, axis))
 
     return modern
@@ -94,7 +94,7 @@ bitwise_xor = _binary(jnp.bitwise_xor, name="BitwiseXor", modern_versions=(18,))
 
 
 @register("Mod", 10, 13, 28)
-def mod(a, b, *, fmod=0):
+def mod(a, b, *, fmod):
     # fmod=1: C fmod, sign of the dividend; fmod=0: floor mod, sign of the divisor.
     return jnp.fmod(a, b) if fmod else jnp.remainder(a, b)
 
@@ -155,7 +155,7 @@ is_nan = _unary(jnp.isnan, "IsNaN", 9, 13, 20)
 
 
 @register("IsInf", 10, 20)
-def is_inf(x, *, detect_negative=1, detect_positive=1):
+def is_inf(x, *, detect_negative, detect_positive):
     if detect_negative and detect_positive:
         return jnp.isinf(x)
     if detect_negative:

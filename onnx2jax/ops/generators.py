@@ -99,7 +99,7 @@ _STASH_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np
 
 
 @register("Range", 27, static_inputs=(0, 1, 2))
-def range_(start, limit, delta, *, stash_type=1):
+def range_(start, limit, delta, *, stash_type):
     # float16/bfloat16 ranges are computed in the stash type and cast back, so
     # that start + i * delta does not lose steps to rounding.
     start, limit, delta = (np.asarray(v) for v in (start, limit, delta))
@@ -115,7 +115,7 @@ def range_(start, limit, delta, *, stash_type=1):
 
 
 @register("EyeLike", 9, 22)
-def eye_like(x, *, dtype=None, k=0):
+def eye_like(x, *, dtype=None, k):
     if len(x.shape) != 2:
         raise ValueError(f"EyeLike needs a 2-D input, got shape {tuple(x.shape)}")
     rows, cols = x.shape
@@ -134,22 +134,22 @@ def _uniform(shape, dtype, low, high, seed):
 
 
 @register("RandomNormal", 1, 22)
-def random_normal(*, shape, dtype=1, mean=0.0, scale=1.0, seed=None):
+def random_normal(*, shape, dtype, mean, scale, seed=None):
     return _normal(shape, _np_dtype(dtype, np.float32), mean, scale, seed)
 
 
 @register("RandomUniform", 1, 22)
-def random_uniform(*, shape, dtype=1, low=0.0, high=1.0, seed=None):
+def random_uniform(*, shape, dtype, low, high, seed=None):
     return _uniform(shape, _np_dtype(dtype, np.float32), low, high, seed)
 
 
 @register("RandomNormalLike", 1, 22)
-def random_normal_like(x, *, dtype=None, mean=0.0, scale=1.0, seed=None):
+def random_normal_like(x, *, dtype=None, mean, scale, seed=None):
     return _normal(x.shape, _np_dtype(dtype, x.dtype), mean, scale, seed)
 
 
 @register("RandomUniformLike", 1, 22)
-def random_uniform_like(x, *, dtype=None, low=0.0, high=1.0, seed=None):
+def random_uniform_like(x, *, dtype=None, low, high, seed=None):
     return _uniform(x.shape, _np_dtype(dtype, x.dtype), low, high, seed)
 
 
@@ -160,7 +160,7 @@ def bernoulli(p, *, dtype=None, seed=None):
 
 
 @register("Multinomial", 7, 22)
-def multinomial(logits, *, dtype=6, sample_size=1, seed=None):
+def multinomial(logits, *, dtype, sample_size, seed=None):
     # logits (batch, classes) -> samples (batch, sample_size) of class indices.
     batch = logits.shape[0]
     draws = jax.random.categorical(_key(seed), jnp.asarray(logits), axis=-1, shape=(int(sample_size), batch))

@@ -17,7 +17,7 @@ from onnx2jax.ops.registry import register
 
 
 @register("ImageDecoder", 20, static_inputs=(0,))
-def image_decoder(encoded, *, pixel_format="RGB"):
+def image_decoder(encoded, *, pixel_format):
     """The decoded image as [H, W, 3] (RGB or BGR) or [H, W, 1] (Grayscale) uint8."""
     try:
         import PIL.Image

@@ -77,14 +77,14 @@ def _scatter(data, index, updates, reduction: str):
 
 
 @register("Gather", 1, 11, 13)
-def gather(x, indices, *, axis=0):
+def gather(x, indices, *, axis):
     axis = _axis(axis, x.ndim)
     indices = _wrap(indices, x.shape[axis])
     return _xp(x, indices).take(x, indices, axis=axis)
 
 
 @register("GatherElements", 11, 13)
-def gather_elements(x, indices, *, axis=0):
+def gather_elements(x, indices, *, axis):
     axis = _axis(axis, x.ndim)
     indices = _wrap(indices, x.shape[axis])
     if _is_static(x, indices):
@@ -115,18 +115,18 @@ def gather_nd_11(x, indices):
 
 
 @register("GatherND", 12, 13)
-def gather_nd(x, indices, *, batch_dims=0):
+def gather_nd(x, indices, *, batch_dims):
     return _gather_nd(x, indices, batch_dims)
 
 
 @register("Scatter", 9, 11)
 @register("ScatterElements", 11, 13)
-def scatter_elements_11(data, indices, updates, *, axis=0):
+def scatter_elements_11(data, indices, updates, *, axis):
     return scatter_elements(data, indices, updates, axis=axis, reduction="none")
 
 
 @register("ScatterElements", 16, 18)
-def scatter_elements(data, indices, updates, *, axis=0, reduction="none"):
+def scatter_elements(data, indices, updates, *, axis, reduction):
     axis = _axis(axis, data.ndim)
     indices = _wrap(jnp.asarray(indices), data.shape[axis])
     return _scatter(data, _element_index(indices, axis), updates, reduction)
@@ -138,14 +138,14 @@ def scatter_nd_11(data, indices, updates):
 
 
 @register("ScatterND", 16, 18)
-def scatter_nd(data, indices, updates, *, reduction="none"):
+def scatter_nd(data, indices, updates, *, reduction):
     k = indices.shape[-1]
     indices = _wrap(jnp.asarray(indices), data.shape[:k])
     return _scatter(data, tuple(indices[..., j] for j in range(k)), updates, reduction)
 
 
 @register("TensorScatter", 24)
-def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axis=-2):
+def tensor_scatter(past_cache, update, write_indices=None, *, mode, axis):
     # Batch b writes update[b, ..., s, ...] at cache position write_indices[b] + s
     # along `axis` (modulo the cache length in "circular" mode).
     axis = _axis(axis, past_cache.ndim)
@@ -177,12 +177,12 @@ def _one_hot(indices, depth, values, axis: int, wrap_negative: bool):
 
 
 @register("OneHot", 9, static_inputs=(1,))
-def one_hot_9(indices, depth, values, *, axis=-1):
+def one_hot_9(indices, depth, values, *, axis):
     return _one_hot(indices, depth, values, axis, wrap_negative=False)
 
 
 @register("OneHot", 11, 28, static_inputs=(1,))
-def one_hot(indices, depth, values, *, axis=-1):
+def one_hot(indices, depth, values, *, axis):
     return _one_hot(indices, depth, values, axis, wrap_negative=True)
 
 
@@ -205,7 +205,7 @@ def non_zero(x):
 
 
 @register("Trilu", 14)
-def trilu(x, k=None, *, upper=1):
+def trilu(x, k=None, *, upper):
     xp = _xp(x, k)
     k = np.int64(0) if k is None else k
     rows = np.arange(x.shape[-2], dtype=np.int64)[:, None]
@@ -215,7 +215,7 @@ def trilu(x, k=None, *, upper=1):
 
 
 @register("ReverseSequence", 10, 28)
-def reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0):
+def reverse_sequence(x, sequence_lens, *, batch_axis, time_axis):
     # Position t of batch b reads t' = lens[b] - 1 - t when t < lens[b], else t.
     xp = _xp(x, sequence_lens)
     rank = x.ndim
@@ -230,7 +230,7 @@ def reverse_sequence(x, sequence_lens, *, batch_axis=1, time_axis=0):
 
 
 @register("Unique", 11, 28, static_inputs=(0,))
-def unique(x, *, axis=None, sorted=1):
+def unique(x, *, axis=None, sorted):
     if not _is_static(x):
         raise _runtime_shape_error("Unique", "the input")
     x = np.asarray(x)

@@ -41,11 +41,11 @@ def _nll(log_prob, target, weight, reduction, ignore_index):
 
 
 @register("NegativeLogLikelihoodLoss", 12, 13, 22)
-def negative_log_likelihood_loss(input, target, weight=None, *, reduction="mean", ignore_index=None):  # noqa: A002
+def negative_log_likelihood_loss(input, target, weight=None, *, reduction, ignore_index=None):  # noqa: A002
     return _nll(input, target, weight, reduction, ignore_index)
 
 
 @register("SoftmaxCrossEntropyLoss", 12, 13)
-def softmax_cross_entropy_loss(scores, labels, weights=None, *, reduction="mean", ignore_index=None):
+def softmax_cross_entropy_loss(scores, labels, weights=None, *, reduction, ignore_index=None):
     log_prob = stable_log_softmax(scores, axis=1)
     return _nll(log_prob, labels, weights, reduction, ignore_index), log_prob

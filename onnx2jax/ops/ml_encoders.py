@@ -79,7 +79,7 @@ def _tensor_values(tensor) -> tuple[list, np.dtype | None]:
 
 
 @register("LabelEncoder", 1, domain=ML)
-def label_encoder_1(x, *, classes_strings=None, default_int64=-1, default_string="_Unused"):
+def label_encoder_1(x, *, classes_strings=None, default_int64, default_string):
     """String -> its index in ``classes_strings``, or int64 -> the string at that index."""
     classes = list(classes_strings or ())
     indices = list(range(len(classes)))
@@ -92,7 +92,7 @@ def label_encoder_1(x, *, classes_strings=None, default_int64=-1, default_string
 def label_encoder(
     x, *, keys_floats=None, keys_int64s=None, keys_strings=None, keys_tensor=None,
     values_floats=None, values_int64s=None, values_strings=None, values_tensor=None,
-    default_float=-0.0, default_int64=-1, default_string="_Unused", default_tensor=None,
+    default_float, default_int64, default_string, default_tensor=None,
 ):
     """Maps each element through ``keys -> values`` (one kind of each), ``default`` where absent."""
     if keys_tensor is not None:
@@ -117,7 +117,7 @@ def label_encoder(
 
 
 @register("CategoryMapper", 1, domain=ML)
-def category_mapper(x, *, cats_int64s=None, cats_strings=None, default_int64=-1, default_string="_Unused"):
+def category_mapper(x, *, cats_int64s=None, cats_strings=None, default_int64, default_string):
     """String -> int64 through the pairs (``cats_strings[i]``, ``cats_int64s[i]``), or int64 -> string."""
     ints, strings = list(cats_int64s or ()), list(cats_strings or ())
     if len(ints) != len(strings):
@@ -128,7 +128,7 @@ def category_mapper(x, *, cats_int64s=None, cats_strings=None, default_int64=-1,
 
 
 @register("OneHotEncoder", 1, domain=ML)
-def one_hot_encoder(x, *, cats_int64s=None, cats_strings=None, zeros=1):
+def one_hot_encoder(x, *, cats_int64s=None, cats_strings=None, zeros):
     """[..., C] float32 one-hot rows over the categories; numbers are read as int64.
 
     With ``zeros=0`` a value outside the categories is an error: raised while

@@ -28,8 +28,8 @@ def _affine(x, coefficients, intercepts, op: str):
 
 @register("LinearClassifier", 1, domain=ML)
 def linear_classifier(
-    x, *, coefficients, classlabels_ints=None, classlabels_strings=None, intercepts=None, multi_class=0,
-    post_transform="NONE",
+    x, *, coefficients, classlabels_ints=None, classlabels_strings=None, intercepts=None, multi_class,
+    post_transform,
 ):
     """Labels and scores of a linear classifier, as onnxruntime computes them.
 
@@ -62,7 +62,7 @@ def _transform(scores, transform: str):
 
 
 @register("LinearRegressor", 1, domain=ML)
-def linear_regressor(x, *, coefficients=None, intercepts=None, targets=1, post_transform="NONE"):
+def linear_regressor(x, *, coefficients=None, intercepts=None, targets, post_transform):
     """``X @ coefficients.T + intercepts`` for ``targets`` outputs, then the post_transform."""
     scores = _affine(x, coefficients, intercepts, "LinearRegressor")
     if scores.shape[1] != targets:

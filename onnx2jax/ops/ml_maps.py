@@ -65,7 +65,7 @@ _CAST_TO = {"TO_FLOAT": np.float32, "TO_INT64": np.int64}
 
 
 @register("CastMap", 1, domain=ML)
-def cast_map(x, *, cast_to="TO_FLOAT", map_form="DENSE", max_map=1):
+def cast_map(x, *, cast_to, map_form, max_map):
     # DENSE: the values in increasing key order; SPARSE: position k holds key k's value, 0 elsewhere.
     x = _map(x, "CastMap")
     cast_to, map_form = _text(cast_to), _text(map_form)

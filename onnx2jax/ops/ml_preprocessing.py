@@ -28,7 +28,7 @@ def scaler(x, *, offset=None, scale=None):
 
 
 @register("Normalizer", 1, domain=ML)
-def normalizer(x, *, norm="MAX"):
+def normalizer(x, *, norm):
     """Each row divided by its max, L1 or L2 norm (onnxruntime: a row whose norm is 0 is kept as it is)."""
     x = jnp.asarray(x).astype(jnp.float32)
     if x.ndim not in (1, 2):
@@ -45,7 +45,7 @@ def normalizer(x, *, norm="MAX"):
 
 
 @register("Binarizer", 1, domain=ML)
-def binarizer(x, *, threshold=0.0):
+def binarizer(x, *, threshold):
     """1 where ``x > threshold``, else 0, in ``x``'s dtype (NaN gives 0)."""
     x = jnp.asarray(x)
     return (x > threshold).astype(x.dtype)
@@ -53,7 +53,7 @@ def binarizer(x, *, threshold=0.0):
 
 @register("Imputer", 1, domain=ML)
 def imputer(
-    x, *, imputed_value_floats=None, imputed_value_int64s=None, replaced_value_float=0.0, replaced_value_int64=0
+    x, *, imputed_value_floats=None, imputed_value_int64s=None, replaced_value_float, replaced_value_int64
 ):
     """Replaces ``replaced_value`` (NaN matches NaN) in each column by that column's imputed value."""
     x = jnp.asarray(x)

@@ -86,8 +86,8 @@ def _couple(pair_probabilities, pairs: list[tuple[int, int]], n_classes: int):
 
 @register("SVMClassifier", 1, domain=ML)
 def svm_classifier(
-    x, *, coefficients=None, rho=None, classlabels_ints=None, classlabels_strings=None, kernel_type="LINEAR",
-    kernel_params=None, post_transform="NONE", prob_a=None, prob_b=None, support_vectors=None, vectors_per_class=None,
+    x, *, coefficients=None, rho=None, classlabels_ints=None, classlabels_strings=None, kernel_type,
+    kernel_params=None, post_transform, prob_a=None, prob_b=None, support_vectors=None, vectors_per_class=None,
 ):
     """(labels [N], scores) of a libsvm (one-vs-one) or liblinear model, as onnxruntime computes them.
 
@@ -130,8 +130,8 @@ def svm_classifier(
 
 @register("SVMRegressor", 1, domain=ML)
 def svm_regressor(
-    x, *, coefficients=None, rho=None, kernel_type="LINEAR", kernel_params=None, n_supports=0, one_class=0,
-    post_transform="NONE", support_vectors=None,
+    x, *, coefficients=None, rho=None, kernel_type, kernel_params=None, n_supports, one_class,
+    post_transform, support_vectors=None,
 ):
     """[N, 1] float32: ``sum_v coef[v] K(x, v) + rho``, or liblinear's ``x @ coef + rho`` without support vectors."""
     x = as_matrix(x, "SVMRegressor")

@@ -202,8 +202,8 @@ def _transform_targets(scores, transform: str):
 
 
 @register("TreeEnsembleRegressor", 1, 3, domain=ML)
-def tree_ensemble_regressor(x, *, n_targets=None, aggregate_function="SUM", base_values=None,
-                            base_values_as_tensor=None, post_transform="NONE", **attrs):
+def tree_ensemble_regressor(x, *, n_targets=None, aggregate_function, base_values=None,
+                            base_values_as_tensor=None, post_transform, **attrs):
     """[N, n_targets] float32: the trees' leaf weights aggregated, plus ``base_values``."""
     n_targets = int(n_targets or 1)
     forest = _legacy_forest(attrs, n_targets, "target", "TreeEnsembleRegressor")
@@ -225,7 +225,7 @@ def _base(base_values, base_values_as_tensor) -> np.ndarray:
 
 @register("TreeEnsembleClassifier", 1, 3, domain=ML)
 def tree_ensemble_classifier(x, *, classlabels_int64s=None, classlabels_strings=None, base_values=None,
-                             base_values_as_tensor=None, post_transform="NONE", **attrs):
+                             base_values_as_tensor=None, post_transform, **attrs):
     """(labels [N], scores [N, C] float32) of a tree classifier, as onnxruntime computes them."""
     labels = class_labels(classlabels_int64s, classlabels_strings, "TreeEnsembleClassifier")
     if len(labels) < 2:
@@ -347,7 +347,7 @@ def _member_sets(values: np.ndarray, count: int) -> list[np.ndarray]:
 
 
 @register("TreeEnsemble", 5, domain=ML)
-def tree_ensemble(x, *, aggregate_function=1, post_transform=0, **attrs):
+def tree_ensemble(x, *, aggregate_function, post_transform, **attrs):
     """[N, n_targets] in x's dtype: TreeEnsemble-5, leaves and nodes in separate index spaces."""
     forest = _forest_5(attrs)
     x = jnp.asarray(x)

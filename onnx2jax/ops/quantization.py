@@ -125,14 +125,14 @@ def quantize_linear_10(x, y_scale, y_zero_point=None):
 
 
 @register("QuantizeLinear", 13)
-def quantize_linear_13(x, y_scale, y_zero_point=None, *, axis=1):
+def quantize_linear_13(x, y_scale, y_zero_point=None, *, axis):
     return _quantize(
         x, y_scale, y_zero_point, axis=axis, saturate=1, block_size=0, out_dtype=_output_type(y_zero_point, 0)
     )
 
 
 @register("QuantizeLinear", 19)
-def quantize_linear_19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1):
+def quantize_linear_19(x, y_scale, y_zero_point=None, *, axis, saturate):
     return _quantize(
         x, y_scale, y_zero_point, axis=axis, saturate=saturate, block_size=0,
         out_dtype=_output_type(y_zero_point, 0),
@@ -140,7 +140,7 @@ def quantize_linear_19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1):
 
 
 @register("QuantizeLinear", 21, 23, 24, 25, 28)
-def quantize_linear(x, y_scale, y_zero_point=None, *, axis=1, saturate=1, block_size=0, output_dtype=0, precision=0):
+def quantize_linear(x, y_scale, y_zero_point=None, *, axis, saturate, block_size, output_dtype, precision=0):
     return _quantize(
         x, y_scale, y_zero_point, axis=axis, saturate=saturate, block_size=block_size,
         out_dtype=_output_type(y_zero_point, output_dtype), precision=precision,
@@ -163,12 +163,12 @@ def dequantize_linear_10(x, x_scale, x_zero_point=None):
 
 
 @register("DequantizeLinear", 13, 19)
-def dequantize_linear_13(x, x_scale, x_zero_point=None, *, axis=1):
+def dequantize_linear_13(x, x_scale, x_zero_point=None, *, axis):
     return _dequantize(x, x_scale, x_zero_point, axis=axis, block_size=0)
 
 
 @register("DequantizeLinear", 21, 23, 24, 25, 28)
-def dequantize_linear(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0):
+def dequantize_linear(x, x_scale, x_zero_point=None, *, axis, block_size, output_dtype=0):
     return _dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype)
 
 
@@ -251,7 +251,7 @@ def _int_conv(x, w, *, auto_pad, dilations, group, kernel_shape, pads, strides):
 
 @register("ConvInteger", 10)
 def conv_integer(
-    x, w, x_zero_point=None, w_zero_point=None, *, auto_pad="NOTSET", dilations=None, group=1,
+    x, w, x_zero_point=None, w_zero_point=None, *, auto_pad, dilations=None, group,
     kernel_shape=None, pads=None, strides=None,
 ):
     xi = _widen(x, x_zero_point)
@@ -265,7 +265,7 @@ def conv_integer(
 @register("QLinearConv", 10)
 def qlinear_conv(
     x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, *,
-    auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None,
+    auto_pad, dilations=None, group, kernel_shape=None, pads=None, strides=None,
 ):
     xi = _widen(x, x_zero_point)
     wi = _widen(w, w_zero_point, (-1,) + (1,) * (jnp.ndim(w) - 1))

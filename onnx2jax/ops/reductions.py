@@ -126,14 +126,14 @@ def _register_reduce(name, reduce, attribute_versions, input_versions):
     """Registers ``reduce(x, axes, keepdims)`` with axes as an attribute and as an input."""
 
     @register(name, *attribute_versions)
-    def with_attribute(data, *, axes=None, keepdims=1):
+    def with_attribute(data, *, axes=None, keepdims):
         data = jnp.asarray(data)
         return reduce(data, _normalize(data, _axes_from_attribute(axes)), bool(keepdims))
 
     if input_versions:
 
         @register(name, *input_versions, static_inputs=(1,))
-        def with_input(data, axes=None, *, keepdims=1, noop_with_empty_axes=0):
+        def with_input(data, axes=None, *, keepdims, noop_with_empty_axes):
             data = jnp.asarray(data)
             axes = _axes_from_input(axes, noop_with_empty_axes)
             if axes is _KEEP:
@@ -168,12 +168,12 @@ def _arg_reduce(x, axis, keepdims, select_last_index, fn):
 
 
 @register("ArgMax", 1, 11, 12, 13)
-def arg_max(data, *, axis=0, keepdims=1, select_last_index=0):
+def arg_max(data, *, axis, keepdims, select_last_index=0):
     return _arg_reduce(data, axis, keepdims, select_last_index, jnp.argmax)
 
 
 @register("ArgMin", 1, 11, 12, 13)
-def arg_min(data, *, axis=0, keepdims=1, select_last_index=0):
+def arg_min(data, *, axis, keepdims, select_last_index=0):
     return _arg_reduce(data, axis, keepdims, select_last_index, jnp.argmin)
 
 
@@ -206,12 +206,12 @@ def _cumulative(x, axis, exclusive, reverse, scan, identity):
 
 
 @register("CumSum", 11, 14)
-def cum_sum(x, axis, *, exclusive=0, reverse=0):
+def cum_sum(x, axis, *, exclusive, reverse):
     return _cumulative(x, axis, exclusive, reverse, jnp.cumsum, 0)
 
 
 @register("CumProd", 26)
-def cum_prod(x, axis, *, exclusive=0, reverse=0):
+def cum_prod(x, axis, *, exclusive, reverse):
     return _cumulative(x, axis, exclusive, reverse, jnp.cumprod, 1)
 
 
@@ -232,16 +232,16 @@ def _top_k(x, k, axis, largest):
 
 
 @register("TopK", 1)
-def top_k_1(x, *, k, axis=-1):
+def top_k_1(x, *, k, axis):
     return _top_k(x, int(k), axis, True)
 
 
 @register("TopK", 10, static_inputs=(1,))
-def top_k_10(x, k, *, axis=-1):
+def top_k_10(x, k, *, axis):
     return _top_k(x, int(np.asarray(k).reshape(-1)[0]), axis, True)
 
 
 @register("TopK", 11, 24, static_inputs=(1,))
-def top_k(x, k, *, axis=-1, largest=1, sorted=1):  # noqa: A002 - ONNX name
+def top_k(x, k, *, axis, largest, sorted):  # noqa: A002 - ONNX name
     # sorted=0 leaves the order unspecified; a sorted result satisfies it.
     return _top_k(x, int(np.asarray(k).reshape(-1)[0]), axis, largest)

@@ -133,7 +133,7 @@ def _run(x, w, r, b, sequence_lens, initial_states, *, gates, direction, layout,
 @register("RNN", 1, 7, 14, 22)
 def rnn(
     x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
-    activations=None, clip=None, direction="forward", hidden_size=None, layout=0, output_sequence=0,
+    activations, clip=None, direction, hidden_size=None, layout=0, output_sequence=0,
 ):
     num_dir = 2 if direction == "bidirectional" else 1
     acts = _activations(activations, activation_alpha, activation_beta, ["Tanh"], num_dir)
@@ -157,7 +157,7 @@ def rnn(
 @register("GRU", 1, 3, 7, 14, 22)
 def gru(
     x, w, r, b=None, sequence_lens=None, initial_h=None, *, activation_alpha=None, activation_beta=None,
-    activations=None, clip=None, direction="forward", hidden_size=None, layout=0, linear_before_reset=0,
+    activations=None, clip=None, direction, hidden_size=None, layout=0, linear_before_reset=0,
     output_sequence=0,
 ):
     num_dir = 2 if direction == "bidirectional" else 1
@@ -192,7 +192,7 @@ def gru(
 @register("LSTM", 1, 7, 14, 22)
 def lstm(
     x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, p=None, *, activation_alpha=None,
-    activation_beta=None, activations=None, clip=None, direction="forward", hidden_size=None, input_forget=0,
+    activation_beta=None, activations=None, clip=None, direction, hidden_size=None, input_forget,
     layout=0, output_sequence=0,
 ):
     num_dir = 2 if direction == "bidirectional" else 1

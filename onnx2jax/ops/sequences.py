@@ -61,7 +61,7 @@ def sequence_length(sequence):
 
 
 @register("ConcatFromSequence", 11)
-def concat_from_sequence(sequence, *, axis, new_axis=0):
+def concat_from_sequence(sequence, *, axis, new_axis):
     if not sequence:
         raise ValueError("ConcatFromSequence of an empty sequence has no defined dtype or shape")
     arrays = [jnp.asarray(t) for t in sequence]
@@ -71,7 +71,7 @@ def concat_from_sequence(sequence, *, axis, new_axis=0):
 
 
 @register("SplitToSequence", 11, 24, static_inputs=(1,))
-def split_to_sequence(x, split=None, *, axis=0, keepdims=1):
+def split_to_sequence(x, split=None, *, axis, keepdims):
     x = jnp.asarray(x)
     length = x.shape[axis]
     if split is None:

@@ -121,7 +121,7 @@ def reshape_5(x, shape):
 
 
 @register("Reshape", 14, 19, 21, 23, 24, 25, static_inputs=(1,))
-def reshape(x, shape, *, allowzero=0):
+def reshape(x, shape, *, allowzero):
     return _xp(x).reshape(x, _reshape_target(x.shape, shape, allowzero))
 
 
@@ -163,7 +163,7 @@ def unsqueeze(x, axes):
 
 
 @register("Flatten", 1, 9, 11, 13, 21, 23, 24, 25)
-def flatten(x, *, axis=1):
+def flatten(x, *, axis):
     axis = int(axis) + x.ndim if axis < 0 else int(axis)
     if not 0 <= axis <= x.ndim:
         raise ValueError(f"Flatten axis {axis} is out of range for rank {x.ndim}")
@@ -177,7 +177,7 @@ def shape_1(x):
 
 
 @register("Shape", 15, 19, 21, 23, 24, 25)
-def shape(x, *, start=0, end=None):
+def shape(x, *, start, end=None):
     rank = len(x.shape)
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = rank if end is None else end
@@ -244,18 +244,18 @@ def split_1(ctx, x, split_input=None, *, axis=0, split=None):
 
 
 @register("Split", 2, 11, context=True)
-def split_2(ctx, x, *, axis=0, split=None):
+def split_2(ctx, x, *, axis, split=None):
     sizes = _ints(split) if split is not None and len(split) else _equal_sizes(x.shape[_axis(axis, x.ndim)], ctx.output_count)
     return _split(x, sizes, axis)
 
 
 @register("Split", 13, context=True, static_inputs=(1,))
-def split_13(ctx, x, split=None, *, axis=0):
+def split_13(ctx, x, split=None, *, axis):
     return split_2(ctx, x, axis=axis, split=split)
 
 
 @register("Split", 18, context=True, static_inputs=(1,))
-def split_18(ctx, x, split=None, *, axis=0, num_outputs=None):
+def split_18(ctx, x, split=None, *, axis, num_outputs=None):
     if split is not None:
         return _split(x, _ints(split), axis)
     count = ctx.output_count if num_outputs is None else int(num_outputs)
@@ -273,17 +273,17 @@ def slice_(x, starts, ends, axes=None, steps=None):
 
 
 @register("Pad", 1)
-def pad_1(x, *, paddings, mode="constant", value=0.0):
+def pad_1(x, *, paddings, mode, value):
     return _pad(x, paddings, mode, np.asarray(value), None)
 
 
 @register("Pad", 2)
-def pad_2(x, *, pads, mode="constant", value=0.0):
+def pad_2(x, *, pads, mode, value):
     return _pad(x, pads, mode, np.asarray(value), None)
 
 
 @register("Pad", 11, 13, 18, 19, 21, 23, 24, 25, static_inputs=(1, 3))
-def pad(x, pads, constant_value=None, axes=None, *, mode="constant"):
+def pad(x, pads, constant_value=None, axes=None, *, mode):
     return _pad(x, pads, mode, constant_value, axes)
 
 
@@ -293,7 +293,7 @@ def depth_to_space_1(x, *, blocksize):
 
 
 @register("DepthToSpace", 11, 13, 28)
-def depth_to_space(x, *, blocksize, mode="DCR"):
+def depth_to_space(x, *, blocksize, mode):
     xp = _xp(x)
     b, c, h, w = x.shape
     n = int(blocksize)
@@ -312,7 +312,7 @@ def space_to_depth_1(x, *, blocksize):
 
 
 @register("SpaceToDepth", 28)
-def space_to_depth(x, *, blocksize, mode="DCR"):
+def space_to_depth(x, *, blocksize, mode):
     xp = _xp(x)
     b, c, h, w = x.shape
     n = int(blocksize)

@@ -57,18 +57,18 @@ def _dft(x, dft_length, axis, inverse, onesided):
 
 
 @register("DFT", 17, static_inputs=(1,))
-def dft_17(x, dft_length=None, *, axis=1, inverse=0, onesided=0):
+def dft_17(x, dft_length=None, *, axis, inverse, onesided):
     return _dft(x, dft_length, axis, inverse, onesided)
 
 
 @register("DFT", 20, static_inputs=(1, 2))
-def dft(x, dft_length=None, axis=None, *, inverse=0, onesided=0):
+def dft(x, dft_length=None, axis=None, *, inverse, onesided):
     axis = -2 if axis is None else int(np.asarray(axis).reshape(()))
     return _dft(x, dft_length, axis, inverse, onesided)
 
 
 @register("STFT", 17, static_inputs=(1, 3))
-def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
+def stft(signal, frame_step, window=None, frame_length=None, *, onesided):
     signal = jnp.asarray(signal)
     step = int(np.asarray(frame_step).reshape(()))
     if frame_length is not None:
@@ -97,27 +97,27 @@ def _window_points(size, periodic):
 
 
 @register("HannWindow", 17, static_inputs=(0,))
-def hann_window(size, *, output_datatype=1, periodic=1):
+def hann_window(size, *, output_datatype, periodic):
     k, denom = _window_points(size, periodic)
     return (np.sin(k * np.pi / denom) ** 2).astype(_window_dtype(output_datatype))
 
 
 @register("HammingWindow", 17, static_inputs=(0,))
-def hamming_window(size, *, output_datatype=1, periodic=1):
+def hamming_window(size, *, output_datatype, periodic):
     k, denom = _window_points(size, periodic)
     alpha = 25.0 / 46.0
     return (alpha - (1 - alpha) * np.cos(2 * np.pi * k / denom)).astype(_window_dtype(output_datatype))
 
 
 @register("BlackmanWindow", 17, static_inputs=(0,))
-def blackman_window(size, *, output_datatype=1, periodic=1):
+def blackman_window(size, *, output_datatype, periodic):
     k, denom = _window_points(size, periodic)
     values = 0.42 - 0.5 * np.cos(2 * np.pi * k / denom) + 0.08 * np.cos(4 * np.pi * k / denom)
     return values.astype(_window_dtype(output_datatype))
 
 
 @register("MelWeightMatrix", 17, static_inputs=(0, 1))
-def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, *, output_datatype=1):
+def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, *, output_datatype):
     bins = int(np.asarray(num_mel_bins))
     length = int(np.asarray(dft_length))
     edges_static = all(isinstance(v, (np.ndarray, np.generic)) for v in (sample_rate, lower_edge_hertz, upper_edge_hertz))

@@ -86,30 +86,30 @@ def _hardmax(x, axis):
 
 
 @register("Softmax", 1, 11)
-def softmax_2d(x, *, axis=1):
+def softmax_2d(x, *, axis):
     return _coerced_2d(_softmax, x, axis)
 
 
 @register("Softmax", 13)
-def softmax(x, *, axis=-1):
+def softmax(x, *, axis):
     return _softmax(x, axis)
 
 
 @register("LogSoftmax", 1, 11)
-def log_softmax_2d(x, *, axis=1):
+def log_softmax_2d(x, *, axis):
     return _coerced_2d(_log_softmax, x, axis)
 
 
 @register("LogSoftmax", 13)
-def log_softmax(x, *, axis=-1):
+def log_softmax(x, *, axis):
     return _log_softmax(x, axis)
 
 
 @register("Hardmax", 1, 11)
-def hardmax_2d(x, *, axis=1):
+def hardmax_2d(x, *, axis):
     return _coerced_2d(_hardmax, x, axis)
 
 
 @register("Hardmax", 13)
-def hardmax(x, *, axis=-1):
+def hardmax(x, *, axis):
     return _hardmax(x, axis)

@@ -57,7 +57,7 @@ def _strip_accents(s: str) -> str:
 
 
 @register("StringNormalizer", 10)
-def string_normalizer(x, *, case_change_action="NONE", is_case_sensitive=0, locale=None, stopwords=None):
+def string_normalizer(x, *, case_change_action, is_case_sensitive, locale=None, stopwords=None):
     """Follows ONNX's reference: strip accents, drop stopwords, change case, drop emptied elements.
 
     Only [C] and [1, C] inputs are allowed; an all-dropped result is [""] (or [[""]]).

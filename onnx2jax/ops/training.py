@@ -23,7 +23,7 @@ def _groups(data, kinds: int):
 
 
 @register("Adagrad", 1, domain=_DOMAIN)
-def adagrad(r, t, *data, decay_factor=0.0, epsilon=0.0, norm_coefficient=0.0):
+def adagrad(r, t, *data, decay_factor, epsilon, norm_coefficient):
     xs, gs, hs = _groups(data, 3)
     rate = r / (1 + t * decay_factor)
     new_x, new_h = [], []
@@ -36,7 +36,7 @@ def adagrad(r, t, *data, decay_factor=0.0, epsilon=0.0, norm_coefficient=0.0):
 
 
 @register("Adam", 1, domain=_DOMAIN)
-def adam(r, t, *data, alpha=0.9, beta=0.999, epsilon=0.0, norm_coefficient=0.0, norm_coefficient_post=0.0):
+def adam(r, t, *data, alpha, beta, epsilon, norm_coefficient, norm_coefficient_post):
     xs, gs, vs, hs = _groups(data, 4)
     t = jnp.asarray(t)
     rate = jnp.where(t > 0, r * jnp.sqrt(1 - beta**t) / (1 - alpha**t), r)

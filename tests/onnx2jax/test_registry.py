@@ -84,3 +84,41 @@ def test_shape_readers_and_data_dependent_ops_are_recorded_on_their_implementati
 
     assert _registered_with(lambda f: f.shape_reader) == set(SHAPE_READERS)
     assert _registered_with(lambda f: f.data_dependent) == set(DATA_DEPENDENT) == set(VARIABLE_OUTPUTS)
+
+
+def _schema_at(key):
+    try:
+        schema = onnx.defs.get_schema(key.op_type, key.since_version, key.domain)
+    except onnx.defs.SchemaError:
+        return None
+    return schema if schema.since_version == key.since_version else None
+
+
+def test_implementations_repeat_no_schema_default():
+    """Attribute defaults come from the schemas (graph_runner.node_attributes); a Python default
+    that every registered version's schema also gives is a second copy that can drift. Ops without
+    an ONNX schema (contrib domains) keep theirs."""
+    import collections
+    import inspect
+
+    from onnx2jax.ops.registry import lookup
+
+    versions = collections.defaultdict(list)
+    for key in registered():
+        impl = lookup(key.domain, key.op_type, key.since_version)
+        versions[impl.fn].append(key)
+    repeated = []
+    for fn, keys in versions.items():
+        schemas = [_schema_at(key) for key in keys]
+        if any(schema is None for schema in schemas):
+            continue
+        for param in inspect.signature(fn).parameters.values():
+            if param.kind is not param.KEYWORD_ONLY or param.default is param.empty:
+                continue
+            if all(
+                param.name in s.attributes
+                and s.attributes[param.name].default_value.type != onnx.AttributeProto.UNDEFINED
+                for s in schemas
+            ):
+                repeated.append(f"{fn.__module__}.{fn.__qualname__}: {param.name}={param.default!r}")
+    assert not repeated, "defaults the schema already gives:\n" + "\n".join(sorted(repeated))

@@ -50,5 +50,5 @@ def test_regressor(targets):
 
 def test_regressor_is_differentiable():
     coefficients, intercepts = [0.5, -1.0, 2.0], [1.0]
-    grad = jax.grad(lambda x: jnp.sum(ml_linear.linear_regressor(x, coefficients=coefficients, intercepts=intercepts)))(X)
+    grad = jax.grad(lambda x: jnp.sum(ml_linear.linear_regressor(x, coefficients=coefficients, intercepts=intercepts, targets=1, post_transform="NONE")))(X)
     np.testing.assert_allclose(grad, np.broadcast_to(np.float32(coefficients), X.shape))

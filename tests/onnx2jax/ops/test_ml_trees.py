@@ -14,6 +14,9 @@ from onnx2jax.translate import translate
 from tests.onnx2jax.ops import opcheck
 from tests.onnx2jax.ops.ml_forests import features, random_forest
 
+# What the translator fills in from the schema when the test calls the implementation directly.
+SCHEMA_DEFAULTS = {"aggregate_function": "SUM", "post_transform": "NONE"}
+
 ML = "ai.onnx.ml"
 check = functools.partial(opcheck.check, domain=ML, ai_onnx_opset=19, rtol=1e-5, atol=1e-5)
 
@@ -120,12 +123,12 @@ def test_vectorised_and_jittable():
     x = features(rng, 8, 3)
 
     def size(attrs):
-        f = lambda x: ml_trees.tree_ensemble_regressor(x, n_targets=1, **attrs)  # noqa: E731
+        f = lambda x: ml_trees.tree_ensemble_regressor(x, n_targets=1, **SCHEMA_DEFAULTS, **attrs)  # noqa: E731
         jaxpr = jax.make_jaxpr(f)(jnp.asarray(x))
         return len(jaxpr.eqns)
 
     assert size(small) == size(large)
-    got = jax.jit(lambda x: ml_trees.tree_ensemble_regressor(x, n_targets=1, **large))(x)
+    got = jax.jit(lambda x: ml_trees.tree_ensemble_regressor(x, n_targets=1, **SCHEMA_DEFAULTS, **large))(x)
     assert got.shape == (8, 1)
 
 
@@ -134,4 +137,4 @@ def test_cycle_is_refused():
                  nodes_values=[0.0, 0.0], nodes_truenodeids=[1, 0], nodes_falsenodeids=[1, 0],
                  target_treeids=[0], target_nodeids=[1], target_ids=[0], target_weights=[1.0])
     with pytest.raises(ValueError, match="cycle"):
-        ml_trees.tree_ensemble_regressor(np.zeros((1, 1), np.float32), n_targets=1, **attrs)
+        ml_trees.tree_ensemble_regressor(np.zeros((1, 1), np.float32), n_targets=1, **SCHEMA_DEFAULTS, **attrs)
