@@ -65,7 +65,7 @@ def _infer(name: str, severity: Severity, description: str) -> str:
 # Structural problems (sharding.validate).
 SHAPE_INFERENCE_FAILED = _validate("shape-inference-failed", "warning", "ONNX shape inference failed")
 CONFIGURATION_INVALID = _validate("configuration-invalid", "error", "a configuration without name, devices...")
-CONFIGURATION_REPEATED = _validate("configuration-repeated", "error", "two configurations (or annotations) with one name")
+CONFIGURATION_REPEATED = _validate("configuration-repeated", "error", "two configurations (annotations) with one name")
 NODE_NAME_MISSING = _validate("node-name-missing", "error", "an annotated node without a name")
 NODE_NAME_REPEATED = _validate("node-name-repeated", "error", "two annotated nodes with one name")
 UNKNOWN_CONFIGURATION = _validate("unknown-configuration", "error", "configuration_id missing or not defined")

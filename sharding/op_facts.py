@@ -6,7 +6,9 @@ shape depends on values, which make 64-bit results, which draw random numbers. I
 ``sharding/`` because the jax-free side needs it (partitioning into segments and stages, the Megatron
 planner's walks) and ``sharding/`` never imports jax nor ``onnx2jax``. The translator side reads it
 through the op registry: ``onnx2jax.ops.registry.register`` attaches an op's :class:`OpFacts` to each
-implementation, and the registry's queries (``facts``, ``ops_with``) are what ``onnx2jax`` code asks.
+implementation (``OpImpl.facts``; ``ops_with`` lists the ops with a given fact); the module-level
+constants ``onnx2jax`` needs at import (``runtime.constraints``, ``graph_runner``) read this table
+directly, so they do not depend on which op modules are loaded yet.
 
 Facts are keyed by op type alone, as every consumer matches ``node.op_type`` today; attribute
 defaults are not kept here: they come from the ``onnx.defs`` schemas (``graph_runner.node_attributes``).
