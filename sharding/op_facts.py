@@ -10,8 +10,11 @@ implementation (``OpImpl.facts``; ``ops_with`` lists the ops with a given fact);
 constants ``onnx2jax`` needs at import (``runtime.constraints``, ``graph_runner``) read this table
 directly, so they do not depend on which op modules are loaded yet.
 
-Facts are keyed by op type alone, as every consumer matches ``node.op_type`` today; attribute
-defaults are not kept here: they come from the ``onnx.defs`` schemas (``graph_runner.node_attributes``).
+The tables are keyed by op type, as every consumer matches ``node.op_type`` today; they describe the
+ONNX domains (default and ``ai.onnx.ml``). onnxruntime's contrib ops (``com.microsoft``) have their own
+small tables, read by ``facts_of(op_type, domain)``, since a contrib op may share a default-domain name.
+Attribute defaults are not kept here: they come from the ``onnx.defs`` schemas
+(``graph_runner.node_attributes``); schema-less contrib ops keep their Python defaults.
 
 The sharding rules (``sharding/rules``) keep their own lists of the ops each rule covers: a rule's
 coverage is a decision of the rule, an op's semantics a fact of the op. ``tests/onnx2jax/test_registry.py``
