@@ -1,0 +1,237 @@
+"""A decoder LLM ready to generate: its model, cache layout, parameters on device and compiled steps.
+
+:class:`Decoder` loads a model (a genai folder, an .onnx file, a :class:`~onnx2jax.translate.JaxModel`), finds
+its cache (:mod:`onnx2jax.runtime.kv_cache`) and compiles two programs per (batch, capacity): the prefill (the
+prompt, one program per prompt width) and the decode step (one token). Both take the cache as a donated
+argument and return it updated, so it stays on the device and is written in place; the decode step takes its
+position as data, so it compiles once for every step of a run and every run of the same batch and capacity.
+Each step also chooses the next token on the device (:mod:`onnx2jax.runtime.sampling`): what comes back to
+the host per step is one token id per row.
+
+A model without a cache runs :meth:`Decoder.recompute`: the whole sequence each step, compiled per length.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from onnx2jax import genai_config as _genai
+from onnx2jax.runtime import kv_cache
+from onnx2jax.runtime.sampling import Search, choose
+from onnx2jax.translate import JaxModel, translate
+
+State = dict[str, jax.Array]
+
+
+class Decoder:
+    """A decoder model with its cache layout and compiled prefill and decode steps.
+
+    Args:
+      model: a folder with genai_config.json (onnxruntime-genai's builder) or a model.onnx, an .onnx path,
+        or a JaxModel.
+      placement: where parameters and cache live (:class:`~onnx2jax.runtime.generate_sharding.Placement`);
+        None: the default device.
+
+    Attributes:
+      model: the JaxModel.
+      layout: the cache layout (:class:`~onnx2jax.runtime.kv_cache.CacheLayout`).
+      traces: how many times each program was traced (``"prefill"``, ``"decode"``, ``"recompute"``): a
+        program traced once per (batch, capacity) compiled once.
+
+    Raises:
+      GenaiConfigError: the folder's genai_config.json and its model disagree (naming both).
+    """
+
+    def __init__(self, model: str | os.PathLike | JaxModel, *, placement: Any = None):
+        config_path = None if isinstance(model, JaxModel) else _genai.find_config(model)
+        config = _genai.read_genai_config(config_path) if config_path else None
+        if isinstance(model, JaxModel):
+            self.model = model
+        else:
+            path = config.model_path if config is not None else _model_file(os.fspath(model))
+            self.model = translate(path, scan_layers=False)
+        graph = self.model.proto.graph
+        if config is not None:
+            _genai.check_against_model(config, graph)
+            self.layout = kv_cache.from_genai_config(config, graph)
+        else:
+            self.layout = kv_cache.from_graph(graph, self.model.input_names)
+        self.placement = placement
+        if placement is not None:
+            placement.check(self.layout)
+        self.params = self._place_params()
+        self.traces = {"prefill": 0, "decode": 0, "recompute": 0}
+        self._programs: dict[tuple, Callable] = {}
+        self._inputs = {i.name: i for i in self.model.inputs}
+
+    # ---- placement
+
+    def _place_params(self) -> dict[str, jax.Array]:
+        if self.placement is not None:
+            return self.placement.put_params(self.model)
+        return jax.device_put(dict(self.model.params))
+
+    def empty_cache(self, batch: int, capacity: int) -> tuple[jax.Array, ...]:
+        """Zeros for every cache input, ``[batch, kv_heads, capacity, head_size]``, on the device(s)."""
+        shape = (batch, self.layout.kv_heads, capacity, self.layout.head_size)
+        if None in shape:
+            raise ValueError(f"the cache's KV heads and head size are not fixed by the graph: {shape}")
+        if self.placement is not None:
+            return self.placement.zeros_cache(len(self.layout.past), shape, self.layout.dtype)
+        return tuple(jnp.zeros(shape, self.layout.dtype) for _ in self.layout.past)
+
+    def buffer_capacity(self, max_length: int) -> int:
+        """Positions of the cache buffer a run up to ``max_length`` tokens needs (module docstring of kv_cache)."""
+        return max_length if self.layout.kind == "shared" else max_length - 1
+
+    # ---- running
+
+    def x64(self):
+        """The 64-bit context the model's int64 inputs need while tracing and calling."""
+        return jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64)
+
+    def _forward(self, params, cache: tuple, **named) -> tuple[jax.Array, tuple]:
+        """The model on named inputs (cast to the graph's types) and ``cache`` as the past: (logits, presents)."""
+        values = {}
+        for name, value in named.items():
+            dtype = self._inputs[name].dtype
+            values[name] = value.astype(dtype) if dtype is not None else value
+        values.update(zip(self.layout.past, cache))
+        outputs = dict(zip(self.model.output_names, self.model.fn(params, **values)))
+        return outputs[self.layout.logits], tuple(outputs[n] for n in self.layout.present)
+
+    def _named(self, ids, mask, positions) -> dict[str, jax.Array]:
+        named = {self.layout.input_ids: ids}
+        if self.layout.attention_mask is not None:
+            named[self.layout.attention_mask] = mask
+        if self.layout.position_ids is not None:
+            named[self.layout.position_ids] = positions
+        return named
+
+    def _pick(self, logits, key, state: State, step, search: Search, eos: tuple[int, ...], pad: int):
+        """The next token of each row (pad for rows already done) and the rows done after it."""
+        token = choose(logits, jax.random.fold_in(key, step), search)
+        token = jnp.where(state["done"], jnp.int32(pad), token)
+        done = state["done"] | jnp.isin(token, jnp.asarray(eos or (-1,), jnp.int32))
+        return token, done
+
+    def prefill(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
+        """The prefill program: ``(params, cache, ids [B, P] int32, lengths [B] int32, key) -> (cache, state,
+        first token [B])``; ids padded on the layout's side, lengths the real prompt lengths."""
+        key_ = ("prefill", search, eos, pad)
+        if key_ not in self._programs:
+            self._programs[key_] = self._jit(self._prefill_fn(search, eos, pad), donate=(1,))
+        return self._programs[key_]
+
+    def decode(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
+        """The decode program: ``(params, cache, state, token [B]) -> (cache, state, next token [B])``."""
+        key_ = ("decode", search, eos, pad)
+        if key_ not in self._programs:
+            self._programs[key_] = self._jit(self._decode_fn(search, eos, pad), donate=(1, 2))
+        return self._programs[key_]
+
+    def _jit(self, fn: Callable, donate: tuple[int, ...]) -> Callable:
+        if self.placement is not None:
+            return self.placement.jit(fn, donate)
+        return jax.jit(fn, donate_argnums=donate)
+
+    def _prefill_fn(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
+        layout = self.layout
+
+        def prefill(params, cache, ids, lengths, key):
+            self.traces["prefill"] += 1
+            batch, width = ids.shape
+            capacity = cache[0].shape[2]
+            columns = jnp.arange(width, dtype=jnp.int32)[None]
+            if layout.kind == "shared":  # right-padded; the mask spans the whole buffer
+                mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
+                logits, presents = self._forward(params, cache, **self._named(ids, mask, columns))
+                last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+                cache = tuple(self._constrain(p) for p in presents)
+                state = {}
+            else:  # left-padded; the past is empty, its present copied into the buffer
+                prompt_mask = columns >= (width - lengths)[:, None]
+                positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+                empty = tuple(jnp.zeros((*c.shape[:2], 0, c.shape[3]), c.dtype) for c in cache)
+                logits, presents = self._forward(params, empty, **self._named(ids, prompt_mask, positions))
+                last = logits[:, -1]
+                cache = tuple(
+                    self._constrain(jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (0, 0, 0, 0)))
+                    for c, p in zip(cache, presents)
+                )
+                buffer_mask = jnp.zeros((batch, capacity), bool).at[:, :width].set(prompt_mask)
+                state = {"mask": buffer_mask, "slot": jnp.int32(width)}
+            state.update(lengths=lengths, done=jnp.zeros((batch,), bool), step=jnp.int32(0), key=key)
+            token, done = self._pick(last, key, state, 0, search, eos, pad)
+            state.update(done=done, step=jnp.int32(1))
+            return cache, state, token
+
+        return prefill
+
+    def _decode_fn(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
+        layout = self.layout
+
+        def decode(params, cache, state, token):
+            self.traces["decode"] += 1
+            state = dict(state)
+            batch = token.shape[0]
+            capacity = cache[0].shape[2]
+            ids = token[:, None]
+            positions = state["lengths"][:, None]
+            if layout.kind == "shared":
+                mask = jnp.arange(capacity, dtype=jnp.int32)[None] < (state["lengths"] + 1)[:, None]
+                logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
+                cache = tuple(self._constrain(p) for p in presents)
+            else:
+                mask = jnp.concatenate([state["mask"], jnp.ones((batch, 1), bool)], axis=1)
+                logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
+                slot = state["slot"]
+                zero = jnp.zeros((), slot.dtype)
+                cache = tuple(
+                    self._constrain(jax.lax.dynamic_update_slice(c, p[:, :, -1:].astype(c.dtype), (zero, zero, slot, zero)))
+                    for c, p in zip(cache, presents)
+                )
+                state["mask"] = jax.lax.dynamic_update_slice(state["mask"], jnp.ones((batch, 1), bool), (zero, slot))
+                state["slot"] = slot + 1
+            state["lengths"] = state["lengths"] + 1
+            token, state["done"] = self._pick(logits[:, -1], state["key"], state, state["step"], search, eos, pad)
+            state["step"] = state["step"] + 1
+            return cache, state, token
+
+        return decode
+
+    def _constrain(self, cache_array: jax.Array) -> jax.Array:
+        """A cache array kept where the placement puts the cache (as it came in: donated and reused)."""
+        if self.placement is not None:
+            return self.placement.constrain_cache(cache_array)
+        return cache_array
+
+    def recompute(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
+        """For a model without a cache: ``(params, ids [B, n] left-padded, mask [B, n], done [B], key, step) ->
+        (next token [B], done)``, the whole sequence each call (quadratic; one compile per length n)."""
+        key_ = ("recompute", search, eos, pad)
+        if key_ not in self._programs:
+
+            def recompute(params, ids, mask, done, key, step):
+                self.traces["recompute"] += 1
+                positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+                logits, _ = self._forward(params, (), **self._named(ids, mask, positions))
+                return self._pick(logits[:, -1], key, {"done": done}, step, search, eos, pad)
+
+            self._programs[key_] = jax.jit(recompute)
+        return self._programs[key_]
+
+
+def _model_file(path: str) -> str:
+    """The .onnx file of ``path``: itself, or a folder's model.onnx."""
+    if os.path.isdir(path):
+        candidate = os.path.join(path, "model.onnx")
+        if not os.path.isfile(candidate):
+            raise FileNotFoundError(f"{path}: no genai_config.json and no model.onnx in the folder")
+        return candidate
+    return path

@@ -1,0 +1,283 @@
+"""Token generation with a KV cache on device: :func:`generate` and the step-by-step :class:`Generator`.
+
+Which path each format takes (:mod:`onnx2jax.runtime.kv_cache`):
+
+- onnxruntime-genai builder folders (GroupQueryAttention): a cache of ``max_length`` positions written in
+  place by the op; prompts of different lengths RIGHT-padded with ``pad_token_id``, as onnxruntime-genai
+  feeds them, so a returned row is ``prompt + pads + continuation``.
+- torch / transformers exports (``past_key_values.N.*`` in, ``present.N.*`` out, the graph concatenates):
+  a buffer of ``max_length - 1`` positions passed whole as the past with the mask at 0 where nothing is
+  written yet; the present's new position is copied in. One decode program still. LEFT-padded as
+  transformers does: a row is ``pads + prompt + continuation``.
+- no cache inputs: the whole sequence recomputed each step (quadratic, a compile per length).
+
+As onnxruntime-genai returns them: the prompt is included, ``max_length`` counts the padded prompt, a single
+prompt stops before its eos (the eos is not returned), and in a batch a row that reached eos keeps it and is
+filled with ``pad_token_id`` while the other rows go on.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any, Iterator, Sequence
+
+import jax
+import numpy as np
+
+from onnx2jax.runtime.decoder import Decoder
+from onnx2jax.runtime.sampling import Search
+from onnx2jax.translate import JaxModel
+
+QUADRATIC_NOTE = (
+    "this model has no KV cache inputs: each step recomputes the whole sequence (quadratic in its length, one "
+    "compile per length); export it with a cache (onnxruntime-genai's model builder, or torch.onnx.export "
+    "with past_key_values) to decode one token a step"
+)
+
+
+def load(model: str | os.PathLike | JaxModel | Decoder, *, devices: int | None = None, mesh: Any = None) -> Decoder:
+    """A :class:`Decoder` for ``model`` (returned as is when it is one), placed on ``devices`` / ``mesh``."""
+    if isinstance(model, Decoder):
+        if devices or mesh is not None:
+            raise ValueError("devices/mesh are fixed when the Decoder is made: pass them to Decoder(...)")
+        return model
+    placement = None
+    if (devices and devices > 1) or mesh is not None:
+        from onnx2jax.runtime.generate_sharding import Placement
+
+        placement = Placement.make(devices=devices, mesh=mesh)
+    return Decoder(model, placement=placement)
+
+
+class Generator:
+    """Generation one token at a time: ``generate_next_token()`` until ``is_done()``, or iterate for each
+    step's new tokens; ``sequences`` holds the tokens so far, prompt included.
+
+    Args:
+      model: a genai folder, an .onnx file, a JaxModel, or a :class:`Decoder` (reuses its compiled steps).
+      input_ids: one prompt (a sequence of ints) or several (a sequence of sequences, lengths may differ; or a
+        2-D array whose rows may be padded with pad_token_id on either side).
+      max_length: the longest sequence returned, prompt (padded) included; default genai_config's
+        ``search.max_length``, else the context length.
+      max_new_tokens: instead of max_length: the padded prompt's width plus this.
+      devices, mesh: run tensor-parallel (:mod:`onnx2jax.runtime.generate_sharding`).
+      do_sample, temperature, top_k, top_p: greedy (default) or sampled; None takes genai_config's search
+        defaults where it has them.
+      seed: of the sampling (``jax.random``): the same seed gives the same tokens.
+      eos_token_id: one id or several; default genai_config's.
+      pad_token_id: fills padding and rows done; default genai_config's, else the first eos, else 0.
+
+    Raises:
+      ValueError: a prompt longer than the context or than max_length, max_length beyond the context,
+        no max_length to be found, or prompts of different lengths for a model without attention_mask.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | JaxModel | Decoder,
+        input_ids: Any,
+        *,
+        max_length: int | None = None,
+        max_new_tokens: int | None = None,
+        devices: int | None = None,
+        mesh: Any = None,
+        do_sample: bool = False,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        eos_token_id: int | Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+    ):
+        self.decoder = load(model, devices=devices, mesh=mesh)
+        layout = self.decoder.layout
+        defaults = layout.search
+        self.search = Search(
+            do_sample=bool(do_sample),
+            temperature=float(temperature if temperature is not None else defaults.get("temperature", 1.0)),
+            top_k=int(top_k if top_k is not None else (defaults.get("top_k", 0) if do_sample else 0)),
+            top_p=float(top_p if top_p is not None else defaults.get("top_p", 1.0)),
+        )
+        if eos_token_id is None:
+            self.eos = tuple(layout.eos_token_ids)
+        else:
+            self.eos = (int(eos_token_id),) if np.ndim(eos_token_id) == 0 else tuple(int(e) for e in eos_token_id)
+        if pad_token_id is None:
+            pad_token_id = layout.pad_token_id if layout.pad_token_id is not None else (self.eos or (0,))[0]
+        self.pad = int(pad_token_id)
+        self.prompts = _prompts(input_ids, self.pad)
+        self.batch = len(self.prompts)
+        self.width = max(len(p) for p in self.prompts)
+        self.max_length = self._max_length(max_length, max_new_tokens)
+        if layout.kind == "none":
+            if layout.attention_mask is None and len({len(p) for p in self.prompts}) > 1:
+                raise ValueError(
+                    "prompts of different lengths need padding, and this model has no attention_mask input: "
+                    "give prompts of one length"
+                )
+            warnings.warn(QUADRATIC_NOTE, stacklevel=2)
+        self._key = jax.random.PRNGKey(seed)
+        self._new: list[np.ndarray] = []
+        self._done = np.zeros(self.batch, bool)
+        self._finished = self.width >= self.max_length
+        self._cache = self._state = self._token = None
+
+    def _max_length(self, max_length: int | None, max_new_tokens: int | None) -> int:
+        layout = self.decoder.layout
+        context = layout.context_length
+        where = f"(context_length in {layout.source})"
+        if self.width > (context or self.width):
+            raise ValueError(f"the prompt has {self.width} tokens, longer than the model's context of {context} {where}")
+        if max_new_tokens is not None:
+            if max_length is not None:
+                raise ValueError("give max_length or max_new_tokens, not both")
+            max_length = self.width + int(max_new_tokens)
+        elif max_length is None:
+            max_length = layout.search.get("max_length", context)
+            if max_length is None:
+                raise ValueError(
+                    "give max_length or max_new_tokens: the model has no genai_config.json to take a default from"
+                )
+        if context is not None and max_length > context:
+            raise ValueError(f"max_length {max_length} is beyond the model's context of {context} {where}")
+        if self.width > max_length:
+            raise ValueError(f"the prompt has {self.width} tokens, more than max_length {max_length}")
+        return int(max_length)
+
+    def is_done(self) -> bool:
+        """Whether generation has ended: max_length reached, or every row at eos."""
+        return self._finished
+
+    def generate_next_token(self) -> np.ndarray:
+        """Runs one step (the prefill first) and returns its new token of each row, int32 [batch].
+
+        A single prompt's eos ends generation without being returned (an empty array then); in a batch, a
+        row done gets pad_token_id.
+        """
+        if self._finished:
+            raise RuntimeError("generation is done (is_done() is True)")
+        decoder = self.decoder
+        with decoder.x64():
+            if decoder.layout.kind == "none":
+                token = self._recompute_step()
+            elif self._cache is None:
+                ids, lengths = _pad(self.prompts, self.width, self.pad, decoder.layout.padding)
+                cache = decoder.empty_cache(self.batch, decoder.buffer_capacity(self.max_length))
+                program = decoder.prefill(self.search, self.eos, self.pad)
+                self._cache, self._state, self._token = program(decoder.params, cache, ids, lengths, self._key)
+                token = np.asarray(self._token)
+            else:
+                program = decoder.decode(self.search, self.eos, self.pad)
+                self._cache, self._state, self._token = program(decoder.params, self._cache, self._state, self._token)
+                token = np.asarray(self._token)
+        at_eos = np.isin(token, self.eos) & ~self._done
+        if self.batch == 1 and at_eos.all():
+            self._finish()
+            return token[:0]
+        self._new.append(token)
+        self._done |= at_eos
+        if self._done.all() or self.width + len(self._new) >= self.max_length:
+            self._finish()
+        return token
+
+    def _recompute_step(self) -> np.ndarray:
+        ids, lengths = _pad(self.prompts, self.width, self.pad, "left")
+        if self._new:
+            ids = np.concatenate([ids, np.stack(self._new, axis=1)], axis=1)
+        mask = np.arange(ids.shape[1])[None] >= (self.width - lengths)[:, None]
+        program = self.decoder.recompute(self.search, self.eos, self.pad)
+        token, _ = program(self.decoder.params, ids, mask, self._done, self._key, np.int32(len(self._new)))
+        return np.asarray(token)
+
+    def _finish(self) -> None:
+        self._finished = True
+        self._cache = self._state = self._token = None  # the device buffers go now
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """Each step's new tokens, [batch] int32, until done (a single prompt's eos is not yielded)."""
+        while not self._finished:
+            token = self.generate_next_token()
+            if token.size:
+                yield token
+
+    @property
+    def sequences(self) -> np.ndarray:
+        """The tokens so far, [batch, length] int64, prompt included, padded as the module docstring says."""
+        side = "left" if self.decoder.layout.padding == "left" else "right"
+        ids, _ = _pad(self.prompts, self.width, self.pad, side)
+        new = np.stack(self._new, axis=1) if self._new else np.zeros((self.batch, 0), np.int32)
+        return np.concatenate([ids, new], axis=1).astype(np.int64)
+
+
+def generate(
+    model: str | os.PathLike | JaxModel | Decoder,
+    input_ids: Any,
+    *,
+    max_length: int | None = None,
+    max_new_tokens: int | None = None,
+    devices: int | None = None,
+    mesh: Any = None,
+    do_sample: bool = False,
+    temperature: float | None = None,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    eos_token_id: int | Sequence[int] | None = None,
+    pad_token_id: int | None = None,
+) -> np.ndarray:
+    """Generates tokens from a decoder LLM; returns the ids ``[batch, <= max_length]``, prompt included.
+
+    A 1-D ``input_ids`` (one prompt) returns a 2-D array of one row, like a batch. See :class:`Generator` for
+    the arguments and the module docstring for padding and eos.
+
+    Example:
+      >>> onnx2jax.generate("tests/data/genai/llama_gqa", [[1, 17, 230]], max_new_tokens=4)  # doctest: +SKIP
+    """
+    generator = Generator(
+        model, input_ids, max_length=max_length, max_new_tokens=max_new_tokens, devices=devices, mesh=mesh,
+        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+        eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+    )
+    for _ in generator:
+        pass
+    return generator.sequences
+
+
+def _prompts(input_ids: Any, pad: int) -> list[list[int]]:
+    """Prompts as lists of ints: one prompt, ragged prompts, or a 2-D array's rows stripped of pads at the ends."""
+    if isinstance(input_ids, np.ndarray) or hasattr(input_ids, "shape"):
+        array = np.asarray(input_ids)
+        if array.ndim == 1:
+            prompts = [array.tolist()]
+        elif array.ndim == 2:
+            prompts = [_strip(row.tolist(), pad) for row in array]
+        else:
+            raise ValueError(f"input_ids must be 1-D or 2-D, got shape {array.shape}")
+    elif len(input_ids) and np.ndim(input_ids[0]) == 0:
+        prompts = [[int(t) for t in input_ids]]
+    else:
+        prompts = [[int(t) for t in p] for p in input_ids]
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    return prompts
+
+
+def _strip(row: list[int], pad: int) -> list[int]:
+    start, end = 0, len(row)
+    while start < end and row[start] == pad:
+        start += 1
+    while end > start and row[end - 1] == pad:
+        end -= 1
+    return row[start:end]
+
+
+def _pad(prompts: list[list[int]], width: int, pad: int, side: str) -> tuple[np.ndarray, np.ndarray]:
+    """The prompts as one int32 [batch, width] array padded on ``side``, and their lengths."""
+    ids = np.full((len(prompts), width), pad, np.int32)
+    for row, prompt in enumerate(prompts):
+        if side == "right":
+            ids[row, : len(prompt)] = prompt
+        else:
+            ids[row, width - len(prompt):] = prompt
+    return ids, np.array([len(p) for p in prompts], np.int32)

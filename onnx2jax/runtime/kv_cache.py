@@ -1,0 +1,160 @@
+"""Where a decoder's KV cache is and how a generation loop drives it: :class:`CacheLayout`.
+
+Three kinds, found from genai_config.json or from the graph's names:
+
+- ``"shared"``: onnxruntime-genai's builder graphs (GroupQueryAttention reads every past). The past is a buffer
+  of fixed capacity (``max_length`` positions), the attention mask as wide as the buffer says how many
+  positions of each row hold tokens, and the op writes the new keys and values in place (onnxruntime's
+  ``past_present_share_buffer``). Batches are RIGHT-padded, as onnxruntime-genai feeds these graphs.
+- ``"concat"``: torch / transformers exports (``past_key_values.N.key`` in, ``present.N.key`` out): the graph
+  concatenates past and new, so its present is one position longer than its past. The loop keeps a buffer of
+  ``max_length - 1`` positions, passes all of it as the past with the attention mask at 0 on the positions
+  not yet written, and copies the present's last position into the buffer: one decode program for every
+  length. Batches are LEFT-padded (mask 0 on the pads, positions counted from each row's first real token),
+  as transformers feeds them.
+- ``"none"``: no cache inputs: each step recomputes the whole sequence (quadratic in its length, one
+  compile per length). Export with a cache instead: onnxruntime-genai's builder, or ``torch.onnx.export``
+  of a model called with ``past_key_values``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+
+from onnx2jax.genai_config import GenaiConfig
+
+Kind = Literal["shared", "concat", "none"]
+
+_PAST = re.compile(r"^past_key_values\.(\d+)\.(key|value)$|^past\.(\d+)\.(key|value)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    """A decoder's inputs, outputs and cache as the generation loop drives them.
+
+    Attributes:
+      kind: ``"shared"``, ``"concat"`` or ``"none"`` (module docstring).
+      input_ids, attention_mask, position_ids, logits: the graph's names (None: the graph has none).
+      past, present: the cache's inputs and the outputs that update them, pairwise (keys and values of
+        every layer).
+      kv_heads, head_size: of the cache ``[batch, kv_heads, positions, head_size]`` (None without a cache).
+      dtype: the cache's element type.
+      context_length: the longest sequence the model takes (None: not known).
+      eos_token_ids, pad_token_id: from genai_config.json (empty / None without one).
+      search: genai_config.json's search defaults ({} without one).
+      source: where the layout was read from, for messages.
+    """
+
+    kind: Kind
+    input_ids: str
+    attention_mask: str | None
+    position_ids: str | None
+    logits: str
+    past: tuple[str, ...] = ()
+    present: tuple[str, ...] = ()
+    kv_heads: int | None = None
+    head_size: int | None = None
+    dtype: Any = None
+    context_length: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    search: dict = dataclasses.field(default_factory=dict)
+    source: str = "the graph's input and output names"
+
+    @property
+    def padding(self) -> Literal["right", "left"]:
+        """The side a batch of prompts of different lengths is padded on."""
+        return "right" if self.kind == "shared" else "left"
+
+
+def from_genai_config(config: GenaiConfig, graph: onnx.GraphProto) -> CacheLayout:
+    """The layout a genai_config.json gives (checked against the graph beforehand)."""
+    past = tuple(n for pair in zip(config.past_keys, config.past_values) for n in pair)
+    present = tuple(n for pair in zip(config.present_keys, config.present_values) for n in pair)
+    return CacheLayout(
+        kind=_kind(graph, past),
+        input_ids=config.inputs["input_ids"],
+        attention_mask=config.inputs.get("attention_mask"),
+        position_ids=config.inputs.get("position_ids"),
+        logits=config.logits,
+        past=past,
+        present=present,
+        kv_heads=config.kv_heads,
+        head_size=config.head_size,
+        dtype=_dtype(graph, past[0]),
+        context_length=config.context_length,
+        eos_token_ids=config.eos_token_ids,
+        pad_token_id=config.pad_token_id,
+        search=config.search,
+        source=config.path,
+    )
+
+
+def from_graph(graph: onnx.GraphProto, input_names: list[str]) -> CacheLayout:
+    """The layout read from the graph's names: ``past_key_values.N.key/value`` (or ``past.N.*``) inputs,
+    ``present.N.key/value`` outputs, ``input_ids``, ``attention_mask``, ``position_ids``, ``logits``.
+
+    Raises:
+      ValueError: no ``input_ids`` input, or a past input without its present output (named).
+    """
+    if "input_ids" not in input_names:
+        raise ValueError(f"not a decoder: no 'input_ids' input (the inputs are {input_names})")
+    outputs = [o.name for o in graph.output]
+    logits = "logits" if "logits" in outputs else outputs[0]
+    layers: dict[int, dict[str, str]] = {}
+    for name in input_names:
+        match = _PAST.match(name)
+        if match:
+            layer, part = (match.group(1), match.group(2)) if match.group(1) else (match.group(3), match.group(4))
+            layers.setdefault(int(layer), {})[part] = name
+    common = dict(
+        input_ids="input_ids",
+        attention_mask="attention_mask" if "attention_mask" in input_names else None,
+        position_ids="position_ids" if "position_ids" in input_names else None,
+        logits=logits,
+    )
+    if not layers:
+        return CacheLayout(kind="none", **common)
+    past, present = [], []
+    for layer in sorted(layers):
+        for part in ("key", "value"):
+            name = layers[layer].get(part)
+            out = f"present.{layer}.{part}"
+            if name is None or out not in outputs:
+                raise ValueError(
+                    f"cache of layer {layer}: expected input past_key_values.{layer}.{part} and output {out}; "
+                    f"the inputs are {input_names}, the outputs {outputs}"
+                )
+            past.append(name)
+            present.append(out)
+    dims = _shape(graph, past[0])
+    return CacheLayout(
+        kind=_kind(graph, tuple(past)),
+        past=tuple(past),
+        present=tuple(present),
+        kv_heads=dims[1] if isinstance(dims[1], int) else None,
+        head_size=dims[3] if isinstance(dims[3], int) else None,
+        dtype=_dtype(graph, past[0]),
+        **common,
+    )
+
+
+def _kind(graph: onnx.GraphProto, past: tuple[str, ...]) -> Kind:
+    """``"shared"`` where every past feeds a GroupQueryAttention (which writes in place), else ``"concat"``."""
+    fed = {n for node in graph.node if node.op_type == "GroupQueryAttention" for n in node.input[3:5]}
+    return "shared" if past and set(past) <= fed else "concat"
+
+
+def _shape(graph: onnx.GraphProto, name: str) -> list[int | str | None]:
+    info = next(i for i in graph.input if i.name == name)
+    return [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in info.type.tensor_type.shape.dim]
+
+
+def _dtype(graph: onnx.GraphProto, name: str) -> np.dtype:
+    info = next(i for i in graph.input if i.name == name)
+    return onnx.helper.tensor_dtype_to_np_dtype(info.type.tensor_type.elem_type)
