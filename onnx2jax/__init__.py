@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "SegmentedCompiled": "onnx2jax.runtime.segmented",
     "translate": "onnx2jax.translate",
     "JaxModel": "onnx2jax.translate",
+    "generate": "onnx2jax.runtime.generate",
+    "Generator": "onnx2jax.runtime.generate",
     "load_model": "onnx2jax.loading",
     "ModelLoadError": "onnx2jax.errors",
     "NodeError": "onnx2jax.errors",
@@ -86,5 +88,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from onnx2jax.runtime.spmd import Compiled as Compiled
     from onnx2jax.runtime.compile import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
     from onnx2jax.runtime.executable import Executable as Executable
+    from onnx2jax.runtime.generate import Generator as Generator
+    from onnx2jax.runtime.generate import generate as generate
     from onnx2jax.translate import JaxModel as JaxModel
     from onnx2jax.translate import translate as translate

@@ -134,6 +134,12 @@ def check_against_model(config: GenaiConfig, graph: onnx.GraphProto) -> None:
     where = f"{os.path.basename(config.path)} and {model} disagree"
     inputs = {i.name: i for i in graph.input}
     outputs = {o.name: o for o in graph.output}
+    cache_inputs = [n for n in inputs if n.startswith("past")]
+    if len(cache_inputs) != 2 * config.layers:
+        raise GenaiConfigError(
+            f"{where}: num_hidden_layers is {config.layers} ({2 * config.layers} cache inputs) in the config, "
+            f"the model has {len(cache_inputs)} cache inputs"
+        )
     for name in [*config.inputs.values(), *config.past_keys, *config.past_values]:
         if name not in inputs:
             raise GenaiConfigError(f"{where}: the config names input {name!r}, the model's inputs are {list(inputs)}")
@@ -142,12 +148,6 @@ def check_against_model(config: GenaiConfig, graph: onnx.GraphProto) -> None:
             raise GenaiConfigError(
                 f"{where}: the config names output {name!r}, the model's outputs are {list(outputs)}"
             )
-    cache_inputs = [n for n in inputs if n.startswith("past")]
-    if len(cache_inputs) != 2 * config.layers:
-        raise GenaiConfigError(
-            f"{where}: num_hidden_layers is {config.layers} ({2 * config.layers} cache inputs) in the config, "
-            f"the model has {len(cache_inputs)} cache inputs"
-        )
     for name in [*config.past_keys, *config.past_values]:
         dims = _dims(inputs[name])
         for axis, field, want in ((1, "num_key_value_heads", config.kv_heads), (3, "head_size", config.head_size)):

@@ -27,6 +27,9 @@ from onnx2jax.translate import JaxModel, translate
 
 State = dict[str, jax.Array]
 
+PREFILL_BUCKET = 16
+"""Prompt widths are rounded up to a multiple of this for a right-padded prefill (one compile per bucket)."""
+
 
 class Decoder:
     """A decoder model with its cache layout and compiled prefill and decode steps.
@@ -89,6 +92,14 @@ class Decoder:
         """Positions of the cache buffer a run up to ``max_length`` tokens needs (module docstring of kv_cache)."""
         return max_length if self.layout.kind == "shared" else max_length - 1
 
+    def prefill_width(self, width: int, capacity: int) -> int:
+        """The width the prefill runs a batch of prompts ``width`` wide at: a right-padded layout rounds it up
+        to a multiple of `PREFILL_BUCKET` (within the capacity), so prompts of similar lengths share one
+        program; a left-padded one keeps it (its buffer positions count the pads)."""
+        if self.layout.kind != "shared":
+            return width
+        return max(width, min(capacity, -(-width // PREFILL_BUCKET) * PREFILL_BUCKET))
+
     # ---- running
 
     def x64(self):
@@ -113,26 +124,28 @@ class Decoder:
             named[self.layout.position_ids] = positions
         return named
 
-    def _pick(self, logits, key, state: State, step, search: Search, eos: tuple[int, ...], pad: int):
+    @staticmethod
+    def _pick(logits, state: State, search: Search):
         """The next token of each row (pad for rows already done) and the rows done after it."""
-        token = choose(logits, jax.random.fold_in(key, step), search)
-        token = jnp.where(state["done"], jnp.int32(pad), token)
-        done = state["done"] | jnp.isin(token, jnp.asarray(eos or (-1,), jnp.int32))
-        return token, done
+        token = choose(logits, jax.random.fold_in(state["key"], state["step"]), search.do_sample, state)
+        token = jnp.where(state["done"], state["pad"], token)
+        return token, state["done"] | jnp.isin(token, state["eos"])
 
-    def prefill(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
-        """The prefill program: ``(params, cache, ids [B, P] int32, lengths [B] int32, key) -> (cache, state,
-        first token [B])``; ids padded on the layout's side, lengths the real prompt lengths."""
-        key_ = ("prefill", search, eos, pad)
+    def prefill(self, search: Search) -> Callable:
+        """The prefill program: ``(params, cache, ids [B, P] int32, lengths [B] int32, sampling) -> (cache,
+        state, first token [B])``; ids padded on the layout's side, lengths the real prompt lengths, sampling
+        ``{"key": PRNG key, "eos": int32 [n], "pad": int32 []}`` and :meth:`Search.values` (data: another eos,
+        temperature, top-k or top-p compiles nothing; ``search.do_sample`` is the program's)."""
+        key_ = ("prefill", search.do_sample)
         if key_ not in self._programs:
-            self._programs[key_] = self._jit(self._prefill_fn(search, eos, pad), donate=(1,))
+            self._programs[key_] = self._jit(self._prefill_fn(search), donate=(1,))
         return self._programs[key_]
 
-    def decode(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
+    def decode(self, search: Search) -> Callable:
         """The decode program: ``(params, cache, state, token [B]) -> (cache, state, next token [B])``."""
-        key_ = ("decode", search, eos, pad)
+        key_ = ("decode", search.do_sample)
         if key_ not in self._programs:
-            self._programs[key_] = self._jit(self._decode_fn(search, eos, pad), donate=(1, 2))
+            self._programs[key_] = self._jit(self._decode_fn(search), donate=(1, 2))
         return self._programs[key_]
 
     def _jit(self, fn: Callable, donate: tuple[int, ...]) -> Callable:
@@ -140,10 +153,10 @@ class Decoder:
             return self.placement.jit(fn, donate)
         return jax.jit(fn, donate_argnums=donate)
 
-    def _prefill_fn(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
+    def _prefill_fn(self, search: Search) -> Callable:
         layout = self.layout
 
-        def prefill(params, cache, ids, lengths, key):
+        def prefill(params, cache, ids, lengths, sampling):
             self.traces["prefill"] += 1
             batch, width = ids.shape
             capacity = cache[0].shape[2]
@@ -166,14 +179,14 @@ class Decoder:
                 )
                 buffer_mask = jnp.zeros((batch, capacity), bool).at[:, :width].set(prompt_mask)
                 state = {"mask": buffer_mask, "slot": jnp.int32(width)}
-            state.update(lengths=lengths, done=jnp.zeros((batch,), bool), step=jnp.int32(0), key=key)
-            token, done = self._pick(last, key, state, 0, search, eos, pad)
+            state.update(sampling, lengths=lengths, done=jnp.zeros((batch,), bool), step=jnp.int32(0))
+            token, done = self._pick(last, state, search)
             state.update(done=done, step=jnp.int32(1))
             return cache, state, token
 
         return prefill
 
-    def _decode_fn(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
+    def _decode_fn(self, search: Search) -> Callable:
         layout = self.layout
 
         def decode(params, cache, state, token):
@@ -199,7 +212,7 @@ class Decoder:
                 state["mask"] = jax.lax.dynamic_update_slice(state["mask"], jnp.ones((batch, 1), bool), (zero, slot))
                 state["slot"] = slot + 1
             state["lengths"] = state["lengths"] + 1
-            token, state["done"] = self._pick(logits[:, -1], state["key"], state, state["step"], search, eos, pad)
+            token, state["done"] = self._pick(logits[:, -1], state, search)
             state["step"] = state["step"] + 1
             return cache, state, token
 
@@ -211,17 +224,18 @@ class Decoder:
             return self.placement.constrain_cache(cache_array)
         return cache_array
 
-    def recompute(self, search: Search, eos: tuple[int, ...], pad: int) -> Callable:
-        """For a model without a cache: ``(params, ids [B, n] left-padded, mask [B, n], done [B], key, step) ->
-        (next token [B], done)``, the whole sequence each call (quadratic; one compile per length n)."""
-        key_ = ("recompute", search, eos, pad)
+    def recompute(self, search: Search) -> Callable:
+        """For a model without a cache: ``(params, ids [B, n] left-padded, mask [B, n], state) -> (next token
+        [B], done)`` with state ``{"done", "step"}`` and the sampling of :meth:`prefill`; the whole sequence
+        each call (quadratic; one compile per length n)."""
+        key_ = ("recompute", search.do_sample)
         if key_ not in self._programs:
 
-            def recompute(params, ids, mask, done, key, step):
+            def recompute(params, ids, mask, state):
                 self.traces["recompute"] += 1
                 positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
                 logits, _ = self._forward(params, (), **self._named(ids, mask, positions))
-                return self._pick(logits[:, -1], key, {"done": done}, step, search, eos, pad)
+                return self._pick(logits[:, -1], state, search)
 
             self._programs[key_] = jax.jit(recompute)
         return self._programs[key_]

@@ -162,13 +162,15 @@ class Generator:
             if decoder.layout.kind == "none":
                 token = self._recompute_step()
             elif self._cache is None:
-                ids, lengths = _pad(self.prompts, self.width, self.pad, decoder.layout.padding)
-                cache = decoder.empty_cache(self.batch, decoder.buffer_capacity(self.max_length))
-                program = decoder.prefill(self.search, self.eos, self.pad)
-                self._cache, self._state, self._token = program(decoder.params, cache, ids, lengths, self._key)
+                capacity = decoder.buffer_capacity(self.max_length)
+                ids, lengths = _pad(self.prompts, decoder.prefill_width(self.width, capacity), self.pad,
+                                    decoder.layout.padding)
+                cache = decoder.empty_cache(self.batch, capacity)
+                program = decoder.prefill(self.search)
+                self._cache, self._state, self._token = program(decoder.params, cache, ids, lengths, self._sampling())
                 token = np.asarray(self._token)
             else:
-                program = decoder.decode(self.search, self.eos, self.pad)
+                program = decoder.decode(self.search)
                 self._cache, self._state, self._token = program(decoder.params, self._cache, self._state, self._token)
                 token = np.asarray(self._token)
         at_eos = np.isin(token, self.eos) & ~self._done
@@ -186,9 +188,15 @@ class Generator:
         if self._new:
             ids = np.concatenate([ids, np.stack(self._new, axis=1)], axis=1)
         mask = np.arange(ids.shape[1])[None] >= (self.width - lengths)[:, None]
-        program = self.decoder.recompute(self.search, self.eos, self.pad)
-        token, _ = program(self.decoder.params, ids, mask, self._done, self._key, np.int32(len(self._new)))
+        program = self.decoder.recompute(self.search)
+        state = {**self._sampling(), "done": self._done, "step": np.int32(len(self._new))}
+        token, _ = program(self.decoder.params, ids, mask, state)
         return np.asarray(token)
+
+    def _sampling(self) -> dict[str, Any]:
+        """What the programs take as data for choosing tokens: the key, the eos ids and the pad id."""
+        return {"key": self._key, "eos": np.array(self.eos or (-1,), np.int32), "pad": np.int32(self.pad),
+                **self.search.values()}
 
     def _finish(self) -> None:
         self._finished = True

@@ -1,4 +1,8 @@
-"""Choosing the next token from logits: greedy, or sampled with temperature, top-k and top-p (jax.random)."""
+"""Choosing the next token from logits: greedy, or sampled with temperature, top-k and top-p (jax.random).
+
+Only greedy-or-sampled is part of a compiled step; temperature, top-k and top-p are data
+(:meth:`Search.values`), so changing them compiles nothing.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,12 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
 class Search:
-    """How the next token is chosen; hashable, so a compiled step is keyed by it.
+    """How the next token is chosen.
 
     Attributes:
       do_sample: sample (True) or take the most likely token (False; ties go to the lowest id).
@@ -32,21 +37,27 @@ class Search:
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
+    def values(self) -> dict[str, np.ndarray]:
+        """temperature, top_k and top_p as the arrays a compiled step takes."""
+        return {"temperature": np.float32(self.temperature), "top_k": np.int32(self.top_k),
+                "top_p": np.float32(self.top_p)}
 
-def choose(logits: jax.Array, key: jax.Array, search: Search) -> jax.Array:
-    """The next token of each row of ``logits`` [batch, vocab], as int32 [batch]."""
+
+def choose(logits: jax.Array, key: jax.Array, do_sample: bool, values: dict[str, jax.Array]) -> jax.Array:
+    """The next token of each row of ``logits`` [batch, vocab], as int32 [batch]; ``values`` as
+    :meth:`Search.values` gives them."""
     logits = logits.astype(jnp.float32)
-    if not search.do_sample:
+    if not do_sample:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    logits = logits / search.temperature
-    neg = jnp.asarray(-jnp.inf, logits.dtype)
-    if search.top_k and search.top_k < logits.shape[-1]:
-        kth = jax.lax.top_k(logits, search.top_k)[0][..., -1:]
-        logits = jnp.where(logits < kth, neg, logits)
-    if search.top_p < 1:
-        ordered = jnp.sort(logits, axis=-1)[..., ::-1]
-        probs = jax.nn.softmax(ordered, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # probability mass of the more likely tokens
-        kept = jnp.where(before < search.top_p, ordered, jnp.inf)  # the first token is always kept
-        logits = jnp.where(logits < jnp.min(kept, axis=-1, keepdims=True), neg, logits)
+    logits = logits / values["temperature"]
+    ordered = jnp.sort(logits, axis=-1)[..., ::-1]
+    vocab = logits.shape[-1]
+    k = jnp.where(values["top_k"] > 0, jnp.minimum(values["top_k"], vocab), vocab)
+    kth = jax.lax.dynamic_index_in_dim(ordered, k - 1, axis=-1)  # [batch, 1]: the k-th largest
+    ordered = jnp.where(ordered < kth, -jnp.inf, ordered)
+    probs = jax.nn.softmax(ordered, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # the probability of the more likely tokens
+    kept = jnp.where(before < values["top_p"], ordered, jnp.inf)  # the most likely token is always kept
+    threshold = jnp.maximum(jnp.min(kept, axis=-1, keepdims=True), kth)
+    logits = jnp.where(logits < threshold, -jnp.inf, logits)
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)

@@ -1,0 +1,156 @@
+"""``onnx2jax generate``: generate tokens from a decoder LLM (an onnxruntime-genai folder, a torch export with a
+cache), printing them as they come, then the time to first token and the decode speed.
+
+Examples::
+
+    onnx2jax generate tests/data/genai/llama_gqa --prompt-ids 1,17,230 --max-new-tokens 8
+    onnx2jax generate FOLDER --prompt "once upon a time" --sample --top-p 0.9 --seed 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+from onnx2jax.cli.errors import CliError, UsageError
+from onnx2jax.cli.options import ensure_devices
+
+TOKENIZER = "tokenizer.json"
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``generate`` to the ``onnx2jax`` parser."""
+    parser = sub.add_parser("generate", help="generate tokens from a decoder LLM with a KV cache",
+                            description=__doc__)
+    parser.add_argument("model", help="an onnxruntime-genai folder (genai_config.json), or an .onnx decoder")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt as token ids, comma-separated")
+    prompt.add_argument("--prompt", metavar="TEXT",
+                        help="the prompt as text (needs tokenizer.json beside the model and the 'text' extra)")
+    parser.add_argument("--max-new-tokens", type=int, metavar="N", help="new tokens at most (default: up to "
+                        "max_length)")
+    parser.add_argument("--max-length", type=int, metavar="N",
+                        help="tokens at most, prompt included (default genai_config's search.max_length)")
+    parser.add_argument("--devices", type=int, default=0, metavar="N", help="tensor-parallel over N devices")
+    parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    parser.add_argument("--temperature", type=float, help="sampling temperature (default genai_config's, or 1)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float, help="sample among the most likely tokens of total probability p")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--eos", type=int, action="append", metavar="ID", help="eos token id (repeatable; "
+                        "default genai_config's)")
+    parser.add_argument("--check", action="store_true",
+                        help="compare the greedy tokens with onnxruntime-genai's (needs onnxruntime-genai)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Generates from one prompt, streaming the tokens; exit 1 where --check finds a difference."""
+    if args.check and args.sample:
+        raise UsageError("--check compares greedy tokens; leave out --sample")
+    folder = args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model))
+    tokenizer = _tokenizer(folder) if args.prompt is not None else None
+    if args.check:
+        _require_genai()
+    ids = tokenizer.encode(args.prompt).ids if tokenizer else _parse_ids(args.prompt_ids)
+    if args.devices:
+        ensure_devices(args.devices)
+    from onnx2jax.runtime.generate import Generator
+
+    generator = Generator(
+        args.model, [ids], max_length=args.max_length, max_new_tokens=args.max_new_tokens,
+        devices=args.devices or None, do_sample=args.sample, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, eos_token_id=args.eos,
+    )
+    out = sys.stdout
+    out.write(tokenizer.decode(ids) if tokenizer else " ".join(map(str, ids)))
+    out.write(" |" if not tokenizer else "")
+    out.flush()
+    start = time.perf_counter()
+    times: list[float] = []  # when each new token came, from the start
+    new: list[int] = []
+    shown = ""
+    for token in generator:
+        times.append(time.perf_counter() - start)
+        new.append(int(token[0]))
+        if tokenizer:
+            text = tokenizer.decode(ids + new)[len(tokenizer.decode(ids)):]
+            out.write(text[len(shown):])
+            shown = text
+        else:
+            out.write(f" {new[-1]}")
+        out.flush()
+    out.write("\n")
+    print(_timing(times))
+    if args.check:
+        return _check(generator, ids, args)
+    return 0
+
+
+def _timing(times: list[float]) -> str:
+    """Time to first token (the prefill, its compile included) and the decode rate after the decode step's
+    compile (which the second token pays)."""
+    if not times:
+        return "no new tokens (the prompt fills max_length, or the first token was eos)"
+    line = f"{len(times)} new tokens; time to first token {times[0]:.3f}s (prefill, compile included)"
+    if len(times) > 2:
+        line += f", then {(len(times) - 2) / (times[-1] - times[1]):.1f} tokens/s (after the decode step's compile)"
+    return line
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError as e:
+        raise UsageError(f"--prompt-ids takes comma-separated integers, got {text!r}") from e
+    if not ids:
+        raise UsageError("--prompt-ids is empty")
+    return ids
+
+
+def _tokenizer(folder: str):
+    """The folder's tokenizer.json read by the ``tokenizers`` package (the ``text`` extra)."""
+    path = os.path.join(folder, TOKENIZER)
+    if not os.path.isfile(path):
+        raise CliError(f"--prompt needs {TOKENIZER} in {folder}; give --prompt-ids instead")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError as e:
+        raise CliError("--prompt needs the tokenizers package: pip install 'onnx2jax[text]'") from e
+    return Tokenizer.from_file(path)
+
+
+def _require_genai() -> None:
+    try:
+        import onnxruntime_genai  # noqa: F401 - only tried here
+    except ImportError as e:
+        raise CliError(
+            "--check needs onnxruntime-genai, which is not installed (pip install onnxruntime-genai; it is a "
+            "benchmark-only dependency, not installed in CI)"
+        ) from e
+
+
+def _check(generator, ids: list[int], args: argparse.Namespace) -> int:
+    """Runs onnxruntime-genai greedily on the same prompt and length; 0 where the tokens are the same."""
+    import onnxruntime_genai as og
+
+    folder = args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model))
+    model = og.Model(folder)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=generator.max_length, do_sample=False)
+    reference = og.Generator(model, params)
+    reference.append_tokens(np.array([ids], np.int32))
+    while not reference.is_done():
+        reference.generate_next_token()
+    want = [int(t) for t in reference.get_sequence(0)]
+    got = generator.sequences[0].tolist()
+    if got == want:
+        print(f"check: the same {len(got)} tokens as onnxruntime-genai")
+        return 0
+    where = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    print(f"check: differs from onnxruntime-genai at position {where}: onnxruntime-genai gives {want}")
+    return 1

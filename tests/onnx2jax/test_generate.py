@@ -1,0 +1,186 @@
+"""onnx2jax.generate on 1 device against onnxruntime-genai's STORED greedy tokens (tests/data/genai/README.md).
+
+Each fixture's Decoder is made once per module; every prompt width compiles one prefill, every batch size one
+decode step.
+"""
+
+import json
+import pathlib
+import shutil
+import warnings
+
+import jax
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+
+import onnx2jax
+from onnx2jax.genai_config import GenaiConfigError
+from onnx2jax.runtime.decoder import Decoder
+from onnx2jax.runtime.generate import QUADRATIC_NOTE, Generator
+
+GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
+BUILDER = ["llama_gqa", "llama_mqa", "qwen2_window", "llama_gqa_int4"]
+ALL = BUILDER + ["llama_gqa_torch"]
+TORCH_PAD = 3  # the torch export has no genai_config.json: expected_tokens.json's model.pad_token_id
+
+
+def expected(name: str) -> dict:
+    return json.loads((GENAI / name / "expected_tokens.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def decoders():
+    made: dict[str, Decoder] = {}
+
+    def get(name: str) -> Decoder:
+        if name not in made:
+            made[name] = Decoder(GENAI / name)
+        return made[name]
+
+    return get
+
+
+def pad_of(name: str) -> int | None:
+    return TORCH_PAD if name == "llama_gqa_torch" else None
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_greedy_tokens_equal_onnxruntime_genai_single_and_batched(name, decoders):
+    want = expected(name)
+    decoder = decoders(name)
+    for prompt, tokens in zip(want["prompts"], want["tokens"]):
+        got = onnx2jax.generate(decoder, prompt, max_length=want["max_length"], pad_token_id=pad_of(name))
+        assert got.tolist() == [tokens]
+    batch = want["batch_right_padded" if name in BUILDER else "batch_left_padded"]["tokens"]
+    got = onnx2jax.generate(decoder, want["prompts"], max_length=want["max_length"], pad_token_id=pad_of(name))
+    assert got.tolist() == batch
+    assert decoder.layout.kind == ("shared" if name in BUILDER else "concat")
+
+
+@pytest.mark.parametrize("name", BUILDER)
+def test_eos_stops_as_onnxruntime_genai_does(name, decoders):
+    """A single run ends before its eos; a batch row keeps it and is padded while the others go on."""
+    want = expected(name)
+    eos = want["eos_override"]
+    decoder = decoders(name)
+    for prompt, tokens in zip(want["prompts"], eos["tokens"]):
+        got = onnx2jax.generate(decoder, prompt, max_length=want["max_length"], eos_token_id=eos["eos_token_id"])
+        assert got.tolist() == [tokens]
+    got = onnx2jax.generate(decoder, want["prompts"], max_length=want["max_length"], eos_token_id=eos["eos_token_id"])
+    assert got.tolist() == eos["batch_right_padded"]
+
+
+def test_decode_compiles_once_and_the_cache_is_donated(decoders):
+    decoder = decoders("llama_gqa")
+    want = expected("llama_gqa")
+    before = dict(decoder.traces)
+    generator = Generator(decoder, want["prompts"][0], max_length=want["max_length"])
+    program = decoder.decode(generator.search)
+    executables = program._cache_size()  # 0, or 1 where an earlier test ran a batch of 1 at this capacity
+    generator.generate_next_token()  # the prefill
+    generator.generate_next_token()
+    cache = generator._cache
+    generator.generate_next_token()
+    assert all(c.is_deleted() for c in cache)  # donated: the step wrote into it and gave it back
+    for _ in generator:
+        pass
+    # a second run of the same batch and capacity, another prompt width and another eos: no new decode program
+    onnx2jax.generate(decoder, want["prompts"][2], max_length=want["max_length"], eos_token_id=7)
+    assert generator.sequences.tolist() == [want["tokens"][0]]
+    assert decoder.traces["decode"] - before["decode"] <= 1  # 26 + 29 decode steps, one trace at most
+    assert program._cache_size() - executables <= 1  # and one executable
+
+
+def test_streaming_yields_each_new_token(decoders):
+    want = expected("llama_gqa_torch")
+    generator = Generator(decoders("llama_gqa_torch"), want["prompts"][2], max_new_tokens=6, pad_token_id=TORCH_PAD)
+    streamed = [int(t[0]) for t in generator]
+    assert streamed == want["tokens"][2][2:8]
+    assert generator.is_done() and generator.sequences.tolist() == [want["tokens"][2][:8]]
+
+
+def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(decoders):
+    decoder = decoders("llama_gqa")
+    prompts = expected("llama_gqa")["prompts"]
+
+    def run(seed):
+        return onnx2jax.generate(decoder, prompts, max_length=32, do_sample=True, temperature=1.5, seed=seed)
+
+    first = run(1)
+    traced = dict(decoder.traces)
+    again, other = run(1), run(2)
+    assert np.array_equal(first, again)
+    assert not np.array_equal(first, other)
+    greedy = expected("llama_gqa")["batch_right_padded"]["tokens"]
+    assert first.tolist() != greedy
+    top1 = onnx2jax.generate(decoder, prompts, max_length=32, do_sample=True, top_k=1, seed=5)
+    tiny_p = onnx2jax.generate(decoder, prompts, max_length=32, do_sample=True, top_p=1e-6, seed=5)
+    assert top1.tolist() == greedy  # top_k=1 leaves only the greedy choice, and so does a tiny top_p
+    assert tiny_p.tolist() == greedy
+    assert decoder.traces == traced  # seed, temperature, top_k and top_p are data: nothing compiled again
+
+
+def test_a_model_without_cache_recomputes_with_a_note(tmp_path):
+    """The torch export with its past bound to empty tensors and its presents dropped: no cache inputs."""
+    proto = onnx.load(GENAI / "llama_gqa_torch" / "model.onnx")
+    graph = proto.graph
+    past = [i for i in graph.input if i.name.startswith("past_key_values")]
+    nodes = [
+        oh.make_node("Shape", ["input_ids"], ["nc_shape"], start=0, end=1),
+        oh.make_node("Concat", ["nc_shape", "nc_rest"], ["nc_dims"], axis=0),
+        oh.make_node("ConstantOfShape", ["nc_dims"], ["nc_empty"],
+                     value=oh.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])),
+    ] + [oh.make_node("Identity", ["nc_empty"], [p.name]) for p in past]
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([2, 0, 16], np.int64), "nc_rest"))
+    for p in past:
+        graph.input.remove(p)
+    for o in [o for o in graph.output if o.name.startswith("present")]:
+        graph.output.remove(o)
+    everything = nodes + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(everything)
+    path = tmp_path / "no_cache.onnx"
+    onnx.save(proto, path)
+    want = expected("llama_gqa_torch")
+    with pytest.warns(UserWarning, match="quadratic"):
+        got = onnx2jax.generate(path, want["prompts"], max_new_tokens=3, pad_token_id=TORCH_PAD)
+    assert got.tolist() == [row[:15] for row in want["batch_left_padded"]["tokens"]]
+    assert "export it with a cache" in QUADRATIC_NOTE
+
+
+def test_a_prompt_longer_than_the_context_is_refused_by_name(decoders):
+    decoder = decoders("llama_gqa")
+    with pytest.raises(ValueError, match=r"prompt has 300 tokens, longer than the model's context of 256 "
+                                         r"\(context_length in .*genai_config.json\)"):
+        Generator(decoder, [1] * 300)
+    with pytest.raises(ValueError, match="max_length 400 is beyond the model's context of 256"):
+        Generator(decoder, [1, 2], max_length=400)
+    with pytest.raises(ValueError, match="give max_length or max_new_tokens"):
+        Generator(decoders("llama_gqa_torch"), [1, 2])
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["model"]["decoder"].update(num_key_value_heads=4),
+     r"num_key_value_heads is 4 in the config, model.onnx's input 'past_key_values.0.key' has 2"),
+    (lambda c: c["model"]["decoder"].update(num_hidden_layers=3),
+     r"num_hidden_layers is 3 \(6 cache inputs\) in the config, the model has 4 cache inputs"),
+    (lambda c: c["model"]["decoder"]["inputs"].update(past_key_names="past.%d.k"),
+     r"the config names input 'past.0.k'"),
+    (lambda c: c["model"]["decoder"].update(num_attention_heads=4),
+     r"num_attention_heads is 4 in the config, model.onnx's GroupQueryAttention node .* has num_heads=8"),
+])
+def test_a_folder_whose_config_and_model_disagree_is_refused_naming_both(tmp_path, edit, message):
+    folder = tmp_path / "llama_gqa"
+    shutil.copytree(GENAI / "llama_gqa", folder)
+    config = json.loads((folder / "genai_config.json").read_text())
+    edit(config)
+    (folder / "genai_config.json").write_text(json.dumps(config))
+    with pytest.raises(GenaiConfigError, match="genai_config.json and model.onnx disagree: " + message):
+        Decoder(folder)
+
+
+def test_generate_is_exported_lazily():
+    assert onnx2jax.generate.__module__ == "onnx2jax.runtime.generate"
+    assert onnx2jax.Generator is Generator
