@@ -1,0 +1,61 @@
+"""``onnx2jax generate``: streamed tokens equal to onnxruntime-genai's stored ones, timings, and the optional
+packages (tokenizers, onnxruntime-genai) said by name when missing."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+from onnx2jax.cli.app import main
+
+GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
+
+
+def stored(name: str) -> dict:
+    return json.loads((GENAI / name / "expected_tokens.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_gqa_torch"])
+def test_generate_prints_the_tokens_then_time_to_first_token_and_rate(name, capsys):
+    want = stored(name)
+    prompt, tokens = want["prompts"][0], want["tokens"][0]
+    args = ["generate", str(GENAI / name), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "6"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == " ".join(map(str, prompt)) + " | " + " ".join(map(str, tokens[len(prompt):len(prompt) + 6]))
+    assert "6 new tokens; time to first token" in out[1] and "tokens/s" in out[1]
+
+
+def test_generate_sampled(capsys):
+    args = ["generate", str(GENAI / "llama_gqa"), "--prompt-ids", "1,42", "--max-new-tokens", "5", "--sample",
+            "--temperature", "1.5", "--top-p", "0.9", "--seed", "4"]
+    assert main(args) == 0
+    first, timing = capsys.readouterr().out.splitlines()
+    assert first.startswith("1 42 | ") and len(first.split("|")[1].split()) == 5 and "5 new tokens" in timing
+
+
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is not None, reason="onnxruntime-genai installed")
+def test_check_without_onnxruntime_genai_says_so(capsys):
+    assert main(["generate", str(GENAI / "llama_gqa"), "--prompt-ids", "1,42", "--check"]) == 1
+    assert "--check needs onnxruntime-genai, which is not installed" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tokenizers") is not None, reason="tokenizers installed")
+def test_text_prompt_without_tokenizers_says_which_extra(capsys):
+    assert main(["generate", str(GENAI / "llama_gqa"), "--prompt", "the small model"]) == 1
+    assert "pip install 'onnx2jax[text]'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tokenizers") is None, reason="tokenizers (the 'text' extra) missing")
+def test_text_prompt_is_tokenized_and_decoded(capsys):
+    example = stored("llama_gqa")["text_example"]
+    assert main(["generate", str(GENAI / "llama_gqa"), "--prompt", example["text"], "--max-new-tokens", "3"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(example["text"]) and "3 new tokens" in out[1]
+
+
+def test_a_prompt_longer_than_the_context_is_one_line(capsys):
+    assert main(["generate", str(GENAI / "llama_gqa"), "--prompt-ids", ",".join(["5"] * 257)]) == 1
+    err = capsys.readouterr().err
+    assert "onnx2jax generate: error: the prompt has 257 tokens, longer than the model's context of 256" in err
