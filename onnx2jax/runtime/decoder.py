@@ -37,20 +37,22 @@ class Decoder:
     Args:
       model: a folder with genai_config.json (onnxruntime-genai's builder) or a model.onnx, an .onnx path,
         or a JaxModel.
-      placement: where parameters and cache live (:class:`~onnx2jax.runtime.generate_sharding.Placement`);
-        None: the default device.
+      devices, mesh: run tensor-parallel over this many devices, or this mesh
+        (:mod:`onnx2jax.runtime.generate_sharding`); None: on the default device.
 
     Attributes:
       model: the JaxModel.
+      placement: the sharded program and the cache's placement (None on one device).
       layout: the cache layout (:class:`~onnx2jax.runtime.kv_cache.CacheLayout`).
       traces: how many times each program was traced (``"prefill"``, ``"decode"``, ``"recompute"``): a
         program traced once per (batch, capacity) compiled once.
 
     Raises:
       GenaiConfigError: the folder's genai_config.json and its model disagree (naming both).
+      ValueError: a cache whose KV heads the devices cannot split (naming both).
     """
 
-    def __init__(self, model: str | os.PathLike | JaxModel, *, placement: Any = None):
+    def __init__(self, model: str | os.PathLike | JaxModel, *, devices: int | None = None, mesh: Any = None):
         config_path = None if isinstance(model, JaxModel) else _genai.find_config(model)
         config = _genai.read_genai_config(config_path) if config_path else None
         if isinstance(model, JaxModel):
@@ -58,15 +60,22 @@ class Decoder:
         else:
             path = config.model_path if config is not None else _model_file(os.fspath(model))
             self.model = translate(path, scan_layers=False)
+            model = path
         graph = self.model.proto.graph
         if config is not None:
             _genai.check_against_model(config, graph)
             self.layout = kv_cache.from_genai_config(config, graph)
         else:
             self.layout = kv_cache.from_graph(graph, self.model.input_names)
-        self.placement = placement
-        if placement is not None:
-            placement.check(self.layout)
+        self.placement = None
+        self._apply = self.model.fn
+        if (devices is not None and devices > 1) or mesh is not None:
+            from onnx2jax.runtime.generate_sharding import Placement
+
+            source = model if not isinstance(model, JaxModel) else model.proto
+            self.placement = Placement(source, self.layout, devices=devices, mesh=mesh)
+            self.model = self.placement.compiled.model
+            self._apply = self.placement.apply
         self.params = self._place_params()
         self.traces = {"prefill": 0, "decode": 0, "recompute": 0}
         self._programs: dict[tuple, Callable] = {}
@@ -76,7 +85,7 @@ class Decoder:
 
     def _place_params(self) -> dict[str, jax.Array]:
         if self.placement is not None:
-            return self.placement.put_params(self.model)
+            return self.placement.params()
         return jax.device_put(dict(self.model.params))
 
     def empty_cache(self, batch: int, capacity: int) -> tuple[jax.Array, ...]:
@@ -113,7 +122,7 @@ class Decoder:
             dtype = self._inputs[name].dtype
             values[name] = value.astype(dtype) if dtype is not None else value
         values.update(zip(self.layout.past, cache))
-        outputs = dict(zip(self.model.output_names, self.model.fn(params, **values)))
+        outputs = dict(zip(self.model.output_names, self._apply(params, **values)))
         return outputs[self.layout.logits], tuple(outputs[n] for n in self.layout.present)
 
     def _named(self, ids, mask, positions) -> dict[str, jax.Array]:

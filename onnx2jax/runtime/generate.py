@@ -42,12 +42,7 @@ def load(model: str | os.PathLike | JaxModel | Decoder, *, devices: int | None =
         if devices or mesh is not None:
             raise ValueError("devices/mesh are fixed when the Decoder is made: pass them to Decoder(...)")
         return model
-    placement = None
-    if (devices and devices > 1) or mesh is not None:
-        from onnx2jax.runtime.generate_sharding import Placement
-
-        placement = Placement.make(devices=devices, mesh=mesh)
-    return Decoder(model, placement=placement)
+    return Decoder(model, devices=devices, mesh=mesh)
 
 
 class Generator:
