@@ -66,6 +66,9 @@ def run(args: argparse.Namespace) -> int:
         devices=args.devices or None, do_sample=args.sample, temperature=args.temperature, top_k=args.top_k,
         top_p=args.top_p, seed=args.seed, eos_token_id=args.eos,
     )
+    placement = generator.decoder.placement
+    if placement is not None and placement.note:
+        print(f"note: {placement.note}")
     out = sys.stdout
     out.write(tokenizer.decode(ids) if tokenizer else " ".join(map(str, ids)))
     out.write(" |" if not tokenizer else "")

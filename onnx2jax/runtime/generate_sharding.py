@@ -2,7 +2,7 @@
 
 :class:`Placement` annotates the decoder with :func:`sharding.megatron.megatron_plan` (heads split over the
 devices; key/value projections with fewer heads than devices replicated) and compiles it with
-:func:`onnx2jax.compile`; the generation loop runs that program's pure ``apply`` inside its own prefill and
+the runtime's plan (:func:`onnx2jax.runtime.plan.make_plan`, one SPMD program); the generation loop runs that program's pure ``apply`` inside its own prefill and
 decode programs. The cache ``[batch, kv_heads, positions, head_size]`` is sharded on its heads axis when
 the devices divide the KV heads (each device holds 1/N of it); with more devices than KV heads it is
 replicated (``note`` says so), as its projections are; KV heads more than the devices but not divisible
@@ -23,6 +23,9 @@ from sharding.annotate import set_spec
 from sharding.spec import ShardingSpec
 
 from onnx2jax.runtime.kv_cache import CacheLayout
+from onnx2jax.runtime.plan import make_plan
+from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.translate import JaxModel
 
 CONFIGURATION = "tp"
 """The device configuration the Megatron plan and the cache's specs are written in."""
@@ -32,7 +35,7 @@ class Placement:
     """Where a sharded decoder's parameters and cache live, and its sharded forward.
 
     Attributes:
-      compiled: the :func:`onnx2jax.compile` of the Megatron-annotated model.
+      compiled: the Megatron-annotated model compiled as one SPMD program.
       mesh: its mesh.
       devices: the tensor-parallel width (the mesh's size).
       cache_sharding: the cache's NamedSharding (heads axis split, or replicated).
@@ -43,7 +46,6 @@ class Placement:
         from sharding.megatron import megatron_plan
 
         from onnx2jax.loading import load_model
-        from onnx2jax.runtime.compile import compile as compile_model
 
         size = mesh.devices.size if mesh is not None else int(devices or 0)
         if devices and mesh is not None and devices != size:
@@ -60,7 +62,7 @@ class Placement:
         annotated = megatron_plan(model, size, CONFIGURATION)
         if "heads" in self.cache_spec:
             annotate_cache(annotated, layout, size)
-        self.compiled = compile_model(annotated, mesh=mesh)
+        self.compiled = compile_program(annotated, mesh)
         self.mesh = self.compiled.mesh
         axes = tuple(self.mesh.axis_names)
         spec = PartitionSpec(*(axes if a == "heads" else None for a in self.cache_spec))
@@ -83,6 +85,18 @@ class Placement:
 
     def jit(self, fn: Callable, donate: tuple[int, ...]) -> Callable:
         return jax.jit(fn, donate_argnums=donate)
+
+
+def compile_program(model: onnx.ModelProto, mesh: Mesh | None) -> Compiled:
+    """The annotated decoder as one SPMD program (a generation loop takes a whole-model plan only).
+
+    Raises:
+      ValueError: the model has pipeline stages or data-dependent shapes (a plan of another kind).
+    """
+    plan = make_plan(model, mesh, configuration=CONFIGURATION, scan_layers=False)
+    if plan.kind != "whole":
+        raise ValueError(f"generation runs a decoder as one program; this model's plan is of kind {plan.kind!r}")
+    return Compiled(JaxModel(plan.proto, plan.external_dir, scan_layers=False, inferred=plan.inferred), plan.program)
 
 
 def annotate_cache(model: onnx.ModelProto, layout: CacheLayout, devices: int) -> None:

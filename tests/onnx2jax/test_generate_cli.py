@@ -59,3 +59,10 @@ def test_a_prompt_longer_than_the_context_is_one_line(capsys):
     assert main(["generate", str(GENAI / "llama_gqa"), "--prompt-ids", ",".join(["5"] * 257)]) == 1
     err = capsys.readouterr().err
     assert "onnx2jax generate: error: the prompt has 257 tokens, longer than the model's context of 256" in err
+
+
+def test_generate_on_two_devices(capsys):
+    want = stored("llama_gqa_torch")
+    args = ["generate", str(GENAI / "llama_gqa_torch"), "--prompt-ids", "1,42", "--max-new-tokens", "4", "--devices", "2"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "1 42 | " + " ".join(map(str, want["tokens"][2][2:6]))
