@@ -2,7 +2,8 @@
 
 :class:`Decoder` loads a model (a genai folder, an .onnx file, a :class:`~onnx2jax.translate.JaxModel`), finds
 its cache (:mod:`onnx2jax.runtime.kv_cache`) and compiles two programs per (batch, capacity): the prefill (the
-prompt, one program per prompt width) and the decode step (one token). Both take the cache as a donated
+prompt; one program per prompt width, rounded up to `PREFILL_BUCKET` where the layout pads on the right) and
+the decode step (one token). Both take the cache as a donated
 argument and return it updated, so it stays on the device and is written in place; the decode step takes its
 position as data, so it compiles once for every step of a run and every run of the same batch and capacity.
 Each step also chooses the next token on the device (:mod:`onnx2jax.runtime.sampling`): what comes back to
@@ -18,7 +19,6 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from onnx2jax import genai_config as _genai
 from onnx2jax.runtime import kv_cache
@@ -214,8 +214,9 @@ class Decoder:
                 logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
                 slot = state["slot"]
                 zero = jnp.zeros((), slot.dtype)
+                at = (zero, zero, slot, zero)
                 cache = tuple(
-                    self._constrain(jax.lax.dynamic_update_slice(c, p[:, :, -1:].astype(c.dtype), (zero, zero, slot, zero)))
+                    self._constrain(jax.lax.dynamic_update_slice(c, p[:, :, -1:].astype(c.dtype), at))
                     for c, p in zip(cache, presents)
                 )
                 state["mask"] = jax.lax.dynamic_update_slice(state["mask"], jnp.ones((batch, 1), bool), (zero, slot))

@@ -123,7 +123,9 @@ class Generator:
         context = layout.context_length
         where = f"(context_length in {layout.source})"
         if self.width > (context or self.width):
-            raise ValueError(f"the prompt has {self.width} tokens, longer than the model's context of {context} {where}")
+            raise ValueError(
+                f"the prompt has {self.width} tokens, longer than the model's context of {context} {where}"
+            )
         if max_new_tokens is not None:
             if max_length is not None:
                 raise ValueError("give max_length or max_new_tokens, not both")

@@ -1,9 +1,9 @@
 """Tensor-parallel generation: the model under a Megatron plan, the KV cache sharded by KV heads.
 
 :class:`Placement` annotates the decoder with :func:`sharding.megatron.megatron_plan` (heads split over the
-devices; key/value projections with fewer heads than devices replicated) and compiles it with
-the runtime's plan (:func:`onnx2jax.runtime.plan.make_plan`, one SPMD program); the generation loop runs that program's pure ``apply`` inside its own prefill and
-decode programs. The cache ``[batch, kv_heads, positions, head_size]`` is sharded on its heads axis when
+devices; key/value projections with fewer heads than devices replicated) and the cache's own specs, and
+compiles it as one SPMD program from the runtime's plan (:func:`onnx2jax.runtime.plan.make_plan`); the
+generation loop runs that program's pure ``apply`` inside its own prefill and decode programs. The cache ``[batch, kv_heads, positions, head_size]`` is sharded on its heads axis when
 the devices divide the KV heads (each device holds 1/N of it); with more devices than KV heads it is
 replicated (``note`` says so), as its projections are; KV heads more than the devices but not divisible
 by them cannot be split, and are refused by name.

@@ -7,9 +7,7 @@ decode step.
 import json
 import pathlib
 import shutil
-import warnings
 
-import jax
 import numpy as np
 import onnx
 import onnx.helper as oh
