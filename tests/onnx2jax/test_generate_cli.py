@@ -41,6 +41,12 @@ def test_check_without_onnxruntime_genai_says_so(capsys):
     assert "--check needs onnxruntime-genai, which is not installed" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="onnxruntime-genai not installed")
+def test_check_with_onnxruntime_genai(capsys):
+    assert main(["generate", str(GENAI / "llama_gqa"), "--prompt-ids", "1,42", "--max-new-tokens", "8", "--check"]) == 0
+    assert "check: the same 10 tokens as onnxruntime-genai" in capsys.readouterr().out
+
+
 @pytest.mark.skipif(importlib.util.find_spec("tokenizers") is not None, reason="tokenizers installed")
 def test_text_prompt_without_tokenizers_says_which_extra(capsys):
     assert main(["generate", str(GENAI / "llama_gqa"), "--prompt", "the small model"]) == 1
