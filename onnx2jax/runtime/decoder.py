@@ -94,7 +94,7 @@ class Decoder:
         if None in shape:
             raise ValueError(f"the cache's KV heads and head size are not fixed by the graph: {shape}")
         if self.placement is not None:
-            return self.placement.zeros_cache(len(self.layout.past), shape, self.layout.dtype)
+            return self.placement.zeros_cache(batch, capacity)
         return tuple(jnp.zeros(shape, self.layout.dtype) for _ in self.layout.past)
 
     def buffer_capacity(self, max_length: int) -> int:

@@ -5,8 +5,9 @@ devices; key/value projections with fewer heads than devices replicated) and the
 compiles it as one SPMD program from the runtime's plan (:func:`onnx2jax.runtime.plan.make_plan`); the
 generation loop runs that program's pure ``apply`` inside its own prefill and decode programs. The cache ``[batch, kv_heads, positions, head_size]`` is sharded on its heads axis when
 the devices divide the KV heads (each device holds 1/N of it); with more devices than KV heads it is
-replicated (``note`` says so), as its projections are; KV heads more than the devices but not divisible
-by them cannot be split, and are refused by name.
+placed as the plan places the key/value projections (whole on every device, or split in as many parts as
+KV heads; ``note`` says which); KV heads more than the devices but not divisible by them cannot be split,
+and are refused by name.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import os
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 import onnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from sharding.annotate import set_spec
 from sharding.spec import ShardingSpec
@@ -34,12 +35,16 @@ CONFIGURATION = "tp"
 class Placement:
     """Where a sharded decoder's parameters and cache live, and its sharded forward.
 
+    The cache is placed as the compiled program places its past inputs (the Megatron plan's specs, and the
+    cache's own where :func:`cache_splits` splits it), so that a step's presents go back in with no
+    resharding.
+
     Attributes:
       compiled: the Megatron-annotated model compiled as one SPMD program.
       mesh: its mesh.
       devices: the tensor-parallel width (the mesh's size).
-      cache_sharding: the cache's NamedSharding (heads axis split, or replicated).
-      note: why the cache is replicated, or "".
+      cache_ways: in how many parts the cache's KV heads are split (1: whole on every device).
+      note: where the cache is not split over every device, how it is placed; else "".
     """
 
     def __init__(self, model: str | os.PathLike | Any, layout: CacheLayout, *, devices: int | None, mesh: Mesh | None):
@@ -56,17 +61,19 @@ class Placement:
         if mesh is None and size > have:
             raise ValueError(f"devices={size} but JAX has {have} devices")
         self.devices = size
-        self.cache_spec, self.note = cache_spec(layout, size)
+        self.layout = layout
+        split = cache_splits(layout, size)
         if isinstance(model, (str, os.PathLike)):
             model = load_model(model)  # with its external data: the annotated copy is compiled from memory
         annotated = megatron_plan(model, size, CONFIGURATION)
-        if "heads" in self.cache_spec:
+        if split:
             annotate_cache(annotated, layout, size)
         self.compiled = compile_program(annotated, mesh)
         self.mesh = self.compiled.mesh
-        axes = tuple(self.mesh.axis_names)
-        spec = PartitionSpec(*(axes if a == "heads" else None for a in self.cache_spec))
-        self.cache_sharding = NamedSharding(self.mesh, spec)
+        self._shardings: dict[tuple[int, ...], jax.sharding.Sharding] = {}
+        probe = self.zeros_cache(1, 2)[0]
+        self.cache_ways = layout.kv_heads // probe.sharding.shard_shape(probe.shape)[1] if layout.kv_heads else 1
+        self.note = _note(layout.kv_heads, self.cache_ways, size)
 
     def apply(self, params, **named) -> tuple:
         """The sharded model as a pure function (``Compiled.apply``)."""
@@ -75,16 +82,47 @@ class Placement:
     def params(self) -> dict[str, jax.Array]:
         return self.compiled.params
 
-    def zeros_cache(self, count: int, shape: tuple[int, ...], dtype: Any) -> tuple[jax.Array, ...]:
-        """``count`` zero cache arrays of ``shape``, each placed with :attr:`cache_sharding`."""
-        make = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=self.cache_sharding)
-        return tuple(make() for _ in range(count))
+    def zeros_cache(self, batch: int, capacity: int) -> tuple[jax.Array, ...]:
+        """Zeros for every cache input ``[batch, kv_heads, capacity, head_size]``, placed as the program
+        places its past inputs at the decode step's shapes."""
+        layout = self.layout
+        shape = (batch, layout.kv_heads, capacity, layout.head_size)
+        dummies = {name: np.zeros(shape, layout.dtype) for name in layout.past}
+        width = capacity if layout.kind == "shared" else capacity + 1  # the concat kind's mask spans past + new
+        for name, info in ((layout.input_ids, (batch, 1)), (layout.position_ids, (batch, 1)),
+                           (layout.attention_mask, (batch, width))):
+            if name is not None:
+                dummies[name] = np.zeros(info, np.int64)
+        dummies = {k: v.astype(self._dtypes[k]) for k, v in dummies.items()}
+        placed = self.compiled.place_inputs(**dummies)
+        cache = tuple(placed[name] for name in layout.past)
+        self._shardings[shape] = cache[0].sharding
+        return cache
+
+    @property
+    def _dtypes(self) -> dict[str, np.dtype]:
+        return {i.name: i.dtype for i in self.compiled.model.inputs}
 
     def constrain_cache(self, array: jax.Array) -> jax.Array:
-        return jax.lax.with_sharding_constraint(array, self.cache_sharding)
+        """``array`` (a present) placed as the cache of its shape is (see :meth:`zeros_cache`)."""
+        return jax.lax.with_sharding_constraint(array, self._shardings[tuple(array.shape)])
 
     def jit(self, fn: Callable, donate: tuple[int, ...]) -> Callable:
         return jax.jit(fn, donate_argnums=donate)
+
+
+def _note(kv_heads: int | None, ways: int, devices: int) -> str:
+    if ways == devices:
+        return ""
+    if ways == 1:
+        return (
+            f"the cache has {kv_heads} KV head(s), fewer than the {devices} devices: it is whole on every device, "
+            "as the key/value projections are"
+        )
+    return (
+        f"the cache has {kv_heads} KV heads, fewer than the {devices} devices: split {ways} ways by KV heads, "
+        f"each part on {devices // ways} devices"
+    )
 
 
 def compile_program(model: onnx.ModelProto, mesh: Mesh | None) -> Compiled:
@@ -108,27 +146,21 @@ def annotate_cache(model: onnx.ModelProto, layout: CacheLayout, devices: int) ->
             set_spec(model, node.name, ShardingSpec.split(tensor, {1: devices}, range(devices)), CONFIGURATION)
 
 
-def cache_spec(layout: CacheLayout, devices: int) -> tuple[tuple[str | None, ...], str]:
-    """The cache's layout over ``devices``: ``(None, "heads", None, None)`` or all None, and a note where
-    the cache is replicated.
+def cache_splits(layout: CacheLayout, devices: int) -> bool:
+    """Whether the cache's KV heads split evenly over ``devices`` (then each device holds 1/devices of it);
+    with more devices than KV heads, the Megatron plan's placement of the key/value projections decides.
 
     Raises:
       ValueError: the KV heads are more than the devices but not a multiple of them (naming both).
     """
     heads = layout.kv_heads
-    if heads is None:
-        return (None,) * 4, "the cache's KV heads are not fixed by the graph: the cache is replicated"
+    if heads is None or heads < devices:
+        return False
     if heads % devices == 0:
-        return (None, "heads", None, None), ""
-    if heads < devices:
-        return (None,) * 4, (
-            f"the cache has {heads} KV head(s), fewer than the {devices} devices: it is replicated on every "
-            f"device, as the key/value projections are"
-        )
+        return True
     raise ValueError(
         f"the cache has {heads} KV heads ({layout.source}), which {devices} devices cannot split evenly: "
-        f"give a number of devices that divides {heads}, or more devices than KV heads (the cache is then "
-        "replicated)"
+        f"give a number of devices that divides {heads}, or more devices than KV heads"
     )
 
 
@@ -138,4 +170,4 @@ def cache_bytes_per_device(cache: tuple[jax.Array, ...]) -> int:
     return int(sum(s.data.nbytes for c in cache for s in c.addressable_shards if s.device == device))
 
 
-__all__ = ["Placement", "cache_bytes_per_device", "cache_spec"]
+__all__ = ["Placement", "cache_bytes_per_device", "cache_splits"]

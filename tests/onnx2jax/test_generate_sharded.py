@@ -13,7 +13,7 @@ import pytest
 import onnx2jax
 from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate import Generator
-from onnx2jax.runtime.generate_sharding import cache_bytes_per_device, cache_spec
+from onnx2jax.runtime.generate_sharding import cache_bytes_per_device, cache_splits
 from onnx2jax.runtime.kv_cache import CacheLayout
 
 GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
@@ -69,7 +69,7 @@ def test_the_cache_is_sharded_by_kv_heads_one_half_per_device_on_two():
 
 def test_more_devices_than_kv_heads_replicate_the_cache_with_a_note():
     decoder = Decoder(GENAI / "llama_gqa_torch", devices=8)
-    assert "2 KV head(s), fewer than the 8 devices: it is replicated" in decoder.placement.note
+    assert "2 KV head(s), fewer than the 8 devices: it is whole on every device" in decoder.placement.note
     generator = Generator(decoder, [1, 42], max_new_tokens=3)
     generator.generate_next_token()
     generator.generate_next_token()
@@ -87,9 +87,9 @@ def test_a_user_mesh():
 def test_kv_heads_the_devices_cannot_split_are_refused_by_name():
     layout = CacheLayout("shared", "input_ids", "attention_mask", None, "logits", kv_heads=6, source="cfg.json")
     with pytest.raises(ValueError, match=r"the cache has 6 KV heads \(cfg.json\), which 4 devices cannot split"):
-        cache_spec(layout, 4)
-    assert cache_spec(layout, 3)[0] == (None, "heads", None, None)
-    assert cache_spec(layout, 8)[0] == (None,) * 4
+        cache_splits(layout, 4)
+    assert cache_splits(layout, 3) is True
+    assert cache_splits(layout, 8) is False  # more devices than KV heads: as the plan places k and v
 
 
 @pytest.mark.xfail(strict=True, reason=(
