@@ -15,6 +15,7 @@ from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate import Generator
 from onnx2jax.runtime.generate_sharding import cache_bytes_per_device, cache_splits
 from onnx2jax.runtime.kv_cache import CacheLayout
+from sharding.rules import rule_for
 
 GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
 PAD = 3  # every fixture's pad_token_id (the torch export has no genai_config.json to say it)
@@ -92,17 +93,18 @@ def test_kv_heads_the_devices_cannot_split_are_refused_by_name():
     assert cache_splits(layout, 8) is False  # more devices than KV heads: as the plan places k and v
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "builder graphs: the packed q|k|v MatMul is split as one axis (not by a fused q|k|v spec) and "
-    "GroupQueryAttention has no sharding rule yet (sharding/rules, engineer genai-shard), so the decode step "
-    "reshards with collective-permutes and all-gathers"
+@pytest.mark.xfail(rule_for("GroupQueryAttention", "com.microsoft") is None, strict=True, reason=(
+    "builder graphs: without a sharding rule for GroupQueryAttention (sharding/rules) the Megatron plan "
+    "splits the packed q|k|v as one axis, and the decode step reshards with collective-permutes and all-gathers"
 ))
-def test_builder_decode_step_has_the_minimum_collectives():
-    decoder = Decoder(GENAI / "llama_gqa", devices=2)
+@pytest.mark.parametrize("name, devices, cache_ways", [("llama_gqa", 2, 2), ("llama_gqa", 8, 2), ("llama_mqa", 8, 1)])
+def test_builder_decode_step_has_the_minimum_collectives(name, devices, cache_ways):
+    decoder = Decoder(GENAI / name, devices=devices)
     generator = Generator(decoder, [1, 42], max_new_tokens=3)
     generator.generate_next_token()
     generator.generate_next_token()
     assert decode_collectives(decoder, generator) == Counter({"all-reduce": 5, "all-gather": 2})
+    assert decoder.placement.cache_ways == cache_ways  # 2 KV heads on 8 devices: 2 groups of 4
 
 
 def test_sharded_sampling_repeats_with_its_seed():
