@@ -57,6 +57,14 @@ def test_greedy_tokens_equal_onnxruntime_genai_single_and_batched(name, decoders
     assert decoder.layout.kind == ("shared" if name in BUILDER else "concat")
 
 
+def test_a_padded_array_of_prompts_is_read_as_onnxruntime_genai_reads_it(decoders):
+    """A 2-D array's pad_token_id at the ends of a row is padding: the batch genai was given, as an array."""
+    want = expected("llama_gqa")
+    padded = np.array([row[:12] for row in want["batch_right_padded"]["tokens"]])
+    got = onnx2jax.generate(decoders("llama_gqa"), padded, max_length=want["max_length"])
+    assert got.tolist() == want["batch_right_padded"]["tokens"]
+
+
 @pytest.mark.parametrize("name", BUILDER)
 def test_eos_stops_as_onnxruntime_genai_does(name, decoders):
     """A single run ends before its eos; a batch row keeps it and is padded while the others go on."""
