@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = _tokenizer(folder) if args.prompt is not None else None
     if args.check:
         _require_genai()
+        if not os.path.isfile(os.path.join(folder, "genai_config.json")):
+            raise CliError(f"--check runs onnxruntime-genai, which needs a genai_config.json in {folder}")
     ids = tokenizer.encode(args.prompt).ids if tokenizer else _parse_ids(args.prompt_ids)
     if args.devices:
         ensure_devices(args.devices)
