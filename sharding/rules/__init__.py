@@ -28,32 +28,51 @@ gather          Gather, GatherElements, GatherND
 conv            Conv, ConvTranspose, ConvInteger, QLinearConv, MaxPool, AveragePool,
                 LpPool, Global*Pool, BatchNormalization, InstanceNormalization, Resize
 values          Shape, Size, Range, ConstantOfShape, ... (small replicated values)
+contrib_*       onnxruntime's ops (com.microsoft, and SimplifiedLayerNormalization
+                in the default domain): GroupQueryAttention, RotaryEmbedding,
+                Skip(Simplified)LayerNormalization, MatMulNBits
 ==============  ==============================================================
+
+A rule's ``domain`` attribute (default ``""``) names the domain of its ops.
 """
 
 from __future__ import annotations
 
 from sharding.rules import broadcast, conv, gather, matmul, normalization, reduction, shape, unary, values
+from sharding.rules import contrib_attention, contrib_normalization, contrib_quantization
 from sharding.rules.base import NodeContext as NodeContext  # with Rule, what a new rule is written against
 from sharding.rules.base import Rule as Rule
 
 
-def _registry() -> dict[str, Rule]:
+_MODULES = (
+    unary, broadcast, reduction, normalization, matmul, shape, gather, values, conv,
+    contrib_attention,
+    contrib_normalization,
+    contrib_quantization,
+)
+
+
+def _registry(domain: str) -> dict[str, Rule]:
     table: dict[str, Rule] = {}
-    for module in (unary, broadcast, reduction, normalization, matmul, shape, gather, values, conv):
+    for module in _MODULES:
         for rule in module.RULES:
+            if getattr(rule, "domain", "") != domain:
+                continue
             for op in rule.ops:
                 if op in table:
-                    raise ValueError(f"two sharding rules for {op}")
+                    raise ValueError(f"two sharding rules for {domain or 'ai.onnx'}::{op}")
                 table[op] = rule
     return table
 
 
-RULES: dict[str, Rule] = _registry()
+RULES: dict[str, Rule] = _registry("")
+MICROSOFT_RULES: dict[str, Rule] = _registry("com.microsoft")
 
 
 def rule_for(op_type: str, domain: str = "") -> Rule | None:
-    """The rule for an op of the default ONNX domain, or None."""
-    if domain not in ("", "ai.onnx"):
-        return None
-    return RULES.get(op_type)
+    """The rule for an op of the default ONNX domain or of onnxruntime's com.microsoft, or None."""
+    if domain in ("", "ai.onnx"):
+        return RULES.get(op_type)
+    if domain == "com.microsoft":
+        return MICROSOFT_RULES.get(op_type)
+    return None
