@@ -18,6 +18,8 @@ import onnx
 from sharding.op_facts import SHAPE_READERS
 from sharding.shapes import tensor_shapes
 
+from sharding.megatron.builder import ATTENTION_OPS
+
 _log = logging.getLogger(__name__)
 
 _NORM_OPS = frozenset(
@@ -54,7 +56,7 @@ _STAT_OPS = frozenset(
         "Clip",
     }
 )
-_ATTENTION_OPS = frozenset({"Softmax", "MatMul", "Einsum"})
+_ATTENTION_OPS = frozenset({"Softmax", "MatMul", "Einsum"}) | ATTENTION_OPS
 
 Shape = tuple[int | str | None, ...]
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from sharding.megatron.builder import PackedAttention, packed_attention, quantized_weight
 from sharding.megatron.graph import PlanGraph
 from sharding.megatron.parts import Part, feature_parts
 
@@ -48,6 +49,11 @@ class Linear:
             unknown) parts; such a linear is left replicated, and its parts
             (when known) are split by their readers.
         pieces: The parts of an unequal cut, in feature order.
+        blocks: For a MatMulNBits, the quantisation blocks along K (a row split cuts whole blocks);
+            0 for a float weight.
+        quant: For a MatMulNBits, ``(name, shape)`` of its ``scales`` and ``zero_points`` inputs (those
+            given).
+        attention: The GroupQueryAttention this linear feeds a packed q|k|v, or None.
     """
 
     node: str
@@ -67,6 +73,9 @@ class Linear:
     heads: int | None = None
     uneven: bool = False
     pieces: tuple[Part, ...] = ()
+    blocks: int = 0
+    quant: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    attention: PackedAttention | None = None
 
     @property
     def units(self) -> int:
@@ -94,8 +103,25 @@ def _weight_of(graph: PlanGraph, node: onnx.NodeProto) -> tuple[str, str | None]
     return producer.input[0], producer.name
 
 
+def _quantized_linear(graph: PlanGraph, node: onnx.NodeProto) -> Linear:
+    """A MatMulNBits as a linear: N is B's axis 0, K its blocks axis 1; bias is input 5."""
+    k, n = int(graph.attr(node, "K")), int(graph.attr(node, "N"))
+    names = list(node.input) + [""] * 6
+    bias = (node.name, names[5]) if names[5] else None
+    return Linear(
+        node=node.name, op_type=node.op_type, activation=node.input[0], weight=node.input[1],
+        parameter=node.input[1], transpose=None, k_axis=1, activation_k_axis=-1, in_features=k,
+        out_features=n, bias=bias, matmul_output=node.output[0], output=node.output[0],
+        blocks=graph.inits[node.input[1]][1],
+        quant=tuple((t, tuple(graph.shapes.get(t, ()))) for t in names[2:4] if t),
+    )
+
+
 def _find_linear(graph: PlanGraph, index: int) -> Linear | None:
     node = graph.nodes[index]
+    if quantized_weight(graph, node):
+        lin = _quantized_linear(graph, node)
+        return dataclasses.replace(lin, **_bias_after(graph, lin.output, lin.out_features, lin.bias))
     if node.op_type not in ("MatMul", "Gemm"):
         return None
     found = _weight_of(graph, node)
@@ -115,19 +141,8 @@ def _find_linear(graph: PlanGraph, index: int) -> Linear | None:
         k_axis, act_k = 0, -1
     in_features = weight_shape[k_axis]
     out_features = weight_shape[1 - k_axis]
-    output = node.output[0]
-    if bias is None:
-        consumers = graph.consumers.get(output, [])
-        if len(consumers) == 1:
-            add = graph.nodes[consumers[0]]
-            other = [i for i in add.input if i != output]
-            if (
-                add.op_type == "Add"
-                and len(other) == 1
-                and graph.inits.get(other[0]) == (out_features,)
-            ):
-                bias = (add.name, other[0])
-                output = add.output[0]
+    found_bias = _bias_after(graph, node.output[0], out_features, bias)
+    bias, output = found_bias["bias"], found_bias["output"]
     return Linear(
         node=node.name,
         op_type=node.op_type,
@@ -145,12 +160,32 @@ def _find_linear(graph: PlanGraph, index: int) -> Linear | None:
     )
 
 
+def _bias_after(graph: PlanGraph, output: str, out_features: int, bias: tuple[str, str] | None) -> dict:
+    """``bias`` and ``output``: the Add of a 1-D initializer of size N right after ``output`` when there
+    is no bias yet."""
+    if bias is None:
+        consumers = graph.consumers.get(output, [])
+        if len(consumers) == 1:
+            add = graph.nodes[consumers[0]]
+            other = [i for i in add.input if i != output]
+            if add.op_type == "Add" and len(other) == 1 and graph.inits.get(other[0]) == (out_features,):
+                return {"bias": (add.name, other[0]), "output": add.output[0]}
+    return {"bias": bias, "output": output}
+
+
 def find_linears(graph: PlanGraph) -> dict[int, Linear]:
     """Every linear of the graph by node index, in graph order, with the cut of its feature axis."""
     linears: dict[int, Linear] = {}
     for index in range(len(graph.nodes)):
         lin = _find_linear(graph, index)
         if lin is None:
+            continue
+        packed = packed_attention(graph, lin.output)
+        if packed is not None:  # q|k|v for GroupQueryAttention: equal parts only when H == KV
+            equal = packed.heads == packed.kv_heads
+            linears[index] = dataclasses.replace(
+                lin, attention=packed, parts=3 if equal else 1, heads=packed.heads, uneven=not equal
+            )
             continue
         cut = feature_parts(graph, lin.output, lin.out_features)
         if cut.parts == 0:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from sharding.megatron.graph import PlanGraph
 from sharding.megatron.linears import Linear
-from sharding.megatron.specs import Assignment, column_specs, piece_specs, row_specs
+from sharding.megatron.specs import Assignment, attention_specs, column_specs, piece_specs, row_specs
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class LinearPair:
 
 
 def _col_heads(col: Linear) -> bool:
+    if col.attention is not None:
+        return True
     if col.uneven:
         return bool(col.pieces) and all(p.heads for p in col.pieces)
     return bool(col.heads)
@@ -51,6 +53,8 @@ def _col_heads(col: Linear) -> bool:
 
 def _col_units(col: Linear, use_heads: bool) -> int:
     """What a shard of the column must hold whole, for its largest part."""
+    if col.attention is not None:
+        return col.attention.heads if use_heads else col.out_features
     if col.uneven:
         return max((p.heads if use_heads else p.width) for p in col.pieces) if col.pieces else 1
     return col.heads if use_heads else col.out_features // col.parts
@@ -85,9 +89,16 @@ def pair_assignments(
         use_heads = attention and all(_col_heads(c) for c in cols)
         units = [_col_units(c, use_heads) for c in cols]
         ways = math.gcd(max(units), n)
+        if row.blocks and ways > 1 and row.blocks % ways:
+            fewer = math.gcd(ways, row.blocks)
+            notes.append(
+                f"layer {layer} {kind}: {row.node} is quantized in {row.blocks} blocks along K, and a row "
+                f"split cuts whole blocks: {fewer} ways instead of {ways}"
+            )
+            ways = fewer
         col_ways = [math.gcd(u, ways) for u in units]
         what = "heads" if use_heads else "features"
-        unknown = [c.node for c in cols if c.uneven and not (c.pieces and use_heads)]
+        unknown = [c.node for c in cols if c.uneven and c.attention is None and not (c.pieces and use_heads)]
         if unknown:
             ways, col_ways = 1, [1] * len(cols)
             notes.append(
@@ -108,6 +119,10 @@ def pair_assignments(
                     f"on {n // ways} devices"
                 )
             for position, (col, cw, u) in enumerate(zip(cols, col_ways, units)):
+                if col.attention is not None:
+                    col_ways[position] = ways if not col.uneven else 1
+                    assignments += attention_specs(col, ways, n, f"L{layer} {kind}", notes)
+                    continue
                 if col.uneven:
                     col_ways[position] = 1
                     assignments += piece_specs(graph, col, ways, n, use_heads, gqa, layer, kind, notes)

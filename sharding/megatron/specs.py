@@ -63,6 +63,8 @@ def column_specs(lin: Linear, ways: int, n: int, role: str) -> list[Assignment]:
     if lin.transpose:  # the parameter [N, K] or [K, N] behind the Transpose
         out.append(Assignment(lin.transpose, cut(lin.parameter, lin.k_axis), role))
         out.append(Assignment(lin.transpose, cut(lin.weight, n_axis), role))
+    for tensor, shape in lin.quant:  # MatMulNBits' scales/zero points: N-major, [N, blocks] or flat
+        out.append(Assignment(lin.node, split_spec(tensor, 0, ways, n, lin.parts, shape[0] if shape else 0), role))
     if lin.bias is not None and lin.bias[0] == lin.node:  # Gemm's C: [N], [1, N] or [M, N]
         out.append(Assignment(lin.node, cut(lin.bias[1], -1), role))
     out.append(Assignment(lin.node, cut(lin.matmul_output, -1), role))
@@ -80,6 +82,12 @@ def row_specs(lin: Linear, ways: int, n: int, role: str) -> list[Assignment]:
     if lin.transpose:
         out.append(Assignment(lin.transpose, split_spec(lin.parameter, 1 - lin.k_axis, ways, n), role))
         out.append(Assignment(lin.transpose, split_spec(lin.weight, lin.k_axis, ways, n), role))
+    for tensor, shape in lin.quant:  # by K blocks: axis 1, or the inner sub-axis of a flat [N * blocks]
+        if len(shape) == 1:
+            spec = split_spec(tensor, 0, ways, n, lin.out_features, shape[0])
+        else:
+            spec = split_spec(tensor, 1, ways, n)
+        out.append(Assignment(lin.node, spec, role))
     if lin.bias is not None and lin.bias[0] == lin.node:
         out.append(Assignment(lin.node, replicated_spec(lin.bias[1], n), role))
     out.append(Assignment(lin.node, replicated_spec(lin.matmul_output, n), role))
@@ -123,4 +131,41 @@ def piece_specs(
         f"{[p.width for p in col.pieces]}; no split of its weight gives every device matching "
         f"parts, so it stays replicated and {split} are split by their readers"
     )
+    return out
+
+
+def attention_specs(col: Linear, ways: int, n: int, role: str, notes: list[str]) -> list[Assignment]:
+    """A packed q|k|v projection and the GroupQueryAttention it feeds, split by heads.
+
+    The attention output is split ``ways`` ways by query heads; past and present key/value ``gcd(kv_heads,
+    ways)`` ways on their kv-head axis 1, each kv head on the devices whose query heads read it
+    (`split_spec`'s consecutive groups). With as many kv heads as query heads the projection is split through
+    the fused axis ``[{3, 1}, {N/3, ways}]``; otherwise it stays whole and every device cuts its heads out of
+    it locally (a note says why).
+    """
+    att = col.attention
+    kv_ways = math.gcd(att.kv_heads, ways)
+    out: list[Assignment] = []
+    if col.uneven:
+        notes.append(
+            f"{role}: {col.node} packs q|k|v of {att.heads}|{att.kv_heads}|{att.kv_heads} heads for "
+            f"{att.node}; a fused axis is a product of sub-axes and cuts every part at the same relative "
+            "place, so no split of the packed weight gives each device the kv heads its query heads read: "
+            "the projection stays whole (replicated) and each device takes its heads from it locally"
+        )
+        query = replicated_spec(att.query, n)
+    else:
+        out += column_specs(col, ways, n, role + " column")
+        query = split_spec(att.query, -1, ways, n, 3, col.out_features)
+    if kv_ways < ways:
+        where = "on every device" if kv_ways == 1 else f"{kv_ways} ways, each kv head on the {n // kv_ways} devices whose query heads read it"
+        notes.append(
+            f"{role}: {att.node} has {att.kv_heads} kv heads for {ways} shards: its cache is replicated {where}"
+        )
+    gqa = role + " (GroupQueryAttention)"
+    out.append(Assignment(att.node, query, gqa))
+    out.append(Assignment(att.node, split_spec(att.output, -1, ways, n), gqa))
+    for tensor in (*att.past, *att.present):
+        if tensor:
+            out.append(Assignment(att.node, split_spec(tensor, 1, kv_ways, n), gqa))
     return out
