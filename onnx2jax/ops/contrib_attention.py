@@ -150,7 +150,14 @@ def group_query_attention(
     b, s, width = query.shape
     if key is None:
         head = width // (num_heads + 2 * kv_num_heads)
-        q, k, v = jnp.split(query, [num_heads * head, (num_heads + kv_num_heads) * head], axis=-1)
+        # Gathers of constant columns rather than slices: under tensor parallelism the packed query is whole
+        # on every device and q, k, v are wanted split by heads; XLA partitions a gather of a replicated
+        # operand locally, while a slice is first cut evenly and its parts shifted (collective-permutes).
+        q, k, v = (
+            jnp.take(query, np.arange(lo, hi), axis=-1)
+            for lo, hi in ((0, num_heads * head), (num_heads * head, (num_heads + kv_num_heads) * head),
+                           ((num_heads + kv_num_heads) * head, width))
+        )
     else:
         head = width // num_heads
         q, k, v = query, key, value
