@@ -1,0 +1,143 @@
+"""Decoder LLMs with a KV cache (issue 20) sharded by the Megatron plan: one forward call each.
+
+Every fixture of tests/data/genai (four onnxruntime-genai builder folders and a torch export) runs
+`onnx2jax.compile(megatron_plan(model, N))` on 2, 4 and 8 of the 8 fake CPU devices, for a prefill with
+an empty past (`forward_batch.npz`, a right- or left-padded batch of 2) and a decode call with a given past
+of 6 positions (`forward.npz`). Checked against independent references:
+
+* values: onnxruntime's stored outputs (every output of the decode call; the prefill's logits and cache at
+  the real, unpadded positions, where onnxruntime's are specified) and the unsharded run of the same call;
+* collectives in the compiled HLO: the analytic minimum per call, ``2 * layers + 1`` all-reduces and no
+  other collective: per layer one after o_proj (attention row) and one after down_proj (MLP row), plus
+  the vocabulary-parallel embedding's; the LM head is column-parallel over the vocabulary and its logits
+  are returned vocab-sharded (gathering them, e.g. for argmax, is the caller's choice), so it adds none;
+* the cache: every device holds ``1 / gcd(kv_heads, N)`` of each present key/value: ``1/N`` where the kv
+  heads are at least N, and where N exceeds them each kv head replicated on the ``N / kv_heads`` devices
+  whose query heads read it (MQA: whole on every device).
+
+The torch export is planned with ``gqa="groups"`` (the default "replicate" keeps its k/v projections, and
+so its cache, whole where N exceeds the kv heads); the builder graphs' GroupQueryAttention caches are split
+in groups either way (sharding.megatron.specs.attention_specs).
+"""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+import onnx
+import pytest
+
+import onnx2jax
+from sharding import megatron_layout, megatron_plan
+
+GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
+# fixture -> (layers, kv heads)
+FIXTURES = {
+    "llama_gqa": (2, 2),
+    "llama_mqa": (2, 1),
+    "qwen2_window": (2, 2),
+    "llama_gqa_int4": (2, 2),
+    "llama_gqa_torch": (2, 2),
+}
+DEVICES = (2, 4, 8)
+
+
+def _model(name: str) -> onnx.ModelProto:
+    return onnx.load(GENAI / name / "model.onnx")
+
+
+def _calls(name: str) -> dict[str, tuple[dict, dict, np.ndarray | None]]:
+    """``call -> (inputs, onnxruntime's outputs, mask of real positions or None)``."""
+    decode = np.load(GENAI / name / "forward.npz")
+    batch = np.load(GENAI / name / "forward_batch.npz")
+    prefill_in = {k.split(":", 1)[1]: batch[k] for k in batch.files if k.startswith("prefill:") and ":out:" not in k}
+    prefill_out = {k.split(":out:", 1)[1]: batch[k] for k in batch.files if k.startswith("prefill:out:")}
+    return {
+        "prefill": (prefill_in, prefill_out, prefill_in["attention_mask"].astype(bool)),
+        "decode": (
+            {k: decode[k] for k in decode.files if not k.startswith("out:")},
+            {k[4:]: decode[k] for k in decode.files if k.startswith("out:")},
+            None,
+        ),
+    }
+
+
+def _real(name: str, value: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """The positions onnxruntime specifies: every one, or a padded prefill's real tokens."""
+    if mask is None:
+        return value
+    if name == "logits":  # [B, S, vocab]
+        return value[mask]
+    return np.concatenate([value[b][:, mask[b]].reshape(-1) for b in range(mask.shape[0])])  # [B, KV, T, D]
+
+
+@pytest.fixture(scope="module", params=list(FIXTURES))
+def fixture(request):
+    name = request.param
+    model = _model(name)
+    unsharded = onnx2jax.compile(model)
+    calls = _calls(name)
+    whole = {call: dict(zip([o.name for o in model.graph.output], unsharded(**inputs))) for call, (inputs, _, _) in calls.items()}
+    return name, model, calls, whole
+
+
+@pytest.mark.parametrize("n", DEVICES)
+def test_sharded_forward_matches_onnxruntime_and_unsharded(fixture, n):
+    name, model, calls, whole = fixture
+    layers, kv_heads = FIXTURES[name]
+    gqa = "groups" if name.endswith("_torch") else "replicate"
+    compiled = onnx2jax.compile(megatron_plan(model, n, gqa=gqa))
+    names = [o.name for o in model.graph.output]
+    for call, (inputs, expected, mask) in calls.items():
+        got = dict(zip(names, compiled(**inputs)))
+        for out in names:
+            value = np.asarray(got[out])
+            np.testing.assert_allclose(value, np.asarray(whole[call][out]), rtol=1e-5, atol=1e-4, err_msg=f"{call} {out}")
+            np.testing.assert_allclose(
+                _real(out, value, mask), _real(out, expected[out], mask), rtol=1e-4, atol=1e-4, err_msg=f"{call} {out}"
+            )
+        # The analytic minimum: one all-reduce per row-parallel linear (o_proj, down_proj), one for the
+        # vocabulary-parallel embedding; the vocab-sharded logits leave the program as they are.
+        collectives = {k: v for k, v in compiled.report(**inputs).collectives.items() if v}
+        assert collectives == {"all-reduce": 2 * layers + 1}, (call, collectives)
+        # The cache: 1 / gcd(kv heads, N) of each present tensor on every device.
+        for out in names:
+            if not out.startswith("present"):
+                continue
+            array = got[out]
+            total = array.size * array.dtype.itemsize
+            per_device = {s.data.size * s.data.dtype.itemsize for s in array.addressable_shards}
+            assert per_device == {total // math.gcd(kv_heads, n)}, (call, out, per_device, total)
+
+
+def test_plan_says_what_it_leaves_whole():
+    """No silent replication: the packed q|k|v under GQA stays whole with a note saying why, the cache's
+    groups are noted, and int4's o_proj (4 blocks of 32 along K) is split 4 ways on 8 devices, noted."""
+    notes = megatron_layout(_model("llama_gqa"), 8).notes
+    assert sum("packs q|k|v of 8|2|2 heads" in note and "stays whole" in note for note in notes) == 2
+    assert sum("2 kv heads for 8 shards" in note for note in notes) == 2
+    int4 = megatron_layout(_model("llama_gqa_int4"), 8)
+    assert sum("quantized in 4 blocks along K" in note for note in int4.notes) == 2
+    assert [p.ways for p in int4.pairs] == [4, 8, 4, 8]
+
+
+def test_int4_specs_split_packed_weights_by_n_and_by_k_blocks():
+    """MatMulNBits: a column cuts B [N, blocks, blob] and scales [N, blocks] on N (axis 0), a row on the
+    blocks axis 1; the LM head cuts the vocabulary (N)."""
+    layout = megatron_layout(_model("llama_gqa_int4"), 2)
+    specs = {(a.node, a.spec.tensor_name): a.spec for a in layout.assignments}
+
+    def cut(node, tensor):
+        spec = specs[(node, tensor)]
+        return [(d.axis, d.num_shards) for d in spec.sharded_dims if d.num_shards > 1]
+
+    gate = "/model/layers.0/mlp/gate_proj/MatMul_Q4"
+    down = "/model/layers.0/mlp/down_proj/MatMul_Q4"
+    assert cut(gate, "model.layers.0.mlp.gate_proj.MatMul.weight_Q4") == [(0, 2)]
+    assert cut(gate, "model.layers.0.mlp.gate_proj.MatMul.weight_scales") == [(0, 2)]
+    assert cut(down, "model.layers.0.mlp.down_proj.MatMul.weight_Q4") == [(1, 2)]
+    assert cut(down, "model.layers.0.mlp.down_proj.MatMul.weight_scales") == [(1, 2)]
+    assert cut("/lm_head/MatMul_Q4", "lm_head.MatMul.weight_Q4") == [(0, 2)]
+    assert layout.lm_head == "/lm_head/MatMul_Q4"
