@@ -57,7 +57,7 @@ def _whole(ctx, spec, axes, why: str, index: int) -> bool:
     rank = ctx.rank(index)
     ok = True
     for axis, dim in sharded_dims(spec, rank):
-        if axis in axes or axes is None:
+        if axes is None or axis in axes:
             ctx.diag(
                 "attention-axis-sharded",
                 f"axis {axis} of {spec.tensor_name!r} is cut in {dim.num_shards}, but {why}",
