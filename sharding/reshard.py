@@ -9,7 +9,8 @@ the data is resharded, at the cost of a collective. `reshard_kind` names it
 kind                 when
 ===================  =========================================================
 all-gather           axes sharded before are whole after
-dynamic-slice        axes whole before are sharded after (local, no traffic)
+dynamic-slice        axes whole before are sharded after, or an axis's blocks are cut finer
+                     on devices that hold them (local, no traffic)
 all-to-all           the sharding moves from some axes to others
 collective-permute   the same cuts on other devices
 broadcast            the same cuts, copied to more devices
@@ -56,6 +57,20 @@ def same_spec(a: ShardingSpec, b: ShardingSpec, shape: Shape | None) -> bool:
     return False
 
 
+def _refines_locally(src: ShardingSpec, dst: ShardingSpec, shape: Shape | None) -> bool:
+    """One axis, plain cuts, ``dst``'s t blocks refining ``src``'s s blocks, each on devices that hold the
+    block it lies in (GQA: 2 kv-head groups on 4 devices each, cut into 8 query-head blocks)."""
+    rank = None if shape is None else len(shape)
+    (a, da), (b, db) = (sharded_dims(src, rank) or [(None, None)])[0], (sharded_dims(dst, rank) or [(None, None)])[0]
+    if len(sharded_dims(src, rank)) != 1 or len(sharded_dims(dst, rank)) != 1 or a != b:
+        return False
+    if len(da.parts) != 1 or len(db.parts) != 1 or db.num_shards % da.num_shards:
+        return False
+    ratio = db.num_shards // da.num_shards
+    held = device_sets(src)
+    return all(devices <= held[j // ratio] for j, devices in enumerate(device_sets(dst)))
+
+
 def reshard_kind(src: ShardingSpec, dst: ShardingSpec, shape: Shape | None) -> str | None:
     """The collective that turns ``src`` into ``dst``; None when they are the same.
 
@@ -75,7 +90,7 @@ def reshard_kind(src: ShardingSpec, dst: ShardingSpec, shape: Shape | None) -> s
     removed = [a for a in before if after.get(a) != before[a]]
     added = [a for a in after if before.get(a) != after[a]]
     if removed and added:
-        return "all-to-all"
+        return "dynamic-slice" if _refines_locally(src, dst, shape) else "all-to-all"
     if removed:
         return "all-gather"
     if added:

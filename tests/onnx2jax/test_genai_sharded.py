@@ -31,6 +31,7 @@ import pytest
 
 import onnx2jax
 from sharding import megatron_layout, megatron_plan
+from sharding.infer import infer
 
 GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
 # fixture -> (layers, kv heads)
@@ -110,6 +111,19 @@ def test_sharded_forward_matches_onnxruntime_and_unsharded(fixture, n):
             total = array.size * array.dtype.itemsize
             per_device = {s.data.size * s.data.dtype.itemsize for s in array.addressable_shards}
             assert per_device == {total // math.gcd(kv_heads, n)}, (call, out, per_device, total)
+
+
+@pytest.mark.parametrize("name", [n for n in FIXTURES if not n.endswith("_torch")])
+def test_plan_checks_and_reshards_only_locally(name):
+    """The plan passes the op rules (no error), every node's rule gives back its written outputs except the
+    attention output, which the plan cuts finer than the cache's kv groups: a local slice, no collective."""
+    model = onnx.load(GENAI / name / "model.onnx", load_external_data=False)
+    for n in DEVICES:
+        result = infer(megatron_plan(model, n))
+        assert [d for d in result.diagnostics if d.severity == "error"] == []
+        reshards = [d for d in result.diagnostics if d.code == "reshard"]
+        assert all(d.message.endswith("(dynamic-slice)") and "GroupQueryAttention" in d.node for d in reshards)
+        assert sum(d.code == "collective" for d in result.diagnostics) == 2 * FIXTURES[name][0] + 1
 
 
 def test_plan_says_what_it_leaves_whole():

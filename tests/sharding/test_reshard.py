@@ -17,6 +17,9 @@ from sharding.text import parse_spec
         ("0:2 @ [0,1]", "1:2 @ [0,1]", (4, 4), "all-to-all"),
         ("0:2 @ [0,1]", "0:2 @ [1,0]", (4, 4), "collective-permute"),
         ("0:2 @ [0,1]", "0:2 @ [{0,2},{1,3}]", (4, 4), "broadcast"),
+        # finer blocks, each on devices holding the coarse block it lies in (GQA's kv groups -> query heads)
+        ("2:2 @ [{0,1,2,3},{4,5,6,7}]", "2:8 @ [0,1,2,3,4,5,6,7]", (1, 3, 128), "dynamic-slice"),
+        ("2:2 @ [{0,2,4,6},{1,3,5,7}]", "2:8 @ [0,1,2,3,4,5,6,7]", (1, 3, 128), "all-to-all"),
     ],
 )
 def test_reshard_kind(src, dst, shape, kind):
