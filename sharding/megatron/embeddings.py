@@ -60,6 +60,12 @@ def embedding_assignments(
         and len(graph.inits.get(node.input[0], ())) == 2
         and graph.attr(node, "axis", 0) == 0
     ]
+    for node in graph.nodes:
+        if node.op_type == "GatherBlockQuantized":
+            notes.append(
+                f"{node.name}: a quantized embedding (GatherBlockQuantized); the plan has no vocabulary "
+                "split for it yet, so its table stays whole (replicated)"
+            )
     dependent = {node.name: graph.depends_on_input(node.input[1]) for node in lookups}
     largest = max((graph.inits[x.input[0]][0] for x in lookups if dependent[x.name]), default=0)
     for node in lookups:
