@@ -70,6 +70,7 @@ class PlanGraph:
         self.inits = {i.name: tuple(i.dims) for i in graph.initializer}
         self.init_protos = {i.name: i for i in graph.initializer}
         self.inputs = {i.name for i in graph.input} - set(self.inits)
+        self.outputs = {o.name for o in graph.output}
         self.producer: dict[str, int] = {}
         self.consumers: dict[str, list[int]] = defaultdict(list)
         self.constants = set(self.inits)

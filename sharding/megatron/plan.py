@@ -46,6 +46,8 @@ Modules: `sharding.megatron.graph` (the graph view and its walks),
 `sharding.megatron.parts` (fused projections' parts),
 `sharding.megatron.pairs` (shard counts and specs per pair),
 `sharding.megatron.embeddings` (embeddings and the LM head),
+`sharding.megatron.builder` (onnxruntime-genai's ops: MatMulNBits, GroupQueryAttention),
+`sharding.megatron.cache` (torch exports' past_key_values),
 `sharding.megatron.specs` (the spec builders); this module assembles the
 layout and writes the plan.
 """
@@ -61,6 +63,7 @@ from dataclasses import dataclass
 import onnx
 
 from sharding.annotate import add_configuration, name_nodes, set_spec
+from sharding.megatron.cache import cache_assignments
 from sharding.megatron.embeddings import Embedding, embedding_assignments, lm_head_assignments
 from sharding.megatron.graph import PlanGraph
 from sharding.megatron.linears import Linear, find_linears, pair_linears
@@ -145,7 +148,8 @@ def megatron_layout(
     pairs, assignments = pair_assignments(graph, linears, raw_pairs, n, gqa, notes)
     embeddings, token_tables, embedding_specs = embedding_assignments(graph, n, notes)
     lm_head, head_specs = lm_head_assignments(graph, linears, paired, token_tables, n, notes)
-    assignments += embedding_specs + head_specs
+    column_ways = {c: w for p in pairs for c, w in zip(p.columns, p.column_ways)}
+    assignments += embedding_specs + head_specs + cache_assignments(graph, linears, column_ways, n)
 
     unnamed = sorted({a.node for a in assignments if not a.node})
     if unnamed:

@@ -126,6 +126,29 @@ def test_plan_checks_and_reshards_only_locally(name):
         assert sum(d.code == "collective" for d in result.diagnostics) == 2 * FIXTURES[name][0] + 1
 
 
+@pytest.mark.parametrize("name", list(FIXTURES))
+def test_plan_writes_the_past_cache_by_kv_heads(name):
+    """The plan places each past key/value input where its present lives (axis 1 in gcd(kv, N) shards, on
+    the groups of devices whose query heads read it), so a loop feeding the presents back moves nothing."""
+    model = onnx.load(GENAI / name / "model.onnx", load_external_data=False)
+    past = [i.name for i in model.graph.input if i.name.startswith("past_key_values")]
+    kv = FIXTURES[name][1]
+    gqa = "groups" if name.endswith("_torch") else "replicate"
+    for n in DEVICES:
+        written = {a.spec.tensor_name: a.spec for a in megatron_layout(model, n, gqa=gqa).assignments}
+        ways = math.gcd(kv, n)
+        for tensor in past:
+            if ways == 1:
+                spec = written.get(tensor)
+                assert spec is None or spec.num_shards == 1
+                continue
+            spec = written[tensor]
+            assert [(d.axis % 4, d.num_shards) for d in spec.sharded_dims] == [(1, ways)]
+            assert [sorted(spec.devices_of_shard(i)) for i in range(ways)] == [
+                list(range(i * n // ways, (i + 1) * n // ways)) for i in range(ways)
+            ]
+
+
 def test_plan_says_what_it_leaves_whole():
     """No silent replication: the packed q|k|v under GQA stays whole with a note saying why, the cache's
     groups are noted, and int4's o_proj (4 blocks of 32 along K) is split 4 ways on 8 devices, noted."""
