@@ -200,10 +200,12 @@ class GroupQueryAttention(Rule):
         if present:
             found = contract(ctx, kv_ops + [o for o in others if "h" not in o.labels],
                              [(name, [batch, "h", "t", "d"]) for _, name in present], label_names=names)
+            # Nothing known about key/value/past (all unknown): the cache is whole where the node runs.
+            whole = all(o.spec is None for o in kv_ops) and not any(d.severity == "error" for d in ctx.diagnostics)
             devices = node_devices(s for s in specs if s is not None)
             outs += [None, None]
             for (i, name), spec in zip(present, found, strict=True):
-                outs[i] = spec if spec is not None or not devices else replicated(name, devices)
+                outs[i] = replicated(name, devices) if spec is None and whole and devices else spec
         return outs
 
 
