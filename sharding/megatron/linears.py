@@ -121,7 +121,8 @@ def _find_linear(graph: PlanGraph, index: int) -> Linear | None:
     node = graph.nodes[index]
     if quantized_weight(graph, node):
         lin = _quantized_linear(graph, node)
-        return dataclasses.replace(lin, **_bias_after(graph, lin.output, lin.out_features, lin.bias))
+        bias, output = _bias_after(graph, lin.output, lin.out_features, lin.bias)
+        return dataclasses.replace(lin, bias=bias, output=output)
     if node.op_type not in ("MatMul", "Gemm"):
         return None
     found = _weight_of(graph, node)
@@ -141,8 +142,7 @@ def _find_linear(graph: PlanGraph, index: int) -> Linear | None:
         k_axis, act_k = 0, -1
     in_features = weight_shape[k_axis]
     out_features = weight_shape[1 - k_axis]
-    found_bias = _bias_after(graph, node.output[0], out_features, bias)
-    bias, output = found_bias["bias"], found_bias["output"]
+    bias, output = _bias_after(graph, node.output[0], out_features, bias)
     return Linear(
         node=node.name,
         op_type=node.op_type,
@@ -160,17 +160,19 @@ def _find_linear(graph: PlanGraph, index: int) -> Linear | None:
     )
 
 
-def _bias_after(graph: PlanGraph, output: str, out_features: int, bias: tuple[str, str] | None) -> dict:
-    """``bias`` and ``output``: the Add of a 1-D initializer of size N right after ``output`` when there
-    is no bias yet."""
+def _bias_after(
+    graph: PlanGraph, output: str, out_features: int, bias: tuple[str, str] | None
+) -> tuple[tuple[str, str] | None, str]:
+    """``(bias, output)``: the Add of a 1-D initializer of size N right after ``output`` and its output,
+    when there is no bias yet; else ``bias`` and ``output`` unchanged."""
     if bias is None:
         consumers = graph.consumers.get(output, [])
         if len(consumers) == 1:
             add = graph.nodes[consumers[0]]
             other = [i for i in add.input if i != output]
             if add.op_type == "Add" and len(other) == 1 and graph.inits.get(other[0]) == (out_features,):
-                return {"bias": (add.name, other[0]), "output": add.output[0]}
-    return {"bias": bias, "output": output}
+                return (add.name, other[0]), add.output[0]
+    return bias, output
 
 
 def find_linears(graph: PlanGraph) -> dict[int, Linear]:
