@@ -81,14 +81,14 @@ class MatMulNBits(Rule):
             operands.append(Operand(in_specs[4], ["g"], ctx.in_shapes[4]))
         if len(in_specs) > 5 and ctx.input_name(5):
             operands.append(Operand(in_specs[5], ["n"], ctx.in_shapes[5]))
-        if not self._whole(ctx, operands, blocks, bits):
+        if not self._blocks_whole(ctx, operands, blocks, bits):
             return []
         # K is one label: A's K elements and the blocks (and zero-point bytes) are cut into the same shards.
         operands = [Operand(o.spec, ["k" if x in ("kb", "kz") else x for x in o.labels], o.shape) for o in operands]
         return contract(ctx, operands, [(ctx.node.output[0], [*batch, "n"])], label_names=NAMES,
                         mismatch_code={"k": "k-sharding-mismatch"})
 
-    def _whole(self, ctx, operands, blocks: int, bits: int) -> bool:
+    def _blocks_whole(self, ctx, operands, blocks: int, bits: int) -> bool:
         """Reports K cuts that split a quantisation block, a sharded blob axis and a K split with g_idx."""
         ok = True
         k_cut = False
