@@ -121,7 +121,7 @@ def pair_assignments(
             for position, (col, cw, u) in enumerate(zip(cols, col_ways, units)):
                 if col.attention is not None:
                     col_ways[position] = ways if not col.uneven else 1
-                    assignments += attention_specs(col, ways, n, f"L{layer} {kind}", notes)
+                    assignments += attention_specs(col, ways, n, layer, kind, notes)
                     continue
                 if col.uneven:
                     col_ways[position] = 1

@@ -134,7 +134,9 @@ def piece_specs(
     return out
 
 
-def attention_specs(col: Linear, ways: int, n: int, role: str, notes: list[str]) -> list[Assignment]:
+def attention_specs(
+    col: Linear, ways: int, n: int, layer: int, kind: str, notes: list[str]
+) -> list[Assignment]:
     """A packed q|k|v projection and the GroupQueryAttention it feeds, split by heads.
 
     The attention output is split ``ways`` ways by query heads; past and present key/value ``gcd(kv_heads,
@@ -145,10 +147,11 @@ def attention_specs(col: Linear, ways: int, n: int, role: str, notes: list[str])
     """
     att = col.attention
     kv_ways = math.gcd(att.kv_heads, ways)
+    role, where = f"L{layer} {kind}", f"layer {layer} {kind}"
     out: list[Assignment] = []
     if col.uneven:
         notes.append(
-            f"{role}: {col.node} packs q|k|v of {att.heads}|{att.kv_heads}|{att.kv_heads} heads for "
+            f"{where}: {col.node} packs q|k|v of {att.heads}|{att.kv_heads}|{att.kv_heads} heads for "
             f"{att.node}; a fused axis is a product of sub-axes and cuts every part at the same relative "
             "place, so no split of the packed weight gives each device the kv heads its query heads read: "
             "the projection stays whole (replicated) and each device takes its heads from it locally"
@@ -158,10 +161,11 @@ def attention_specs(col: Linear, ways: int, n: int, role: str, notes: list[str])
         out += column_specs(col, ways, n, role + " column")
         query = split_spec(att.query, -1, ways, n, 3, col.out_features)
     if kv_ways < ways:
-        where = "on every device" if kv_ways == 1 else f"{kv_ways} ways, each kv head on the {n // kv_ways} devices whose query heads read it"
-        notes.append(
-            f"{role}: {att.node} has {att.kv_heads} kv heads for {ways} shards: its cache is replicated {where}"
+        how = (
+            "whole on every device" if kv_ways == 1
+            else f"split {kv_ways} ways, each kv head on the {n // kv_ways} devices whose query heads read it"
         )
+        notes.append(f"{where}: {att.node} has {att.kv_heads} kv heads for {ways} shards: its cache is {how}")
     gqa = role + " (GroupQueryAttention)"
     out.append(Assignment(att.node, query, gqa))
     out.append(Assignment(att.node, split_spec(att.output, -1, ways, n), gqa))
