@@ -29,6 +29,12 @@ broadcast-axis-sharded  error     a broadcast size-1 axis is sharded
 empty-intersection      error     no device holds all shards an output needs
 spatial-axis-sharded    error     a conv, pool or resize spatial axis is cut
 group-split             error     a channel cut splits a conv's groups
+attention-axis-sharded  error     an attention sequence/head-size axis or
+                                  rotary table is cut
+attention-heads-split   error     a cut splits attention heads or a packed
+                                  q|k|v
+quantized-block-split   error     a cut splits a MatMulNBits quantisation
+                                  block
 stage-invalid           error     pipeline stages cannot be placed on devices
 fused-axis-size         error     a fused spec has no layout at a call's shapes
 annotation-invalid      error     an annotation cannot be read

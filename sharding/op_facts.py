@@ -106,7 +106,9 @@ CONTRIB_BROADCAST_ELEMENTWISE = frozenset({"BiasGelu", "FastGelu"})
 
 The other contrib ops have no fact here: the skip and simplified layer norms are normalizations over
 the last axis, RotaryEmbedding, GroupQueryAttention, MatMulNBits and GatherBlockQuantized mix elements.
-The sharding rules cover no contrib op (``sharding.rules.rule_for`` knows the default domain only)."""
+The sharding rules (``sharding.rules.contrib_*``, ``rule_for(op, "com.microsoft")``) cover the decoder ops
+the model builder writes: GroupQueryAttention, RotaryEmbedding, SkipLayerNormalization,
+SkipSimplifiedLayerNormalization and MatMulNBits, none of them elementwise."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,7 @@ positions are per token (2-D position_ids cut alike); D, cos and sin must be who
 
 from __future__ import annotations
 
+from sharding import codes
 from sharding.rules.base import Rule, text
 from sharding.rules.contract import Operand, contract
 from sharding.rules.views import clone_spec, dim_key, make_dim, node_devices, replicated, sharded_dims
@@ -59,7 +60,7 @@ def _whole(ctx, spec, axes, why: str, index: int) -> bool:
     for axis, dim in sharded_dims(spec, rank):
         if axes is None or axis in axes:
             ctx.diag(
-                "attention-axis-sharded",
+                codes.ATTENTION_AXIS_SHARDED,
                 f"axis {axis} of {spec.tensor_name!r} is cut in {dim.num_shards}, but {why}",
                 f"replicate {spec.tensor_name!r} along axis {axis}; {ctx.op_type} shards over batch and heads",
                 tensor=spec.tensor_name,
@@ -81,7 +82,7 @@ def _by_heads(ctx, spec, axis: int, heads: int, size, index: int) -> bool:
         key = dim_key(dim, size)
         if len(key) != 1 or heads % key[0]:
             ctx.diag(
-                "attention-heads-split",
+                codes.ATTENTION_HEADS_SPLIT,
                 f"axis {axis} of {spec.tensor_name!r} ({heads} heads) is cut as {text(spec)}, which does "
                 "not give every shard whole heads",
                 f"cut it in a divisor of {heads}",
@@ -117,7 +118,7 @@ def _unfused_query(ctx, spec, heads: int, kv: int):
             "heads read" if heads != kv else "only the fused axis [{3, 1}, {H*D, w}] splits each part by heads"
         )
         ctx.diag(
-            "attention-heads-split",
+            codes.ATTENTION_HEADS_SPLIT,
             f"the packed q|k|v {spec.tensor_name!r} is cut on its hidden axis as {text(spec)}; {why}",
             "replicate the packed query's hidden axis and split the heads on the output and the cache "
             "(present_key/present_value)" if heads != kv else "write the fused axis [{3, 1}, {H*D, w}]",

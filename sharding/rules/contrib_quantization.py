@@ -20,6 +20,7 @@ not be split when it is given.
 
 from __future__ import annotations
 
+from sharding import codes
 from sharding.rules.base import Rule, text
 from sharding.rules.contract import Operand, contract
 from sharding.rules.matmul import NAMES
@@ -38,7 +39,7 @@ def _block_view(ctx, spec, n: int, blocks: int, index: int):
         dims = tuple(d for d in (make_dim(0, [(n, parts[0][1])]), make_dim(1, [(blocks, parts[1][1])])) if d)
     else:
         ctx.diag(
-            "quantized-block-split",
+            codes.QUANTIZED_BLOCK_SPLIT,
             f"{ctx.input_name(index)!r} (flat [{n} * {blocks}]) is cut in a way that is neither by N nor "
             "by K blocks",
             f"split it in a divisor of N={n} (column), or as the fused axis [{{{n}, 1}}, {{{blocks}, w}}] "
@@ -86,7 +87,7 @@ class MatMulNBits(Rule):
         # K is one label: A's K elements and the blocks (and zero-point bytes) are cut into the same shards.
         operands = [Operand(o.spec, ["k" if x in ("kb", "kz") else x for x in o.labels], o.shape) for o in operands]
         return contract(ctx, operands, [(ctx.node.output[0], [*batch, "n"])], label_names=NAMES,
-                        mismatch_code={"k": "k-sharding-mismatch"})
+                        mismatch_code={"k": codes.K_SHARDING_MISMATCH})
 
     def _blocks_whole(self, ctx, operands, blocks: int, bits: int) -> bool:
         """Reports K cuts that split a quantisation block, a sharded blob axis and a K split with g_idx."""
@@ -100,7 +101,7 @@ class MatMulNBits(Rule):
                 name = op.spec.tensor_name
                 if label in ("blob", "g"):
                     what = "the bytes of one quantisation block" if label == "blob" else "g_idx"
-                    ctx.diag("quantized-block-split", f"{name!r} axis {axis} holds {what}; it cannot be split",
+                    ctx.diag(codes.QUANTIZED_BLOCK_SPLIT, f"{name!r} axis {axis} holds {what}; it cannot be split",
                              f"replicate {name!r} along axis {axis}", tensor=name, axis=axis,
                              given=text(op.spec), expected=f"axis {axis} unsharded")
                     ok = False
@@ -110,7 +111,7 @@ class MatMulNBits(Rule):
                 if label in ("k", "kb", "kz"):
                     k_cut = True
                     if len(dim.parts) > 1 or (isinstance(units, int) and units % w):
-                        ctx.diag("quantized-block-split",
+                        ctx.diag(codes.QUANTIZED_BLOCK_SPLIT,
                                  f"{name!r} axis {axis} (K) is cut in {w}, which splits a quantisation block "
                                  f"({blocks} blocks of {ctx.attr('block_size')}, {bits} bits)",
                                  f"cut K in a divisor of {blocks} blocks" + (
@@ -118,7 +119,7 @@ class MatMulNBits(Rule):
                                  tensor=name, axis=axis, given=text(op.spec), expected="whole blocks per shard")
                         ok = False
         if k_cut and len(ctx.node.input) > 4 and ctx.input_name(4):
-            ctx.diag("quantized-block-split", "K is split, but g_idx maps K rows to global blocks",
+            ctx.diag(codes.QUANTIZED_BLOCK_SPLIT, "K is split, but g_idx maps K rows to global blocks",
                      "leave K whole (split N instead) when g_idx is given", tensor=ctx.input_name(4),
                      expected="K unsharded")
             ok = False

@@ -49,20 +49,24 @@ def test_registry_and_sharding_rules_agree_on_elementwise_ops():
     assert registered_broadcast == set(broadcast.OPS)
 
 
-def test_contrib_ops_have_their_own_facts_and_no_sharding_rule():
+def test_contrib_ops_have_their_own_facts_and_the_decoder_ops_have_rules():
     """onnxruntime's contrib ops: their facts come from op_facts' contrib tables (a com.microsoft Gelu is
-    not the default domain's by name alone); the sharding rules cover none of them, so there is no rule to
-    agree with; SimplifiedLayerNormalization (onnxruntime's, in the default domain) is a normalization."""
+    not the default domain's by name alone); the sharding rules cover the model builder's decoder ops, none
+    of them elementwise, and no elementwise contrib op; SimplifiedLayerNormalization (onnxruntime's, in the
+    default domain) is a normalization with a rule and no fact."""
     from sharding.op_facts import CONTRIB_BROADCAST_ELEMENTWISE, CONTRIB_DOMAIN, CONTRIB_UNARY_ELEMENTWISE
-    from sharding.rules import rule_for
+    from sharding.rules import contrib_normalization, rule_for
 
     contrib = {k.op_type for k in registered() if k.domain == CONTRIB_DOMAIN}
     assert CONTRIB_UNARY_ELEMENTWISE | CONTRIB_BROADCAST_ELEMENTWISE <= contrib
     assert _registered_with(lambda f: f.elementwise == "unary", domain=CONTRIB_DOMAIN) == CONTRIB_UNARY_ELEMENTWISE
     assert _registered_with(lambda f: f.elementwise == "broadcast", domain=CONTRIB_DOMAIN) == CONTRIB_BROADCAST_ELEMENTWISE
-    assert all(rule_for(op, CONTRIB_DOMAIN) is None for op in contrib)
+    ruled = {op for op in contrib if rule_for(op, CONTRIB_DOMAIN) is not None}
+    decoder = {"GroupQueryAttention", "RotaryEmbedding", "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "MatMulNBits"}
+    assert ruled == decoder
+    assert not ruled & (CONTRIB_UNARY_ELEMENTWISE | CONTRIB_BROADCAST_ELEMENTWISE)
     assert "SimplifiedLayerNormalization" not in _registered_with(lambda f: f != f.__class__())
-    assert rule_for("SimplifiedLayerNormalization") is None
+    assert rule_for("SimplifiedLayerNormalization") is contrib_normalization.RULES[0]
 
 
 def test_registry_and_sharding_rules_agree_on_reductions():
