@@ -113,6 +113,29 @@ def test_sharded_forward_matches_onnxruntime_and_unsharded(fixture, n):
             assert per_device == {total // math.gcd(kv_heads, n)}, (call, out, per_device, total)
 
 
+@pytest.mark.parametrize("name", ["llama_gqa", "llama_mqa", "qwen2_window"])
+def test_decode_into_a_fixed_capacity_cache_sharded(name):
+    """A generation loop's layout (onnxruntime-genai's shared past/present buffer): the decode call's past
+    padded to a capacity of 16 positions, updated in place. On 8 devices the logits and the cache's first 9
+    positions equal onnxruntime's growing-cache call, with the same 2 * layers + 1 all-reduces."""
+    model = _model(name)
+    decode = np.load(GENAI / name / "forward.npz")
+    inputs = {k: decode[k] for k in decode.files if not k.startswith("out:")}
+    for key in [k for k in inputs if k.startswith("past_key_values")]:
+        inputs[key] = np.pad(inputs[key], ((0, 0), (0, 0), (0, 16 - inputs[key].shape[2]), (0, 0)))
+    compiled = onnx2jax.compile(megatron_plan(model, 8))
+    names = [o.name for o in model.graph.output]
+    got = dict(zip(names, compiled(**inputs)))
+    for out in names:
+        value = np.asarray(got[out])
+        if out.startswith("present"):
+            assert value.shape[2] == 16
+            value = value[:, :, : decode[f"out:{out}"].shape[2]]
+        np.testing.assert_allclose(value, decode[f"out:{out}"], rtol=1e-4, atol=1e-4, err_msg=out)
+    collectives = {k: v for k, v in compiled.report(**inputs).collectives.items() if v}
+    assert collectives == {"all-reduce": 2 * FIXTURES[name][0] + 1}
+
+
 @pytest.mark.parametrize("name", [n for n in FIXTURES if not n.endswith("_torch")])
 def test_plan_checks_and_reshards_only_locally(name):
     """The plan passes the op rules (no error), every node's rule gives back its written outputs except the
