@@ -11,6 +11,7 @@ tensor is read.
 
 from __future__ import annotations
 
+import mmap
 import os
 from typing import Union
 
@@ -131,14 +132,67 @@ def open_model(model: ModelLike, *, inline: bool = True) -> tuple[onnx.ModelProt
     base = os.path.dirname(os.path.abspath(path))
     _check_external(proto, base)
     in_main_graph = {id(t) for t in proto.graph.initializer}
-    for tensor in external:  # subgraph constants are small: read them in
-        if id(tensor) not in in_main_graph:
+    for tensor in external:  # subgraph constants and shape-sized tensors are small: read them in
+        if id(tensor) not in in_main_graph or _element_count(tensor) <= SMALL_TENSOR_LIMIT:
             onnx.external_data_helper.load_external_data_for_tensor(tensor, base)
             tensor.data_location = onnx.TensorProto.DEFAULT
             del tensor.external_data[:]
     if inline and len(proto.functions):
         proto = onnx.inliner.inline_local_functions(proto)
     return proto, base
+
+
+SMALL_TENSOR_LIMIT = 4096
+"""External tensors up to this many elements are read into the proto by :func:`open_model` (shape
+vectors, axes: ONNX shape inference needs their values; the weights stay on disk)."""
+
+
+def _element_count(tensor: onnx.TensorProto) -> int:
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return count
+
+
+def drop_pages(array: np.ndarray) -> None:
+    """Lets the kernel drop the resident pages of the file mapping behind ``array`` (a no-op for others).
+
+    A memory-mapped weight's pages count in the process's memory once read.
+    After its slices are on the devices they are not needed: the mapping is
+    read-only and private, so dropping them is safe, and a later read (an
+    array that aliases the mapping on CPU) faults them back in from the file.
+    """
+    base = array
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    while isinstance(base, np.memmap) and getattr(base, "_mmap", None) is None:
+        base = base.base
+    raw = getattr(base, "_mmap", None)
+    if raw is not None and hasattr(raw, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            raw.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):  # a closed map, or a kernel without madvise: nothing to drop
+            pass
+
+
+def read_only_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An empty writable array at a 64-byte-aligned address (call :func:`freeze` once filled).
+
+    On CPU, jax places an aligned read-only numpy array without copying it,
+    so a buffer built on the host once (a stacked layer weight, a padded
+    shard) is the device's copy, not a second one.
+    """
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def freeze(array: np.ndarray) -> np.ndarray:
+    """``array`` made read-only (so that jax on CPU may alias it instead of copying)."""
+    array.flags.writeable = False
+    return array
 
 
 def initializer_array(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray:

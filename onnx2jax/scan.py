@@ -4,8 +4,8 @@ Unrolled, an N-layer export is N copies of the layer in the traced program and
 XLA compiles all of them: compile time grows with depth. :mod:`onnx2jax.layers`
 finds the repeated layer; here the translator runs its first copy once as the
 body of a ``lax.scan`` whose carry is the residual stream and whose scanned
-input is each layer's parameters, stacked along a new leading axis (once, at
-load). Loop-invariant values (masks, rotary tables, shared initializers) are
+input is each layer's parameters, stacked along a new leading axis (once, as
+they are placed on the devices, slice by slice: :class:`Stacked`). Loop-invariant values (masks, rotary tables, shared initializers) are
 closed over. The program then holds one layer and a while loop.
 
 Policy (``scan_layers``): ``True`` scans or raises saying why it cannot;
@@ -117,10 +117,41 @@ def _refuse(setting: ScanSetting, repetition: Repetition, why: str) -> ScanPlan:
     return ScanPlan(False, repetition, f"layers unrolled: {why}")
 
 
-def stacked_arrays(plan_: ScanPlan, params: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each stacked slot's per-layer parameters stacked along a new leading axis (done once, at load)."""
+@dataclasses.dataclass(frozen=True)
+class Stacked:
+    """One stacked slot: its per-layer parameters, stacked only as each device's slice is placed.
+
+    Stacking on the host (``np.stack``) would hold every layer's weights twice
+    (the per-layer arrays, or their file pages, and the stack) until placed;
+    :meth:`place` builds each device's slice of the stack from the layers'
+    slices instead (:func:`onnx2jax.runtime.parameters.place_stacked`).
+    """
+
+    layers: tuple[np.ndarray, ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.layers), *self.layers[0].shape)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.layers[0].dtype
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(layer.nbytes) for layer in self.layers)
+
+    def place(self, sharding: jax.sharding.Sharding) -> jax.Array:
+        """The stacked array on ``sharding`` (the layer axis first, unsplit)."""
+        from onnx2jax.runtime.parameters import place_stacked
+
+        return place_stacked(self.layers, sharding)
+
+
+def stacked_arrays(plan_: ScanPlan, params: Mapping[str, np.ndarray]) -> dict[str, Stacked]:
+    """Each stacked slot's per-layer parameters, to be stacked along a new leading axis as they are placed."""
     return {
-        plan_.stacked_key(first): np.stack([np.asarray(params[n]) for n in names])
+        plan_.stacked_key(first): Stacked(tuple(params[n] for n in names))
         for first, names in plan_.repetition.stacked.items()
     }
 

@@ -31,6 +31,7 @@ from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.runtime.fast_call import call_key
+from onnx2jax.runtime.parameters import place
 from onnx2jax.graph_runner import (
     GraphRunner,
     Hooks,
@@ -360,8 +361,11 @@ class JaxModel:
     def _runtime_params(self) -> tuple:
         """The parameters that are not baked in, on the device (copied once, not on every call)."""
         if self._device_runtime_params is None:
-            arrays = {**self.params, **self._stacked}
-            self._device_runtime_params = tuple(jax.device_put([arrays[k] for k in self._runtime_names]))
+            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            self._device_runtime_params = tuple(
+                self._stacked[k].place(device) if k in self._stacked else place(self.params[k], device)
+                for k in self._runtime_names
+            )
         return self._device_runtime_params
 
 

@@ -24,13 +24,16 @@ table.
 from __future__ import annotations
 
 import argparse
+import os
 
 import onnx
 from rich.table import Table
 
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
-from onnx2jax.loading import load_model
+from onnx2jax.errors import ModelLoadError
+from onnx2jax.loading import open_model
+from onnx2jax.saving import save_model
 from sharding.annotate import add_configuration, annotate_tensor, describe_plan, name_nodes, set_stage
 from sharding.megatron import megatron_layout, megatron_plan
 from sharding.stages import (
@@ -85,7 +88,30 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--name-nodes", action="store_true", help="give unnamed and duplicate-named nodes unique names first"
     )
     parser.add_argument("-o", "--output", required=True, help="where to write the annotated model")
+    parser.add_argument(
+        "--external-data-size",
+        type=_byte_count,
+        metavar="SIZE",
+        help="copy the weights into new external data files of at most SIZE each (e.g. 2GB, 500MB); "
+        "by default the output is a small .onnx that reads the source model's external data",
+    )
     return parser
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def _byte_count(text: str) -> int:
+    """``2GB``, ``500MB``, ``1GiB`` or a plain byte count, as bytes (argparse type)."""
+    number = text.strip().upper().rstrip("BIGKM") or "0"
+    unit = text.strip().upper()[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GB, 500MB or 1048576, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
+    return int(value)
 
 
 def _pair(item: str, option: str, what: str) -> tuple[str, str]:
@@ -209,7 +235,7 @@ def require_annotations(model: onnx.ModelProto, plan: str, devices: int, notes: 
 def run(args: argparse.Namespace) -> int:
     """Annotates a model and writes it; prints the written annotations."""
     console = terminal.make_console()
-    model = load_model(args.model, inline=False)
+    model, source_dir = open_model(args.model, inline=False)  # the weights stay on disk
     model, notes, roles = _annotate(args, model)
     if args.plan:
         require_annotations(model, args.plan, args.devices, [n for n in notes[1:]])
@@ -233,7 +259,11 @@ def run(args: argparse.Namespace) -> int:
     if any(d.severity == "error" for d in diagnostics):
         console.print(f"not written: {args.output} (the annotations have errors)", markup=False)
         return 1
-    onnx.save(model, args.output)
+    try:
+        written = save_model(model, args.output, source_dir, data_size=args.external_data_size)
+    except ModelLoadError as e:
+        raise CliError(f"not written: {e}") from None
     nodes = len({r.node for r in rows})
-    console.print(f"wrote {args.output}: {len(rows)} annotations on {nodes} nodes", markup=False)
+    data = f" (weights in {', '.join(os.path.basename(w) for w in written[1:])})" if written[1:] else ""
+    console.print(f"wrote {args.output}: {len(rows)} annotations on {nodes} nodes{data}", markup=False)
     return 0

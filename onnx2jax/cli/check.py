@@ -24,7 +24,7 @@ from rich.table import Table
 
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
-from onnx2jax.loading import load_model
+from onnx2jax.loading import open_model
 from sharding import codes, segments
 from sharding.check import check_and_infer, merge
 from sharding.diagnostics import Diagnostic
@@ -106,8 +106,8 @@ def require_annotations(model: onnx.ModelProto, path: str) -> None:
 
 
 def load(path: str) -> onnx.ModelProto:
-    """The model, not inlined (its node names are the ones the user wrote)."""
-    return load_model(path, inline=False)  # a ModelLoadError names the file; onnx2jax.cli.app prints it
+    """The model, not inlined (its node names are the ones the user wrote); its weights stay on disk."""
+    return open_model(path, inline=False)[0]  # a ModelLoadError names the file; onnx2jax.cli.app prints it
 
 
 def severity_counts(diags: Sequence[Diagnostic]) -> dict[str, int]:

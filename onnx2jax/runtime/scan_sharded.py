@@ -22,7 +22,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.runtime.constraints import Placement, SpecKey
 from onnx2jax.runtime.parameters import padded_shape
-from onnx2jax.scan import ScanPlan
+from onnx2jax.scan import ScanPlan, Stacked
 
 
 def _describe(placement: Placement | None) -> str:
@@ -79,7 +79,7 @@ def place_stacked(
     proto: onnx.ModelProto,
     plan: ScanPlan,
     placements: Mapping[SpecKey, Placement],
-    stacked: Mapping[str, np.ndarray],
+    stacked: Mapping[str, Stacked],
     mesh: jax.sharding.Mesh,
 ) -> dict[str, jax.Array]:
     """Each stacked parameter on the mesh: its first-layer spec behind an unsplit layer axis."""
@@ -88,7 +88,7 @@ def place_stacked(
     for slot in plan.repetition.stacked:
         placement = (readers.get(slot) or (None,))[0]
         spec = PartitionSpec(None, *(placement.sharding.spec if placement is not None else ()))
-        placed[plan.stacked_key(slot)] = jax.device_put(stacked[plan.stacked_key(slot)], NamedSharding(mesh, spec))
+        placed[plan.stacked_key(slot)] = stacked[plan.stacked_key(slot)].place(NamedSharding(mesh, spec))
     return placed
 
 
