@@ -133,7 +133,7 @@ def open_model(model: ModelLike, *, inline: bool = True) -> tuple[onnx.ModelProt
     _check_external(proto, base)
     in_main_graph = {id(t) for t in proto.graph.initializer}
     for tensor in external:  # subgraph constants and shape-sized tensors are small: read them in
-        if id(tensor) not in in_main_graph or _element_count(tensor) <= SMALL_TENSOR_LIMIT:
+        if id(tensor) not in in_main_graph or _is_small_constant(tensor):
             onnx.external_data_helper.load_external_data_for_tensor(tensor, base)
             tensor.data_location = onnx.TensorProto.DEFAULT
             del tensor.external_data[:]
@@ -143,15 +143,19 @@ def open_model(model: ModelLike, *, inline: bool = True) -> tuple[onnx.ModelProt
 
 
 SMALL_TENSOR_LIMIT = 4096
-"""External tensors up to this many elements are read into the proto by :func:`open_model` (shape
-vectors, axes: ONNX shape inference needs their values; the weights stay on disk)."""
+"""Non-float external tensors up to this many elements are read into the proto by :func:`open_model`
+(shape vectors, axes: ONNX shape inference needs their values; the weights stay on disk)."""
+
+_FLOATS = {
+    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE,
+}
 
 
-def _element_count(tensor: onnx.TensorProto) -> int:
+def _is_small_constant(tensor: onnx.TensorProto) -> bool:
     count = 1
     for d in tensor.dims:
         count *= d
-    return count
+    return tensor.data_type not in _FLOATS and count <= SMALL_TENSOR_LIMIT
 
 
 def drop_pages(array: np.ndarray) -> None:

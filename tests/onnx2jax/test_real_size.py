@@ -1,0 +1,201 @@
+"""Real-size models (issue 21): weights stay in their external data, a model past 2 GB, copies counted.
+
+The mechanisms on small models with external data: ``annotate`` writes a
+small .onnx that reads the source's data (or new numbered files), ``check``
+and ``annotate`` never read tensor data (a sparse model past 2 GB), and
+placing a weight or a stack of layer weights never makes a whole host copy
+(tracemalloc: numpy's allocations are traced).
+"""
+
+from __future__ import annotations
+
+import os
+import tracemalloc
+from pathlib import Path
+
+import jax
+import numpy as np
+import onnx
+import onnx.helper as oh
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import onnx2jax
+import onnx2jax.loading
+from onnx2jax.cli.app import main
+from onnx2jax.runtime.parameters import place, place_stacked
+
+
+def _external(name: str, shape: tuple[int, ...], location: str, offset: int) -> onnx.TensorProto:
+    tensor = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=list(shape))
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(int(np.prod(shape)) * 4))):
+        tensor.external_data.add(key=key, value=value)
+    return tensor
+
+
+def _two_matmuls(folder: Path, n: int, weights: list[np.ndarray] | None) -> Path:
+    """``y = relu(x @ w1) @ w2`` with both weights in ``weights.bin`` (zeros by truncate when None)."""
+    data = folder / "weights.bin"
+    size = n * n * 4
+    with open(data, "wb") as f:
+        if weights is None:
+            f.truncate(2 * size)
+        else:
+            for w in weights:
+                f.write(np.ascontiguousarray(w, np.float32).tobytes())
+    graph = oh.make_graph(
+        [
+            oh.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+            oh.make_node("Relu", ["h"], ["r"], name="relu"),
+            oh.make_node("MatMul", ["r", "w2"], ["y"], name="mm2"),
+        ],
+        "two",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [4, n])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [4, n])],
+        [_external("w1", (n, n), data.name, 0), _external("w2", (n, n), data.name, size)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    path = folder / "two.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def _reference(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+    return np.maximum(x.astype(np.float64) @ w1, 0) @ w2
+
+
+@pytest.fixture
+def small_external(tmp_path: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    w1, w2 = (rng.standard_normal((64, 64)).astype(np.float32) for _ in range(2))
+    return _two_matmuls(tmp_path, 64, [w1, w2]), w1, w2
+
+
+def test_annotate_writes_a_small_model_beside_the_source_data(small_external, tmp_path: Path):
+    path, w1, w2 = small_external
+    out = tmp_path / "two.tp8.onnx"
+    assert main(["annotate", str(path), "--plan", "megatron", "--devices", "8", "-o", str(out)]) == 0
+    assert out.stat().st_size < 4096  # the graph and annotations only
+    written = onnx.load(str(out), load_external_data=False)
+    assert {e.value for t in written.graph.initializer for e in t.external_data if e.key == "location"} == {"weights.bin"}
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    (y,) = onnx2jax.compile(str(out))(x)
+    np.testing.assert_allclose(np.asarray(y), _reference(x, w1, w2), rtol=1e-4, atol=1e-4)
+
+
+def test_annotate_into_another_folder_refuses_or_copies_in_numbered_files(small_external, tmp_path: Path, capsys):
+    path, w1, w2 = small_external
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = elsewhere / "two.tp8.onnx"
+    argv = ["annotate", str(path), "--plan", "megatron", "--devices", "8", "-o", str(out)]
+    assert main(argv) != 0
+    assert "outside the output's directory" in capsys.readouterr().err + capsys.readouterr().out or not out.exists()
+    assert not out.exists()
+    assert main([*argv, "--external-data-size", "20000"]) == 0  # 16 KiB per weight: one file each
+    files = sorted(p.name for p in elsewhere.iterdir())
+    assert files == ["two.tp8.0.data", "two.tp8.1.data", "two.tp8.onnx"]
+    x = np.random.default_rng(1).standard_normal((4, 64)).astype(np.float32)
+    (y,) = onnx2jax.compile(str(out))(x)
+    np.testing.assert_allclose(np.asarray(y), _reference(x, w1, w2), rtol=1e-4, atol=1e-4)
+
+
+def test_a_model_past_2gb_annotates_and_checks_without_reading_its_data(tmp_path: Path, monkeypatch):
+    n = 16400  # two [16400, 16400] float32 weights: 2.15 GB of zeros in a sparse file
+    path = _two_matmuls(tmp_path, n, None)
+    assert os.path.getsize(tmp_path / "weights.bin") > 2**31
+    read = []
+    monkeypatch.setattr(np, "memmap", lambda *a, **k: read.append(a) or pytest.fail("tensor data was mapped"))
+    monkeypatch.setattr(
+        onnx.external_data_helper, "load_external_data_for_tensor", lambda *a, **k: pytest.fail("tensor data was read")
+    )
+    out = tmp_path / "two.tp8.onnx"
+    assert main(["annotate", str(path), "--plan", "megatron", "--devices", "8", "-o", str(out)]) == 0
+    assert out.stat().st_size < 4096
+    assert main(["check", str(out)]) == 0
+    assert not read
+
+
+def _weight_file(tmp_path: Path, shape: tuple[int, ...], seed: int = 0) -> np.memmap:
+    array = np.random.default_rng(seed).standard_normal(shape, np.float32)
+    file = tmp_path / f"w{seed}.bin"
+    array.tofile(file)
+    del array
+    return np.memmap(file, np.float32, "r", shape=shape)
+
+
+def _host_peak_over_kept(make) -> tuple[int, object]:
+    """(peak traced host bytes beyond what stays allocated afterwards, make's result)."""
+    tracemalloc.start()
+    try:
+        result = make()
+        _, peak = tracemalloc.get_traced_memory()
+        current, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak - current, result
+
+
+def test_placing_a_sharded_weight_makes_no_whole_host_copy(tmp_path: Path):
+    """100 MB, split unevenly over 8 devices (held padded): each device's slice is read from the map."""
+    weight = _weight_file(tmp_path, (5003, 5000))
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    sharding = NamedSharding(mesh, PartitionSpec("x", None))
+    extra, placed = _host_peak_over_kept(lambda: place(weight, sharding, (5008, 5000)))
+    assert extra < weight.nbytes / 8  # at most one slice in flight, never the whole weight
+    expected = np.pad(np.asarray(weight), [(0, 5), (0, 0)])
+    for shard in placed.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+
+
+def test_stacked_layers_are_stacked_per_device_slice(tmp_path: Path):
+    """Four 25 MB layer weights stacked for a scan, column-split over 8 devices: no np.stack host copy."""
+    layers = [_weight_file(tmp_path, (2500, 2504), seed) for seed in range(4)]
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    sharding = NamedSharding(mesh, PartitionSpec(None, None, "x"))
+    extra, placed = _host_peak_over_kept(lambda: place_stacked(layers, sharding))
+    total = sum(layer.nbytes for layer in layers)
+    assert extra < total / 8
+    expected = np.stack([np.asarray(layer) for layer in layers])
+    for shard in placed.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
+
+
+def test_scanned_model_from_external_data_matches_the_unrolled_run(tmp_path: Path):
+    """The stacked copy built per device slice from the memory maps runs like the per-layer weights."""
+    rng = np.random.default_rng(0)
+    width, layers = 32, 4
+    weights = [rng.standard_normal((width, width)).astype(np.float32) * 0.3 for _ in range(layers)]
+    data = tmp_path / "layers.bin"
+    with open(data, "wb") as f:
+        for w in weights:
+            f.write(w.tobytes())
+    nodes, inits, x = [], [], "x"
+    for k in range(layers):
+        inits.append(_external(f"w{k}", (width, width), data.name, k * width * width * 4))
+        nodes += [oh.make_node("MatMul", [x, f"w{k}"], [f"m{k}"], name=f"mm{k}"),
+                  oh.make_node("Tanh", [f"m{k}"], [f"h{k}"], name=f"tanh{k}")]
+        x = f"h{k}"
+    graph = oh.make_graph(
+        nodes, "layers", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, width])],
+        [oh.make_tensor_value_info(x, onnx.TensorProto.FLOAT, [2, width])], inits,
+    )
+    path = tmp_path / "layers.onnx"
+    path.write_bytes(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]).SerializeToString())
+    inputs = rng.standard_normal((2, width)).astype(np.float32)
+    expected = inputs.astype(np.float64)
+    for w in weights:
+        expected = np.tanh(expected @ w)
+    model = onnx2jax.translate(str(path), scan_layers=True)
+    assert isinstance(model.params["w0"], np.memmap)
+    (y,) = model(inputs)
+    assert model.scan.active
+    np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_drop_pages_keeps_the_values(tmp_path: Path):
+    weight = _weight_file(tmp_path, (256, 256))
+    before = np.array(weight)
+    onnx2jax.loading.drop_pages(weight[10:])
+    np.testing.assert_array_equal(np.asarray(weight), before)
