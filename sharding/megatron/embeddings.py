@@ -1,7 +1,9 @@
 """Embeddings and the LM head in the Megatron plan.
 
 Token embeddings (a Gather on a 2-D initializer whose ids depend on a model
-input's values) are split by vocabulary, output replicated (one all-reduce);
+input's values) are split by vocabulary, output replicated (one all-reduce),
+over every device even when the count does not divide the vocabulary
+(GPT-2's 50,257 on 8: the last shard is shorter, held padded);
 only the largest such tables count, so position ids computed from the token
 ids (RoBERTa) do not make their small table a split one. Position/type
 tables (ids computed from shapes or constants) stay replicated. The LM head
@@ -41,6 +43,13 @@ class Embedding:
 
 
 
+def vocab_ways(vocab: int, n: int) -> int:
+    """Vocabulary shards on ``n`` devices: all ``n``, evenly or not (sharding proposal 0006 allows an
+    uneven split; the runtime holds the table padded), so that no device holds the whole table; 1
+    (replicated) only for a vocabulary smaller than ``n``."""
+    return n if vocab >= n else math.gcd(vocab, n)
+
+
 def embedding_assignments(
     graph: PlanGraph, n: int, notes: list[str]
 ) -> tuple[list[Embedding], dict[str, int], list[Assignment]]:
@@ -72,12 +81,14 @@ def embedding_assignments(
         table = node.input[0]
         vocab = graph.inits[table][0]
         token = dependent[node.name] and vocab == largest
-        ways = math.gcd(vocab, n) if token else None
+        ways = vocab_ways(vocab, n) if token else None
+        if token and ways is not None and vocab % ways:
+            rows = -(-vocab // ways)
+            notes.append(
+                f"{node.name}: vocabulary {vocab} split unevenly over {ways} devices ({rows} rows each, "
+                f"the last {vocab - rows * (ways - 1)}; held padded to {rows * ways}, as Megatron-LM pads it)"
+            )
         if token and ways == 1:
-            if n > 1:
-                notes.append(
-                    f"{node.name}: vocabulary {vocab} shares no divisor with {n}; replicated"
-                )
             ways = None
         if dependent[node.name] and not token:
             notes.append(
@@ -126,7 +137,7 @@ def lm_head_assignments(
             if ways > 1:
                 assignments += column_specs(lin, ways, n, "LM head column" + tied)
             elif n > 1:
-                notes.append(f"{lin.node}: LM head; vocabulary shares no divisor with {n}; replicated")
+                notes.append(f"{lin.node}: LM head; vocabulary smaller than {n} devices shares no divisor with it; replicated")
         else:
             notes.append(f"{lin.node}: linear outside any column/row pair; left replicated")
     return lm_head, assignments

@@ -199,3 +199,27 @@ def test_drop_pages_keeps_the_values(tmp_path: Path):
     before = np.array(weight)
     onnx2jax.loading.drop_pages(weight[10:])
     np.testing.assert_array_equal(np.asarray(weight), before)
+
+
+def test_a_vocabulary_the_devices_do_not_divide_is_split_unevenly_not_replicated(tmp_path: Path, capsys):
+    """GPT-2's 50,257 on 8 in small: a vocabulary of 251 (prime) split over 8, held padded; values as unsharded."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import medium_transformers as mt
+
+    config = mt.Config(layers=2, width=64, heads=8, kv_heads=8, ffn=128, vocab=251, positions=64)
+    path = tmp_path / "gpt2.onnx"
+    onnx.save(mt.build("gpt2", config), path)
+    out = tmp_path / "gpt2.tp8.onnx"
+    assert main(["annotate", str(path), "--plan", "megatron", "--devices", "8", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "vocabulary 251 split unevenly over 8 devices (32 rows each, the last 27" in printed
+    compiled = onnx2jax.compile(str(out))
+    table = compiled.params["wte"]
+    assert table.shape == (256, 64) and table.sharding.spec[0] is not None  # padded, split: not replicated
+    assert {s.data.shape for s in table.addressable_shards} == {(32, 64)}
+    feeds = mt.inputs("gpt2", 2, 16, config)
+    (expected,) = onnx2jax.translate(str(path))(**feeds)
+    (logits,) = compiled(**feeds)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), rtol=1e-4, atol=1e-4)
