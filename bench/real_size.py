@@ -36,13 +36,18 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]  # this checkout's onnx2jax, not an installed one
 import medium_transformers as mt  # noqa: E402
 
 GPT2 = mt.Config(layers=12, width=768, heads=12, kv_heads=12, ffn=3072, vocab=50257, positions=1024)
 LLAMA = mt.Config(layers=24, width=1024, heads=16, kv_heads=4, llama_ffn=2816, vocab=32000)
 SYNTHETIC_WIDTH = 16400
 SHAPE = (1, 128)  # batch x sequence of a call
+MMAP_THRESHOLD = 0
+"""glibc's ``MALLOC_MMAP_THRESHOLD_`` for the measured processes (0: glibc's default, a threshold that
+rises to 32 MB once a large buffer is freed, after which freed output buffers stay in the heap: with 8 fake
+devices each call's replicated outputs then add to the peak; ``--mmap-threshold 1048576`` fixes it)."""
 RUNS = ("ort", "jax1", "tp8", "pp2x4", "annotate", "check")
 
 
@@ -199,7 +204,9 @@ def _child(run: str, path: str, kind: str, folder: str) -> dict:
 
 def _spawn(run: str, path: pathlib.Path, kind: str, folder: pathlib.Path, timeout: int) -> dict:
     env = dict(os.environ, REAL_SIZE_SPAWNED=repr(time.time()))
-    env["PYTHONPATH"] = str(pathlib.Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
+    if MMAP_THRESHOLD:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     if run in ("tp8", "pp2x4"):
         env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     command = [sys.executable, __file__, "--child", run, str(path), kind, str(folder)]
@@ -215,8 +222,16 @@ def _spawn(run: str, path: pathlib.Path, kind: str, folder: pathlib.Path, timeou
 
 def _prepare(run: str, path: pathlib.Path, kind: str, folder: pathlib.Path) -> None:
     """The annotated models the sharded runs compile (written beside the source's data)."""
+    import contextlib
+    import io
+
     from onnx2jax.cli.app import main
 
+    with contextlib.redirect_stdout(io.StringIO()):
+        _annotate(main, run, path, kind, folder)
+
+
+def _annotate(main, run: str, path: pathlib.Path, kind: str, folder: pathlib.Path) -> None:
     if run == "tp8" and not (folder / f"{kind}.tp8.onnx").exists():
         main(["annotate", str(path), "--plan", "megatron", "--devices", "8", "-o", str(folder / f"{kind}.tp8.onnx")])
     if run == "pp2x4" and not (folder / f"{kind}.pp2x4.onnx").exists():
@@ -232,11 +247,14 @@ def main() -> None:
     parser.add_argument("--runs", default=",".join(RUNS))
     parser.add_argument("--folder", default=str(mt.MODELS / "real_size"))
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--mmap-threshold", type=int, default=0, help="MALLOC_MMAP_THRESHOLD_ of the measured processes")
     args = parser.parse_args()
     if args.child:
         _child(*args.child)
         return
     folder = pathlib.Path(args.folder)
+    global MMAP_THRESHOLD
+    MMAP_THRESHOLD = args.mmap_threshold
     if args.make:
         print(make(args.make, folder))
         return
@@ -251,6 +269,7 @@ def main() -> None:
             if "peak_over_baseline" in result:
                 result["peak_x_W"] = round(result["peak_over_baseline"] / w, 3)
             result.pop("first_output", None)
+            result["mmap_threshold"] = MMAP_THRESHOLD
             print(f"  {kind} {json.dumps(result)}", flush=True)
 
 

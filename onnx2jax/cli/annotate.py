@@ -9,8 +9,9 @@ Examples::
     onnx2jax annotate llama.onnx --stages auto:2 --devices 8 --plan megatron -o out.onnx
 
 ``--stages`` takes PopRT's sharding-points YAML (a list of ``{node, device,
-stage}``) or ``auto:S`` (S stages balanced by parameter bytes, cut where one
-activation crosses). Each distinct ``device`` is a group of N/G of the
+stage}``) or ``auto:S`` (S stages balanced by estimated time at ``--stage-shape
+BATCHxSEQUENCE``, default 1x128, cut where one activation crosses; the
+expected balance is printed). Each distinct ``device`` is a group of N/G of the
 ``--devices N`` devices (one device each without ``--devices``); with
 ``--plan megatron`` the tensor-parallel plan runs inside each group.
 
@@ -83,6 +84,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--stages",
         metavar="YAML|auto:S",
         help="pipeline stages: PopRT's sharding-points YAML, or auto:S for S balanced stages",
+    )
+    parser.add_argument(
+        "--stage-shape",
+        default="1x128",
+        metavar="BxS",
+        help="auto:S: the batch x sequence the stages' times are estimated at (default 1x128)",
     )
     parser.add_argument(
         "--name-nodes", action="store_true", help="give unnamed and duplicate-named nodes unique names first"
@@ -189,7 +196,12 @@ def _annotate_stages(
             count = int(args.stages[5:])
         except ValueError:
             raise UsageError(f"--stages auto:S needs an integer S, got {args.stages!r}") from None
-        stage_of, cut = auto_stages(model, count)
+        batch, _, sequence = args.stage_shape.lower().partition("x")
+        try:
+            batch, sequence = int(batch), int(sequence)
+        except ValueError:
+            raise UsageError(f"--stage-shape expects BATCHxSEQUENCE such as 1x128, got {args.stage_shape!r}") from None
+        stage_of, cut = auto_stages(model, count, batch=batch, sequence=sequence)
         assignment = StageAssignment.one_group_per_stage(stage_of)
         notes += cut.describe()
     else:

@@ -14,6 +14,7 @@ import onnx.numpy_helper as onh
 import pytest
 
 from sharding.partition import BackwardEdgeError, partition
+from sharding.annotate import name_nodes
 from sharding.stages import (
     METADATA_KEY,
     StageAssignment,
@@ -141,8 +142,10 @@ def test_tiny_llama_yaml_points_equal_the_auto_cut():
     points = stages_from_points(model.graph, {"node_add_444": 0}, {"node_add_444": 0})
     assert points.stage == auto2
     auto4, cut4 = auto_stages(model, 4)
-    assert cut4.after == ("node_add_394", "node_add_444", "node_add_744")
-    marks = {"node_add_394": 0, "node_add_444": 1, "node_add_744": 2}
+    # Balanced by estimated time (the LM head's matmul and its read of the table count on the last
+    # stage), the third cut comes before layer 1's MLP, not after it as by parameter bytes.
+    assert cut4.after == ("node_add_394", "node_add_444", "node_add_694")
+    marks = {"node_add_394": 0, "node_add_444": 1, "node_add_694": 2}
     assert stages_from_points(model.graph, marks, marks).stage == auto4
     # The cut balances parameter bytes. Stage 0 by hand: embedding 256x64, attention 64x(64+32+32+64),
     # MLP 3x64x128, two norm vectors of 64, float32; plus three float scalars its nodes read
@@ -208,3 +211,23 @@ def test_check_reports_stages_and_refuses_a_backward_edge():
     errors = [d for d in check(staged) if d.severity == "error"]
     assert [d.code for d in errors] == ["stage-invalid"]
     assert "'embedding': node_embedding (stage 1) -> node_pow_1 (stage 0)" in errors[0].message
+
+
+def test_auto_balances_estimated_time_with_the_tied_head_counted_where_it_runs():
+    """GPT-2's head reuses the embedding table: by parameter bytes counted once it weighed nothing, and the
+    last stage got the costliest matmul for free (8.6x imbalance at real size); by time it is charged."""
+    import sys
+
+    sys.path.insert(0, str(DATA.parents[1] / "bench"))
+    import medium_transformers as mt
+
+    config = mt.Config(layers=4, width=64, heads=4, ffn=256, vocab=8192, positions=256)
+    model = mt.build("gpt2", config)
+    name_nodes(model)
+    stage_of, cut = auto_stages(model, 2, batch=1, sequence=128)
+    transposed = {n.output[0] for n in model.graph.node if n.op_type == "Transpose" and n.input[0] == "wte"}
+    head = [n.name for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in transposed]
+    assert len(head) == 1 and stage_of[head[0]] == 1
+    assert cut.balance() < 1.5, cut.describe()
+    assert cut.flops is not None and cut.flops[1] >= 2 * 128 * 64 * 8192  # the head's FLOPs on stage 1
+    assert any(line.startswith("expected balance at batch 1 x sequence 128") for line in cut.describe())
