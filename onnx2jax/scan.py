@@ -33,6 +33,7 @@ import onnx
 
 from onnx2jax.errors import NodeError
 from onnx2jax.layers import Repetition, find_repeated_layers
+from onnx2jax.placing import place_stacked
 
 AUTO_MIN_LAYERS = 16
 """``scan_layers="auto"`` scans from this many repeated layers: there the compile saved is seconds (1.4-1.8 s at
@@ -124,7 +125,7 @@ class Stacked:
     Stacking on the host (``np.stack``) would hold every layer's weights twice
     (the per-layer arrays, or their file pages, and the stack) until placed;
     :meth:`place` builds each device's slice of the stack from the layers'
-    slices instead (:func:`onnx2jax.runtime.parameters.place_stacked`).
+    slices instead (:func:`onnx2jax.placing.place_stacked`).
     """
 
     layers: tuple[np.ndarray, ...]
@@ -143,8 +144,6 @@ class Stacked:
 
     def place(self, sharding: jax.sharding.Sharding) -> jax.Array:
         """The stacked array on ``sharding`` (the layer axis first, unsplit)."""
-        from onnx2jax.runtime.parameters import place_stacked
-
         return place_stacked(self.layers, sharding)
 
 

@@ -31,7 +31,7 @@ from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.runtime.fast_call import call_key
-from onnx2jax.runtime.parameters import place
+from onnx2jax.placing import place
 from onnx2jax.graph_runner import (
     GraphRunner,
     Hooks,

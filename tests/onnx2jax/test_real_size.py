@@ -23,7 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import onnx2jax
 import onnx2jax.loading
 from onnx2jax.cli.app import main
-from onnx2jax.runtime.parameters import place, place_stacked
+from onnx2jax.placing import place, place_stacked
 
 
 def _external(name: str, shape: tuple[int, ...], location: str, offset: int) -> onnx.TensorProto:

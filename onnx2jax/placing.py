@@ -1,0 +1,91 @@
+"""Placing host arrays on devices slice by slice, straight from their memory maps.
+
+:func:`place` puts a weight on a sharding, :func:`place_stacked` a stack of
+layer weights (a scanned model's) without building the stack on the host:
+each addressable device's slice is cut by ``jax.make_array_from_callback``,
+so no whole-tensor host copy is made and a process of a multi-host run reads
+only its own shards.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from onnx2jax.loading import drop_pages, freeze, read_only_buffer
+
+
+def place(array: np.ndarray, sharding: jax.sharding.Sharding, shape: tuple[int, ...] | None = None) -> jax.Array:
+    """``array`` on ``sharding``, each device's slice read straight from ``array`` (a memory map).
+
+    No whole-array host copy: each addressable device's slice is cut from
+    ``array`` (zero-padded where ``shape``, the held shape, is larger) by
+    ``jax.make_array_from_callback``, so a process of a multi-host run reads
+    only its own shards. A slice that is not a contiguous, aligned, read-only
+    view is copied once into such a buffer, which jax on CPU holds without
+    copying again; devices that hold the same slice share it. The file's pages
+    are dropped from memory afterwards (:func:`onnx2jax.loading.drop_pages`).
+    """
+    shape = tuple(array.shape) if shape is None else tuple(shape)
+    made: dict[tuple, np.ndarray] = {}
+
+    def slice_of(index: tuple) -> np.ndarray:
+        bounds = tuple(i.indices(n)[:2] for i, n in zip(index, shape))
+        found = made.get(bounds)
+        if found is None:
+            inside = tuple(slice(min(a, n), min(b, n)) for (a, b), n in zip(bounds, array.shape))
+            part = array[inside] if inside else np.asarray(array)
+            want = tuple(b - a for a, b in bounds)
+            if part.shape == want and _holdable(part):
+                found = part
+            else:
+                found = read_only_buffer(want, array.dtype)
+                if part.shape != want:
+                    found[...] = 0
+                found[tuple(slice(0, n) for n in part.shape)] = part
+                freeze(found)
+            made[bounds] = found
+        return found
+
+    result = jax.make_array_from_callback(shape, sharding, slice_of)
+    drop_pages(array)
+    return result
+
+
+def place_stacked(layers: Sequence[np.ndarray], sharding: jax.sharding.Sharding) -> jax.Array:
+    """``np.stack(layers)`` on ``sharding`` without the stacked host copy.
+
+    Each device's slice of the stack is built from the layers' slices (memory
+    maps) into one aligned read-only buffer, which jax on CPU holds as the
+    device's copy; the layers' file pages are dropped afterwards. The per-layer
+    and the stacked weights are never both in memory.
+    """
+    first = layers[0]
+    shape = (len(layers), *first.shape)
+    made: dict[tuple, np.ndarray] = {}
+
+    def slice_of(index: tuple) -> np.ndarray:
+        bounds = tuple(i.indices(n)[:2] for i, n in zip(index, shape))
+        found = made.get(bounds)
+        if found is None:
+            (a, b), rest = bounds[0], tuple(slice(lo, hi) for lo, hi in bounds[1:])
+            found = read_only_buffer((b - a, *(hi - lo for lo, hi in bounds[1:])), first.dtype)
+            for k in range(a, b):
+                found[k - a] = layers[k][rest]
+            made[bounds] = freeze(found)
+        return found
+
+    result = jax.make_array_from_callback(shape, sharding, slice_of)
+    for layer in layers:
+        drop_pages(layer)
+    return result
+
+
+def _holdable(part: np.ndarray) -> bool:
+    """Whether jax on CPU can hold ``part`` as it is (contiguous, 64-byte aligned, read-only)."""
+    return part.flags.c_contiguous and not part.flags.writeable and part.ctypes.data % 64 == 0
+
+
+__all__ = ["place", "place_stacked"]
