@@ -182,7 +182,9 @@ def _child(run: str, path: str, kind: str, folder: str) -> dict:
                 target = os.path.join(folder, f"{kind}.tp8.onnx")
             elif run == "pp2x4":
                 target = os.path.join(folder, f"{kind}.pp2x4.onnx")
-            compiled = onnx2jax.compile(target, **({"microbatches": 1} if run == "pp2x4" else {}))
+            scan = {"true": True, "false": False}.get(os.environ.get("REAL_SIZE_SCAN", "auto"), "auto")
+            compiled = onnx2jax.compile(target, scan_layers=scan)
+            result["scan_layers"] = scan
             call = lambda: [np.asarray(o) for o in compiled(**feeds)]  # noqa: E731
         outputs = call()
         result["first_s"] = time.time() - float(os.environ["REAL_SIZE_SPAWNED"])

@@ -116,7 +116,9 @@ def pair_assignments(
             if ways < n:
                 notes.append(
                     f"layer {layer} {kind}: {what} {max(units)} split {ways} ways, each shard "
-                    f"on {n // ways} devices"
+                    f"on {n // ways} devices ({max(units)} {what} do not divide by {n}; {ways} is the "
+                    f"largest count dividing both, so each shard is replicated on {n // ways} devices, "
+                    "which a data-parallel axis of that size could use instead)"
                 )
             for position, (col, cw, u) in enumerate(zip(cols, col_ways, units)):
                 if col.attention is not None:

@@ -223,3 +223,4 @@ def test_a_vocabulary_the_devices_do_not_divide_is_split_unevenly_not_replicated
     (expected,) = onnx2jax.translate(str(path))(**feeds)
     (logits,) = compiled(**feeds)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), rtol=1e-4, atol=1e-4)
+
