@@ -143,6 +143,7 @@ class PipelineCompiled:
         self.uses_64bit = any(s.compiled.model.uses_64bit for s in self.stages)
         self._last_inputs: tuple | None = None
         self._stage_args: dict[int, dict[str, Any]] = {}
+        self._reports: dict[tuple, PipelineReport] = {}  # report() per input shapes, repeats, micro-batches
         # sizes written on symbolic axes, checked at the shapes the graph runs at (a micro-batch's)
         self._sizes = SizesAtCall(model.proto, structural)
 
@@ -233,7 +234,7 @@ class PipelineCompiled:
 
     # -- report -----------------------------------------------------------
 
-    def report(self, *inputs: Any, repeats: int = 5, **named: Any) -> "PipelineReport":
+    def report(self, *inputs: Any, repeats: int = 5, refresh: bool = False, **named: Any) -> "PipelineReport":
         """Per stage: nodes, devices, parameter bytes, bytes sent, collectives, time; and the bubble.
 
         Times the whole pipelined call and each stage alone on one
@@ -243,10 +244,27 @@ class PipelineCompiled:
         fill-drain bound ``(S-1)/(M+S-1)``. Uses the given inputs, else those
         of the last call.
 
+        A report measured at these input shapes with as many ``repeats`` is kept
+        and given again without running anything (timing a real-size pipeline
+        takes tens of seconds); ``refresh=True`` measures again.
+
         Raises:
           ValueError: no inputs given and the model was never called.
         """
         inputs, named = example_inputs(inputs, named, self._last_inputs)
+        key = (
+            tuple(np.shape(v) for v in inputs),
+            tuple(sorted((k, np.shape(v)) for k, v in named.items())),
+            repeats,
+            self.microbatches,
+        )
+        if not refresh and key in self._reports:
+            return self._reports[key]
+        self._reports[key] = report = self._measure(inputs, named, repeats)
+        return report
+
+    def _measure(self, inputs: Sequence[Any], named: Mapping[str, Any], repeats: int) -> "PipelineReport":
+        """Times the pipeline and each stage (see :meth:`report`)."""
         jax.block_until_ready(self(*inputs, **named))  # compiles everything, records stage inputs
         wall: list[float] = []
         alone: list[list[float]] = [[] for _ in self.stages]

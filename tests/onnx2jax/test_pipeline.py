@@ -80,6 +80,11 @@ def _check_placement(compiled: PipelineCompiled, stages: int, tp: int) -> None:
         for name, array in stage.compiled.params.items():
             assert array.sharding.device_set == own, (stage.stage, name, array.sharding)
     report = compiled.report(repeats=1)
+    calls = []
+    original = compiled._measure
+    compiled._measure = lambda *a: calls.append(a) or original(*a)
+    assert compiled.report(repeats=1) is report and not calls  # the timings it has, nothing run again
+    assert compiled.report(repeats=1, refresh=True) is not report and len(calls) == 1
     assert [r.collectives["all-reduce"] for r in report.stages] == (
         MEGATRON_ALL_REDUCES[stages] if tp > 1 else [0] * stages
     )
