@@ -5,7 +5,8 @@ XLA compiles all of them: compile time grows with depth. :mod:`onnx2jax.layers`
 finds the repeated layer; here the translator runs its first copy once as the
 body of a ``lax.scan`` whose carry is the residual stream and whose scanned
 input is each layer's parameters, stacked along a new leading axis (once, as
-they are placed on the devices, slice by slice: :class:`Stacked`). Loop-invariant values (masks, rotary tables, shared initializers) are
+they are placed on the devices, slice by slice: :class:`Stacked`).
+Loop-invariant values (masks, rotary tables, shared initializers) are
 closed over. The program then holds one layer and a while loop.
 
 Policy (``scan_layers``): ``True`` scans or raises saying why it cannot;
@@ -13,7 +14,9 @@ Policy (``scan_layers``): ``True`` scans or raises saying why it cannot;
 :data:`AUTO_MIN_LAYERS` repeated layers on (below that the compile saved is
 0.2 s or less, while each loop iteration copies its layer's weights out of the
 stacked arrays, up to 46% more per call at width 512 and 1 x 128 tokens;
-bench/RESULTS.md, "Repeated layers"), and only layers with
+bench/RESULTS.md, "Repeated layers"), while their parameters stay under
+:data:`AUTO_MAX_STACKED_BYTES` (past it, at real widths, that per-call copy
+outweighs the compile saved: "Real-size models"), and only layers with
 per-layer parameters: a chain of identical parameter-free ops (Relu, Neg,
 Relu, Neg, ...) is one fused kernel unrolled and thousands of tiny loop
 iterations scanned.
@@ -38,6 +41,12 @@ from onnx2jax.placing import place_stacked
 AUTO_MIN_LAYERS = 16
 """``scan_layers="auto"`` scans from this many repeated layers: there the compile saved is seconds (1.4-1.8 s at
 32 layers); below it, 0.2 s or less, not worth the per-call weight copy (bench/RESULTS.md, "Repeated layers")."""
+
+AUTO_MAX_STACKED_BYTES = 64 << 20
+"""``scan_layers="auto"`` unrolls layers whose parameters pass this many bytes. Each scanned iteration copies its
+layer's weights out of the stacked arrays: measured on real widths (bench/RESULTS.md, "Real-size models"), a
+24-layer 336M Llama's calls took 0.81 s scanned against 0.48 s unrolled (about 3 GB/s of copies) for 0.9 s less
+to the first result; under 64 MiB that copy is some 20 ms a call."""
 
 STACKED_PREFIX = "scan/"
 """Stacked parameters are keyed ``scan/<first layer's initializer name>``."""
@@ -104,6 +113,14 @@ def plan(
             False, repetition,
             f"layers unrolled: {repetition.count} repeated layers of {repetition.length} nodes, "
             f"fewer than {AUTO_MIN_LAYERS} (scan_layers='auto' scans from {AUTO_MIN_LAYERS}; pass scan_layers=True to force)",
+        )
+    stacked_bytes = sum(int(np.asarray(params[n]).nbytes) for names in repetition.stacked.values() for n in names)
+    if setting == "auto" and stacked_bytes > AUTO_MAX_STACKED_BYTES:
+        return ScanPlan(
+            False, repetition,
+            f"layers unrolled: {repetition.count} repeated layers hold {stacked_bytes / 2**20:,.0f} MiB of parameters, "
+            f"more than {AUTO_MAX_STACKED_BYTES // 2**20} MiB: a scan would copy each layer's out of the stack on every "
+            "call (+70% per call on a 336M Llama) to save about a second of compile (pass scan_layers=True to force)",
         )
     return ScanPlan(
         True, repetition,

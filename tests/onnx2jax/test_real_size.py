@@ -162,8 +162,8 @@ def test_stacked_layers_are_stacked_per_device_slice(tmp_path: Path):
         np.testing.assert_array_equal(np.asarray(shard.data), expected[shard.index])
 
 
-def test_scanned_model_from_external_data_matches_the_unrolled_run(tmp_path: Path):
-    """The stacked copy built per device slice from the memory maps runs like the per-layer weights."""
+def _layers_model(tmp_path: Path) -> tuple[Path, list[np.ndarray]]:
+    """Four ``tanh(x @ w_k)`` layers, their weights in one external data file."""
     rng = np.random.default_rng(0)
     width, layers = 32, 4
     weights = [rng.standard_normal((width, width)).astype(np.float32) * 0.3 for _ in range(layers)]
@@ -183,7 +183,13 @@ def test_scanned_model_from_external_data_matches_the_unrolled_run(tmp_path: Pat
     )
     path = tmp_path / "layers.onnx"
     path.write_bytes(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)]).SerializeToString())
-    inputs = rng.standard_normal((2, width)).astype(np.float32)
+    return path, weights
+
+
+def test_scanned_model_from_external_data_matches_the_unrolled_run(tmp_path: Path):
+    """The stacked copy built per device slice from the memory maps runs like the per-layer weights."""
+    path, weights = _layers_model(tmp_path)
+    inputs = np.random.default_rng(1).standard_normal((2, 32)).astype(np.float32)
     expected = inputs.astype(np.float64)
     for w in weights:
         expected = np.tanh(expected @ w)
@@ -192,6 +198,19 @@ def test_scanned_model_from_external_data_matches_the_unrolled_run(tmp_path: Pat
     (y,) = model(inputs)
     assert model.scan.active
     np.testing.assert_allclose(np.asarray(y), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_unrolls_layers_whose_weights_a_scan_would_copy_on_every_call(tmp_path: Path, monkeypatch):
+    """Past AUTO_MAX_STACKED_BYTES, "auto" keeps the layers unrolled and says why (measured: +70% per call)."""
+    import onnx2jax.scan
+
+    path, _ = _layers_model(tmp_path)
+    monkeypatch.setattr(onnx2jax.scan, "AUTO_MIN_LAYERS", 2)
+    assert onnx2jax.translate(str(path)).scan.active  # 16 KiB of layer weights: scanned
+    monkeypatch.setattr(onnx2jax.scan, "AUTO_MAX_STACKED_BYTES", 8 << 10)
+    model = onnx2jax.translate(str(path))
+    assert not model.scan.active
+    assert "hold 0 MiB of parameters, more than 0 MiB: a scan would copy each layer's" in model.layers_report()
 
 
 def test_drop_pages_keeps_the_values(tmp_path: Path):
