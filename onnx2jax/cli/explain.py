@@ -37,6 +37,8 @@ from onnx2jax.cli.check import (
 )
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, check_writable, require_matplotlib
+from onnx2jax.errors import ModelLoadError
+from onnx2jax.saving import save_model
 from onnx2jax.tile_plot import render
 from sharding import codes
 from sharding.infer import Inference, completed_model, reshard_note_kind
@@ -232,7 +234,11 @@ def run(args: argparse.Namespace) -> int:
             console.print(line, markup=False)
         console.print(summary_line(severity_counts(diagnostics)))
     if args.write:
-        onnx.save(completed_model(model, inference), args.write)
+        # The weights stay in the source's external data (a small .onnx beside it); see onnx2jax.saving.
+        try:
+            save_model(completed_model(model, inference), args.write, os.path.dirname(os.path.abspath(args.model)))
+        except ModelLoadError as e:
+            raise CliError(f"not written: {e}") from None
         if not args.json:
             terminal.make_console().print(f"wrote {args.write}")
     if args.plot:
