@@ -247,3 +247,27 @@ def test_a_vocabulary_the_devices_do_not_divide_is_split_unevenly_not_replicated
         (logits,) = compiled(**feeds)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), rtol=1e-4, atol=1e-4)
 
+
+
+class _Reads:
+    """An array that records the slices read from it (what a process reads from the file)."""
+
+    def __init__(self, array: np.ndarray):
+        self.array, self.shape, self.dtype, self.ndim = array, array.shape, array.dtype, array.ndim
+        self.read: list[int] = []
+
+    def __getitem__(self, index):
+        part = self.array[index]
+        self.read.append(part.nbytes)
+        return part
+
+
+@pytest.mark.parametrize(("spec", "reads"), [(PartitionSpec("x", None), 8), (PartitionSpec(), 1)])
+def test_placing_reads_each_devices_slice_once_and_nothing_else(spec, reads):
+    """Split 8 ways: eight reads of 1/8 (a process reads only its addressable devices' slices, as
+    jax.make_array_from_callback asks for no other); replicated: one read, shared by the devices."""
+    weight = _Reads(np.arange(64 * 16, dtype=np.float32).reshape(64, 16))
+    mesh = Mesh(np.array(jax.devices()[:8]), ("x",))
+    placed = place(weight, NamedSharding(mesh, spec))
+    assert len(weight.read) == reads and sum(weight.read) == weight.array.nbytes
+    np.testing.assert_array_equal(np.asarray(placed), weight.array)
