@@ -8,7 +8,7 @@ Three sources, one result (node -> stage, stage -> device group):
   two dicts of its ``Sharder`` (``sharding_info={node: device}``,
   ``pipelining_info={node: stage}``), walked with PopRT's algorithm
   (`walk_points`);
-* an automatic cut (`auto_stages`), balanced by parameter bytes and FLOPs,
+* an automatic cut (`auto_stages`, in :mod:`sharding.stage_cut`), balanced by estimated time,
   made only where one activation crosses (the residual stream).
 
 A point's ``device`` is a *device group*: with N devices and G distinct
@@ -24,7 +24,6 @@ Framework-neutral: onnx and numpy only.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
