@@ -88,4 +88,13 @@ def _holdable(part: np.ndarray) -> bool:
     return part.flags.c_contiguous and not part.flags.writeable and part.ctypes.data % 64 == 0
 
 
-__all__ = ["place", "place_stacked"]
+def stack_on_host(layers: Sequence[np.ndarray]) -> np.ndarray:
+    """``np.stack(layers)`` into one aligned read-only buffer, each layer's file pages dropped once copied."""
+    stacked = read_only_buffer((len(layers), *layers[0].shape), layers[0].dtype)
+    for k, layer in enumerate(layers):
+        stacked[k] = layer
+        drop_pages(layer)
+    return freeze(stacked)
+
+
+__all__ = ["place", "place_stacked", "stack_on_host"]

@@ -36,7 +36,7 @@ import onnx
 
 from onnx2jax.errors import NodeError
 from onnx2jax.layers import Repetition, find_repeated_layers
-from onnx2jax.placing import place_stacked
+from onnx2jax.placing import place_stacked, stack_on_host
 
 AUTO_MIN_LAYERS = 16
 """``scan_layers="auto"`` scans from this many repeated layers: there the compile saved is seconds (1.4-1.8 s at
@@ -162,6 +162,14 @@ class Stacked:
     def place(self, sharding: jax.sharding.Sharding) -> jax.Array:
         """The stacked array on ``sharding`` (the layer axis first, unsplit)."""
         return place_stacked(self.layers, sharding)
+
+    def host(self) -> np.ndarray:
+        """The whole stack as one aligned read-only host array, the layers' file pages dropped.
+
+        For an unsharded model's uncommitted arguments: jax on CPU holds it
+        without copying, so it is the one copy of these weights.
+        """
+        return stack_on_host(self.layers)
 
 
 def stacked_arrays(plan_: ScanPlan, params: Mapping[str, np.ndarray]) -> dict[str, Stacked]:

@@ -31,7 +31,6 @@ from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
 from onnx2jax.runtime.fast_call import call_key
-from onnx2jax.placing import place
 from onnx2jax.graph_runner import (
     GraphRunner,
     Hooks,
@@ -43,7 +42,7 @@ from onnx2jax.graph_runner import (
     uses_wide_types,
 )
 from onnx2jax.hostvalues import to_host
-from onnx2jax.loading import ModelLike, initializer_array, open_model
+from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
 from onnx2jax.runtime.xla_options import compiler_options
 
 STATIC_INITIALIZER_LIMIT = 4096
@@ -361,11 +360,15 @@ class JaxModel:
     def _runtime_params(self) -> tuple:
         """The parameters that are not baked in, on the device (copied once, not on every call)."""
         if self._device_runtime_params is None:
-            device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+            # Uncommitted (jax.device_put without a device), so that a jit under a context mesh may move
+            # them; on CPU an aligned read-only array (a mapped weight, a built stack) is held without a copy.
             self._device_runtime_params = tuple(
-                self._stacked[k].place(device) if k in self._stacked else place(self.params[k], device)
+                jax.device_put(self._stacked[k].host() if k in self._stacked else self.params[k])
                 for k in self._runtime_names
             )
+            for name in self._runtime_names:
+                if name in self.params:
+                    drop_pages(self.params[name])
         return self._device_runtime_params
 
 
