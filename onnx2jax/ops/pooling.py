@@ -38,9 +38,11 @@ def _window(x, kernel_shape, strides, dilations, pads, auto_pad, ceil_mode):
 
 
 def _reduce(x, init, op, kernel, strides, dilations, padding):
+    # A numpy init value: jax recognises (max, -inf) and (add, 0) as its differentiable
+    # monoid reductions only when the init value is concrete, which jnp.array under a trace is not.
     return jax.lax.reduce_window(
         x,
-        jnp.array(init, x.dtype),
+        np.array(init, x.dtype),
         op,
         (1, 1) + kernel,
         (1, 1) + strides,

@@ -20,11 +20,14 @@ picks this or another strategy is :mod:`onnx2jax.runtime.compile`.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
-from typing import Any, Hashable, Mapping, Sequence
+import os
+from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
+import onnx
 
 from onnx2jax.errors import NodeError
 from onnx2jax.runtime.executable import x64_scope
@@ -37,9 +40,11 @@ from onnx2jax.runtime.plan import ProgramPlan
 from onnx2jax.runtime.report import Report, count_collectives, example_inputs, loop_note, node_rows, param_bytes_per_device
 from onnx2jax.runtime.scan_sharded import layer_specs_differ, place_stacked
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
+from onnx2jax.runtime.training import initializer_values, trainable_keys, write_onnx
 from onnx2jax.runtime.user_mesh import auto_input, tracing
 from onnx2jax.runtime.xla_options import compiler_options
 from onnx2jax.scan import per_layer_names
+from onnx2jax.trainable import checked_names
 from onnx2jax.translate import JaxModel
 from sharding.inference import Inference
 
@@ -109,6 +114,7 @@ class Compiled:
         # dim_values written on symbolic axes are checked against each call's shapes (fused
         # axes are checked as they are laid out per call, in spec_layouts).
         self._sizes = SizesAtCall(plan.proto, plan.structural)
+        self._trainable: tuple[str, ...] | None = None
 
     # -- parameters -------------------------------------------------------
 
@@ -124,6 +130,34 @@ class Compiled:
     def logical_params(self) -> dict[str, jax.Array]:
         """The parameters in their ONNX shapes (fused views folded, padding removed)."""
         return self._logical_params(self.params)
+
+    @property
+    def trainable(self) -> tuple[str, ...]:
+        """The keys of :attr:`params` to train: :mod:`onnx2jax.trainable`'s rule, or :meth:`with_trainable`'s names."""
+        if self._trainable is None:
+            self._trainable = trainable_keys(self)
+        return self._trainable
+
+    def with_trainable(self, names: Iterable[str]) -> "Compiled":
+        """This compiled program (programs, parameters and caches shared) with ``names`` as :attr:`trainable`.
+
+        Raises:
+          KeyError: a name is not a key of :attr:`params`.
+        """
+        other = copy.copy(self)
+        other._trainable = checked_names(names, self.params)
+        return other
+
+    def to_onnx(
+        self, params: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None, *,
+        external_data: bool | None = None,
+    ) -> onnx.ModelProto:
+        """The model with ``params`` (some or all, laid out as :attr:`params`) as its initializers; saved at ``path``.
+
+        Annotations are kept; see :func:`onnx2jax.runtime.training.write_onnx` for ``external_data``.
+        """
+        values = initializer_values(self, self.params if params is None else params)
+        return write_onnx(self.plan.proto, values, path, external_data=external_data)
 
     # -- per shape signature ----------------------------------------------
 

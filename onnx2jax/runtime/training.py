@@ -1,0 +1,121 @@
+"""What a compiled program's parameters are to training: which to train, and writing them back into ONNX.
+
+:class:`~onnx2jax.runtime.spmd.Compiled` holds its parameters as placed
+(fused views unfused, uneven ones padded, a scanned model's layers stacked
+under ``scan/<slot>``). Here those keys are related to the ONNX initializers:
+:func:`trainable_keys` applies :mod:`onnx2jax.trainable`'s rule to them and
+:func:`initializer_values` folds (trained) parameters back into ONNX's names
+and shapes, which :func:`write_onnx` writes into a copy of the model with its
+annotations.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from onnx2jax.trainable import trainable_names
+
+if TYPE_CHECKING:
+    from onnx2jax.runtime.spmd import Compiled
+
+#: Without ``external_data`` given: a model whose initializers pass this many bytes keeps them outside
+#: the .onnx file (protobuf refuses messages over 2 GiB).
+EXTERNAL_DATA_BYTES = 1 << 30
+
+#: With external data: tensors of at least this many bytes go to the .data file.
+EXTERNAL_TENSOR_BYTES = 1024
+
+
+def _stacked_slots(compiled: "Compiled") -> dict[str, tuple[str, ...]]:
+    """Per stacked parameter key of a scanned model, its per-layer initializer names (layer order)."""
+    scan = compiled.model.scan
+    if not scan.active:
+        return {}
+    return {scan.stacked_key(slot): tuple(names) for slot, names in scan.repetition.stacked.items()}
+
+
+def trainable_keys(compiled: "Compiled") -> tuple[str, ...]:
+    """The keys of ``compiled.params`` that :func:`onnx2jax.trainable.trainable_names` calls trainable.
+
+    A stacked key (scanned layers) is trainable when every layer's initializer is.
+    """
+    model = compiled.model
+    names = set(trainable_names(compiled.plan.proto, {**model.constants, **model.params}))
+    stacked = _stacked_slots(compiled)
+    return tuple(
+        key for key in compiled.params if (all(n in names for n in stacked[key]) if key in stacked else key in names)
+    )
+
+
+def initializer_values(compiled: "Compiled", params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Every initializer's value by ONNX name and shape: ``params`` (laid out as ``compiled.params``) over the model's own.
+
+    Stored layouts are folded back (padding removed, fused axes folded), stacked
+    layers split into their per-layer initializers, each cast to its
+    initializer's dtype.
+    """
+    model = compiled.model
+    values: dict[str, np.ndarray] = {**model.constants, **model.params}
+    stacked = _stacked_slots(compiled)
+    for key, value in params.items():
+        if key in stacked:
+            host = np.asarray(value)
+            for layer, name in enumerate(stacked[key]):
+                values[name] = host[layer].astype(values[name].dtype)
+        elif key in values:
+            values[key] = np.asarray(compiled._logical_params({key: value})[key]).astype(values[key].dtype)
+        else:
+            raise KeyError(f"{key!r} is not a parameter of this model")
+    return values
+
+
+def write_onnx(
+    proto: onnx.ModelProto,
+    values: Mapping[str, np.ndarray],
+    path: str | os.PathLike | None = None,
+    *,
+    external_data: bool | None = None,
+) -> onnx.ModelProto:
+    """A copy of ``proto`` (annotations, metadata and all) whose initializers hold ``values``.
+
+    Args:
+      proto: the model the values belong to.
+      values: every initializer's array by name (:func:`initializer_values`).
+      path: where to save it; None: only returned.
+      external_data: keep tensors of at least ``EXTERNAL_TENSOR_BYTES`` in
+        ``<path>.data`` beside the file (onnx's external data); None: when the
+        initializers pass ``EXTERNAL_DATA_BYTES``.
+
+    Returns:
+      The model with its initializers inline.
+    """
+    written = onnx.ModelProto()
+    written.CopyFrom(proto)
+    for tensor in written.graph.initializer:
+        tensor.CopyFrom(numpy_helper.from_array(np.asarray(values[tensor.name]), tensor.name))
+    if path is None:
+        return written
+    path = Path(path)
+    if external_data is None:
+        external_data = sum(np.asarray(v).nbytes for v in values.values()) >= EXTERNAL_DATA_BYTES
+    if external_data:
+        location = path.name + ".data"
+        (path.parent / location).unlink(missing_ok=True)  # onnx appends to an existing data file
+        saved = onnx.ModelProto()
+        saved.CopyFrom(written)
+        onnx.save_model(
+            saved, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+            location=location, size_threshold=EXTERNAL_TENSOR_BYTES,
+        )
+    else:
+        onnx.save_model(written, str(path))
+    return written
+
+
+__all__ = ["EXTERNAL_DATA_BYTES", "EXTERNAL_TENSOR_BYTES", "initializer_values", "trainable_keys", "write_onnx"]

@@ -1,0 +1,61 @@
+"""Shared by the training tests: a scalar loss of a model's outputs, and the same loss through onnxruntime.
+
+The loss is ``sum_k <w_k, out_k> / sqrt(size_k)`` over the floating outputs,
+with fixed random ``w_k``: every output element moves it, and it stays O(1).
+onnxruntime evaluates it on a written model (``Compiled.to_onnx`` with
+perturbed parameters) in float64 from its float32 outputs.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+import onnx
+import onnxruntime as ort
+from zoo_cases import CASES, ZOO
+
+from sharding.megatron import megatron_plan
+
+
+def zoo_inputs(name: str) -> dict[str, np.ndarray]:
+    return dict(np.load(ZOO / f"{name}.inputs.npz"))
+
+
+@functools.lru_cache(maxsize=None)
+def zoo_model(name: str, sharded: bool) -> onnx.ModelProto:
+    model = onnx.load(ZOO / f"{name}.onnx")
+    return megatron_plan(model, CASES[name].tp) if sharded and CASES[name].tp > 1 else model
+
+
+def output_weights(name: str) -> list[np.ndarray | None]:
+    """The loss's fixed weight per output of a zoo model (None: not a floating output)."""
+    reference = np.load(ZOO / f"{name}.ort_outputs.npz")
+    rng = np.random.default_rng(7)
+    weights = []
+    for key in reference.files:
+        value = reference[key]
+        weights.append(rng.normal(size=value.shape) / np.sqrt(value.size) if value.dtype.kind == "f" else None)
+    return weights
+
+
+def jax_loss(outputs, weights) -> jnp.ndarray:
+    return sum(jnp.sum(out.astype(jnp.float32) * w.astype(np.float32)) for out, w in zip(outputs, weights) if w is not None)
+
+
+def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+
+
+def ort_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    session = ort_session(model)
+    names = {i.name for i in session.get_inputs()}
+    return session.run(None, {k: v for k, v in inputs.items() if k in names})
+
+
+def ort_loss(model: onnx.ModelProto, inputs: dict[str, np.ndarray], weights) -> float:
+    outputs = ort_outputs(model, inputs)
+    return float(sum(np.sum(o.astype(np.float64) * w) for o, w in zip(outputs, weights) if w is not None))
