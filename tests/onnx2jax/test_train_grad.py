@@ -1,0 +1,135 @@
+"""Gradients through ``Compiled.apply`` against onnxruntime's central finite differences (issue 22).
+
+For every trainable parameter of a zoo model (LMs, an encoder, CNNs), the
+directional derivative of a scalar loss of the outputs along a random
+direction in that parameter (and along one joint direction in all of them)
+equals ``(L(p + e d) - L(p - e d)) / 2e`` where onnxruntime computes ``L`` on
+the model written back with the perturbed weights (``Compiled.to_onnx``).
+
+Tolerance: onnxruntime runs float32. The direction moves each weight by
+e = 1e-2 of its RMS, the loss is O(1) and summed in float64 from float32
+outputs, so rounding moves the difference quotient by ~1e-6 / 2e at most and
+the O(e^2) truncation is relatively ~1e-4: ``|g.d - fd| <= 5e-7 / e + 1e-3
+|fd|`` (measured: at most ~1e-5 absolute). A network with ReLU and MaxPool
+(resnet) is piecewise linear: a step of 1e-2 crosses kinks, and the quotient
+converges to the gradient only as e shrinks (measured on resnet's stem:
+0.1735, 0.1639, 0.1620 at e = 1e-2, 1e-3, 3e-4 for a gradient of 0.1609), so
+there e = 2e-4 and the relative part is 1e-2 (the kinks crossed are O(e)).
+
+Sharded (Megatron plan, 8 fake devices): the gradients equal the unsharded
+ones and come back with their parameter's sharding.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import numpy as np
+import onnx
+import pytest
+from train_helpers import jax_loss, ort_loss, output_weights, zoo_inputs, zoo_model
+from zoo_cases import CASES, ZOO
+
+import onnx2jax
+from onnx2jax.runtime.report import count_collectives
+from sharding.megatron import megatron_plan
+
+SMOOTH = (1e-2, 1e-3)  # (step, relative tolerance)
+KINKED = {"resnet": (2e-4, 1e-2)}
+CASES_DATA = ZOO.parent
+FAST = ("mistral", "roberta", "resnet")
+
+
+def _params(names):
+    return [pytest.param(n, marks=[] if n in FAST else [pytest.mark.slow]) for n in names]
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str, sharded: bool):
+    return onnx2jax.compile(zoo_model(name, sharded))
+
+
+def _grads(compiled, name: str):
+    inputs, weights = zoo_inputs(name), output_weights(name)
+
+    def loss(params):
+        return jax_loss(compiled.apply({**compiled.params, **params}, **inputs), weights)
+
+    with jax.enable_x64(True):
+        return jax.jit(jax.grad(loss))({k: compiled.params[k] for k in compiled.trainable})
+
+
+def _direction(rng, value) -> np.ndarray:
+    value = np.asarray(value)
+    scale = max(float(np.sqrt(np.mean(value.astype(np.float64) ** 2))), 0.02)
+    return (rng.normal(size=value.shape) * scale).astype(value.dtype)
+
+
+def _finite_difference(compiled, name: str, step: dict[str, np.ndarray], eps: float) -> float:
+    inputs, weights = zoo_inputs(name), output_weights(name)
+    plus = {k: np.asarray(compiled.params[k]) + eps * d for k, d in step.items()}
+    minus = {k: np.asarray(compiled.params[k]) - eps * d for k, d in step.items()}
+    return (ort_loss(compiled.to_onnx(plus), inputs, weights) - ort_loss(compiled.to_onnx(minus), inputs, weights)) / (2 * eps)
+
+
+@pytest.mark.parametrize("name", _params(list(CASES)))
+def test_gradients_equal_onnxruntime_finite_differences(name):
+    compiled = _compiled(name, False)
+    grads = _grads(compiled, name)
+    assert set(grads) == set(compiled.trainable) and grads
+    eps, rtol = KINKED.get(name, SMOOTH)
+    rng = np.random.default_rng(1)
+    joint = {}
+    for key in compiled.trainable:
+        direction = joint[key] = _direction(rng, compiled.params[key])
+        analytic = float(np.sum(np.asarray(grads[key], np.float64) * direction))
+        numeric = _finite_difference(compiled, name, {key: direction}, eps)
+        assert abs(analytic - numeric) <= 5e-7 / eps + rtol * abs(numeric), (key, analytic, numeric)
+    analytic = sum(float(np.sum(np.asarray(grads[k], np.float64) * d)) for k, d in joint.items())
+    numeric = _finite_difference(compiled, name, joint, eps)
+    assert abs(analytic - numeric) <= 5e-7 / eps + rtol * abs(numeric), (analytic, numeric)
+
+
+@pytest.mark.parametrize("name", _params([n for n, c in CASES.items() if c.tp > 1]))
+def test_sharded_gradients_equal_unsharded_and_keep_their_sharding(name):
+    sharded, plain = _compiled(name, True), _compiled(name, False)
+    assert set(sharded.trainable) == set(plain.trainable)
+    grads, expected = _grads(sharded, name), _grads(plain, name)
+    assert any(not g.sharding.is_fully_replicated for g in grads.values())
+    for key, grad in grads.items():
+        assert grad.sharding.is_equivalent_to(sharded.params[key].sharding, grad.ndim), key
+        logical = np.asarray(sharded._logical_params({key: grad})[key])
+        scale = float(np.abs(expected[key]).max())
+        np.testing.assert_allclose(logical, np.asarray(expected[key]), atol=max(1e-4 * scale, 1e-6), err_msg=key)
+
+
+def test_backward_collectives_of_tiny_llama_tp8():
+    """The collectives of ``jit(grad(loss))`` on tiny Llama, TP 8, against the analytic minimum.
+
+    Minimum (Megatron): the forward's 5 all-reduces (2 blocks x (attention
+    out + MLP down) + the vocabulary-split embedding), 1 for the loss's sum
+    over vocabulary-split logits, and in the backward one per column-parallel
+    input (2 blocks x (q|k|v, gate|up) + the LM head): 11 all-reduce operands,
+    no all-gather. XLA's combiner merges independent ones into tuple
+    all-reduces (9 instructions here). Above the minimum: 4 all-gathers, one
+    per K and V of each block, [B, 8 heads, S, D]: tiny Llama has 4 KV heads
+    for 8 query heads, and the cotangent of the repeated K/V heads is gathered
+    to sum each KV head's two copies (a pairwise reduce would do).
+    """
+    compiled = onnx2jax.compile(megatron_plan(onnx.load(CASES_DATA / "tiny_llama.onnx"), 8), scan_layers=False)
+    ids = np.load(CASES_DATA / "tiny_llama.inputs.npz")["input_ids"]
+    weights = np.random.default_rng(0).normal(size=(*ids.shape, 256)).astype(np.float32)
+
+    def loss(params):
+        (logits,) = compiled.apply({**compiled.params, **params}, ids)
+        return (logits * weights).sum()
+
+    params = {k: compiled.params[k] for k in compiled.trainable}
+    with jax.enable_x64(True):
+        text = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+    counts = {k: v for k, v in count_collectives(text).items() if v}
+    assert counts == {"all-reduce": 9, "all-gather": 4}
+    gathers = [line for line in text.splitlines() if " all-gather(" in line or " all-gather-start(" in line]
+    assert all("f32[2,8," in line for line in gathers)  # every gather is of the 8 heads' K/V cotangent
+
