@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import optax
 import pytest
-from train_helpers import ort_outputs
+from train_helpers import ort_outputs, train_steps
 from zoo_cases import ZOO
 
 import onnx2jax
@@ -32,46 +32,23 @@ def tp8():
     return onnx2jax.compile(megatron_plan(onnx.load(LLAMA), 8), scan_layers=False)
 
 
-def next_token_loss(logits: jax.Array, ids: np.ndarray) -> jax.Array:
-    """Mean cross entropy of each position's logits against the next token."""
-    return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1].astype(jnp.float32), ids[:, 1:]).mean()
-
-
-def _train(apply, params, ids, optimizer, steps: int):
-    def loss(trained, state_params):
-        (logits,) = apply({**state_params, **trained}, ids)
-        return next_token_loss(logits, ids)
-
-    @jax.jit
-    def step(trained, state, frozen):
-        value, grads = jax.value_and_grad(loss)(trained, frozen)
-        updates, state = optimizer.update(grads, state, trained)
-        return optax.apply_updates(trained, updates), state, value
-
-    trained, frozen = params
-    state = optimizer.init(trained)
-    losses = []
-    with jax.enable_x64(True):
-        for _ in range(steps):
-            trained, state, value = step(trained, state, frozen)
-            losses.append(float(value))
-    return trained, state, losses
-
-
 @pytest.mark.parametrize("kind", ["sgd", "adam"])
 def test_steps_under_tp_equal_the_steps_on_one_device(tp8, ids, kind) -> None:
     optimizer = optax.sgd(0.5) if kind == "sgd" else optax.adam(1e-2)
     names = tp8.trainable
     sharded = ({k: tp8.params[k] for k in names}, {k: v for k, v in tp8.params.items() if k not in names})
-    trained, state, losses = _train(tp8.apply, sharded, ids, optimizer, 4)
+    trained, state, losses = train_steps(tp8.apply, sharded, ids, optimizer, 4)
     model = onnx2jax.translate(str(LLAMA), scan_layers=False)
     single = ({k: jnp.asarray(model.params[k]) for k in names}, {k: v for k, v in model.params.items() if k not in names})
-    expected, _, expected_losses = _train(model.fn, single, ids, optimizer, 4)
+    expected, _, expected_losses = train_steps(model.fn, single, ids, optimizer, 4)
     assert losses[-1] < losses[0]
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
     for key in names:
         assert trained[key].sharding.is_equivalent_to(tp8.params[key].sharding, trained[key].ndim), key
-        np.testing.assert_allclose(np.asarray(trained[key]), np.asarray(expected[key]), atol=2e-5, err_msg=key)
+        # Adam moves a weight by up to lr a step whatever its gradient's size: where a gradient is ~1e-8, the
+        # float32 summation order of the sharded program moves the update; allowed: 1% of one step
+        atol = 2e-5 if kind == "sgd" else 1e-4
+        np.testing.assert_allclose(np.asarray(trained[key]), np.asarray(expected[key]), atol=atol, err_msg=key)
     moments = [x for x in jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, dict)) if isinstance(x, dict)]
     assert len(moments) == (2 if kind == "adam" else 0)  # Adam's mu and nu; SGD keeps none
     for key, leaf in [item for moment in moments for item in moment.items()]:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
 import onnxruntime as ort
+import optax
 from zoo_cases import CASES, ZOO
 
 from sharding.megatron import megatron_plan
@@ -59,3 +61,33 @@ def ort_outputs(model: onnx.ModelProto, inputs: dict[str, np.ndarray]) -> list[n
 def ort_loss(model: onnx.ModelProto, inputs: dict[str, np.ndarray], weights) -> float:
     outputs = ort_outputs(model, inputs)
     return float(sum(np.sum(o.astype(np.float64) * w) for o, w in zip(outputs, weights) if w is not None))
+
+
+def next_token_loss(logits: jax.Array, ids: np.ndarray) -> jax.Array:
+    """Mean cross entropy of each position's logits against the next token."""
+    return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1].astype(jnp.float32), ids[:, 1:]).mean()
+
+
+def train_steps(apply, params, ids, optimizer, steps: int):
+    """``steps`` optax steps of :func:`next_token_loss` on ``apply(params, ids)``; params = (trained, frozen).
+
+    Returns the trained parameters, the optimizer state and each step's loss.
+    """
+    def loss(trained, state_params):
+        (logits,) = apply({**state_params, **trained}, ids)
+        return next_token_loss(logits, ids)
+
+    @jax.jit
+    def step(trained, state, frozen):
+        value, grads = jax.value_and_grad(loss)(trained, frozen)
+        updates, state = optimizer.update(grads, state, trained)
+        return optax.apply_updates(trained, updates), state, value
+
+    trained, frozen = params
+    state = optimizer.init(trained)
+    losses = []
+    with jax.enable_x64(True):
+        for _ in range(steps):
+            trained, state, value = step(trained, state, frozen)
+            losses.append(float(value))
+    return trained, state, losses

@@ -1,0 +1,101 @@
+"""An ONNX model as a flax NNX module: its trainable initializers are ``nnx.Param``s, sharded as compiled.
+
+>>> from flax import nnx
+>>> module = onnx2jax.nnx.from_onnx("llama_tp8.onnx")                      # doctest: +SKIP
+>>> optimizer = nnx.Optimizer(module, optax.adam(1e-3), wrt=nnx.Param)     # doctest: +SKIP
+>>> loss, grads = nnx.value_and_grad(loss_fn)(module)                      # doctest: +SKIP
+>>> optimizer.update(module, grads)                                        # doctest: +SKIP
+
+The module runs :meth:`onnx2jax.runtime.spmd.Compiled.apply` over its
+variables: the same sharded program as the compiled model. Which
+initializers are parameters is :mod:`onnx2jax.trainable`'s rule (or the
+``trainable`` names given); the others are :class:`Constant` variables, which
+``nnx.value_and_grad`` and ``nnx.Optimizer(..., wrt=nnx.Param)`` leave alone.
+Each variable holds its placed jax.Array and carries its PartitionSpec as
+nnx's sharding metadata (``out_sharding`` and ``mesh``:
+``nnx.get_partition_spec`` reads them), so an optimizer's state is created sharded like the parameters.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Iterable
+
+import jax
+import onnx
+from flax import nnx
+
+from onnx2jax.runtime.executable import x64_scope
+from onnx2jax.runtime.spmd import Compiled
+
+
+class Constant(nnx.Variable):
+    """An initializer that is not trained: shapes and indices, masks, rotary tables, folded scalars."""
+
+
+def _spec(array: jax.Array) -> tuple:
+    spec = tuple(getattr(array.sharding, "spec", ()))
+    return spec + (None,) * (array.ndim - len(spec))
+
+
+class OnnxModule(nnx.Module):
+    """A compiled ONNX model whose initializers are nnx variables; call it like the model.
+
+    Attributes:
+      compiled: the :class:`~onnx2jax.runtime.spmd.Compiled` program (static).
+      params: every initializer by name (as laid out in ``compiled.params``):
+        ``nnx.Param`` for the trainable ones, :class:`Constant` for the others.
+    """
+
+    def __init__(self, compiled: Compiled):
+        self.compiled = nnx.static(compiled)
+        trainable = set(compiled.trainable)
+        self.params = nnx.Dict(
+            {
+                name: (nnx.Param if name in trainable else Constant)(
+                    value, out_sharding=_spec(value), mesh=compiled.mesh, eager_sharding=False  # placed already
+                )
+                for name, value in compiled.params.items()
+            }
+        )
+
+    def values(self) -> dict[str, Any]:
+        """Every initializer's current value by name."""
+        return {name: variable[...] for name, variable in self.params.items()}
+
+    def __call__(self, *inputs: Any, **named: Any) -> tuple:
+        """The model's outputs (ONNX order) with the module's current parameters; traceable, differentiable."""
+        with x64_scope(self.compiled.model.uses_64bit):
+            return self.compiled.apply(self.values(), *inputs, **named)
+
+    def to_onnx(self, path: str | os.PathLike | None = None, *, external_data: bool | None = None) -> onnx.ModelProto:
+        """The ONNX model with the module's current parameters (:meth:`Compiled.to_onnx`)."""
+        return self.compiled.to_onnx(self.values(), path, external_data=external_data)
+
+
+def from_onnx(
+    model: Any, mesh: jax.sharding.Mesh | None = None, *, trainable: Iterable[str] | None = None, **options: Any
+) -> OnnxModule:
+    """Compiles ``model`` (:func:`onnx2jax.compile`, with ``mesh`` and ``options``) as an NNX module.
+
+    Args:
+      model: a path, bytes or ModelProto, annotated for a mesh or not.
+      mesh: as :func:`onnx2jax.compile`'s.
+      trainable: the initializers to make ``nnx.Param``s; None: the rule of
+        :mod:`onnx2jax.trainable`.
+      options: further keyword arguments of :func:`onnx2jax.compile`.
+
+    Raises:
+      TypeError: the model compiles to pipeline stages or segments (one SPMD program only, for now).
+    """
+    from onnx2jax.runtime.compile import compile as compile_model
+
+    compiled = compile_model(model, mesh, **options)
+    if not isinstance(compiled, Compiled):
+        raise TypeError(f"from_onnx takes a model that compiles to one SPMD program, not a {type(compiled).__name__}")
+    if trainable is not None:
+        compiled = compiled.with_trainable(trainable)
+    return OnnxModule(compiled)
+
+
+__all__ = ["Constant", "OnnxModule", "from_onnx"]
