@@ -15,9 +15,10 @@ the O(e^2) truncation is relatively ~1e-4: ``|g.d - fd| <= 5e-7 / e + 1e-3
 converges to the gradient only as e shrinks (measured on resnet's stem:
 0.1735, 0.1639, 0.1620 at e = 1e-2, 1e-3, 3e-4 for a gradient of 0.1609), so
 there e = 2e-4 and the relative part is 1e-2 (the kinks crossed are O(e)).
-T5's feed-forward is ReLU too, and its larger activations make its float32
-loss noisier (~1e-6 of its absolute sum), so a smaller step does not help:
-e = 1e-2 with 2e-2 relative (measured: 0.94% on the first layer norm).
+T5's feed-forward is ReLU too: the quotient on its decoder's first layer norm
+is 0.0524, 0.0617, 0.0518, 0.0450 at e = 1e-2, 3e-3, 1e-3, 3e-4 for a
+gradient of 0.0449 (jax's own quotient is the same: kinks of the function, not
+of a gradient): e = 3e-4, relative 1e-2.
 qwen2_moe routes tokens by TopK, a discontinuity: a step of 1e-2 moves a
 token to another expert (embedding: 0.0066 against a gradient of 0.02704),
 one of 1e-3 does not (0.02704): e = 1e-3.
@@ -42,7 +43,7 @@ from onnx2jax.runtime.report import count_collectives
 from sharding.megatron import megatron_plan
 
 SMOOTH = (1e-2, 1e-3)  # (step, relative tolerance)
-KINKED = {"resnet": (2e-4, 1e-2), "t5": (1e-2, 2e-2), "qwen2_moe": (1e-3, 1e-3)}
+KINKED = {"resnet": (2e-4, 1e-2), "t5": (3e-4, 1e-2), "qwen2_moe": (1e-3, 1e-3)}
 CASES_DATA = ZOO.parent
 FAST = ("mistral", "roberta", "resnet")
 
