@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import optax
+from onnx import numpy_helper
 from zoo_cases import CASES, ZOO
 
 from sharding.megatron import megatron_plan
@@ -42,8 +43,37 @@ def output_weights(name: str) -> list[np.ndarray | None]:
     return weights
 
 
+def to_float64(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` computing in float64: float32 initializers, constants, casts, inputs and outputs widened.
+
+    onnxruntime has float64 kernels for the LMs' ops (MatMul, Softmax, Pow,
+    ...) but not for Erf or Conv: those models stay float32.
+    """
+    wide = onnx.ModelProto()
+    wide.CopyFrom(model)
+    graph = wide.graph
+
+    def widen(tensor: onnx.TensorProto) -> None:
+        if tensor.data_type == onnx.TensorProto.FLOAT:
+            tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).astype(np.float64), tensor.name))
+
+    for tensor in graph.initializer:
+        widen(tensor)
+    for info in list(graph.input) + list(graph.output) + list(graph.value_info):
+        if info.type.tensor_type.elem_type == onnx.TensorProto.FLOAT:
+            info.type.tensor_type.elem_type = onnx.TensorProto.DOUBLE
+    for node in graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "Cast" and attribute.name == "to" and attribute.i == onnx.TensorProto.FLOAT:
+                attribute.i = onnx.TensorProto.DOUBLE
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                widen(attribute.t)
+    return wide
+
+
 def jax_loss(outputs, weights) -> jnp.ndarray:
-    return sum(jnp.sum(out.astype(jnp.float32) * w.astype(np.float32)) for out, w in zip(outputs, weights) if w is not None)
+    """The loss in the outputs' own precision (float32, or float64 for a widened model)."""
+    return sum(jnp.sum(out * w.astype(out.dtype)) for out, w in zip(outputs, weights) if w is not None)
 
 
 def ort_session(model: onnx.ModelProto) -> ort.InferenceSession:
