@@ -71,3 +71,16 @@ def test_trained_parameters_written_back_run_in_onnxruntime(tp8, ids, tmp_path) 
     np.testing.assert_allclose(np.asarray(logits), reference, rtol=1e-4, atol=1e-4)
     (before,) = ort_outputs(onnx.load(LLAMA), {"input_ids": ids})
     assert np.abs(reference - before).max() > 1e-2  # the new weights are the ones onnxruntime ran
+
+
+def test_scanned_layers_are_written_back_layer_by_layer(ids, tmp_path) -> None:
+    compiled = onnx2jax.compile(megatron_plan(onnx.load(LLAMA), 8), scan_layers=True)
+    stacked = [k for k in compiled.trainable if k.startswith("scan/")]
+    assert compiled.model.scan.active and stacked  # the layers' weights train as [layers, ...] arrays
+    rng = np.random.default_rng(6)
+    new = {k: compiled.params[k] + 0.05 * rng.normal(size=compiled.params[k].shape).astype(np.float32) for k in compiled.trainable}
+    written = compiled.to_onnx(new, tmp_path / "scanned.onnx")
+    (reference,) = ort_outputs(written, {"input_ids": ids})
+    with jax.enable_x64(True):
+        (logits,) = jax.jit(compiled.apply)({**compiled.params, **new}, ids)
+    np.testing.assert_allclose(np.asarray(logits), reference, rtol=1e-4, atol=1e-4)
