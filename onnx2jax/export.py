@@ -12,8 +12,8 @@ The file is a zip: ``program.bin`` (``jax.export.Exported.serialize()``),
 and ``meta.json`` (input, output and parameter names, the mesh's shape and
 axis names, whether 64-bit types are on). Inputs that set shapes are folded in
 at the exported values. The batch is fixed at the example's size: the
-translator folds ``Shape`` results into constants, which a symbolic dimension
-cannot be.
+per-call sharding inference and the translator's folding of ``Shape`` results
+into constants need concrete sizes, which a symbolic dimension is not.
 """
 
 from __future__ import annotations

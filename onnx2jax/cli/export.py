@@ -25,7 +25,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("-o", "--output", required=True, metavar="OUT.jaxexport", help="the artifact to write")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="an example input from a file (the others are drawn at random)")
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT", help="size of a symbolic dim (default 2)")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT",
+                        help="size of a symbolic dim (default 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     return parser
 
@@ -44,5 +45,6 @@ def run(args: argparse.Namespace) -> int:
         console.print(note, markup=False)
     data = export(compiled, path=args.output, **given.values, **drawn.values)
     shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in {**given.values, **drawn.values}.items())
-    console.print(f"wrote {os.fspath(args.output)} ({len(data) / 1e6:.1f} MB): {shapes} on mesh {dict(compiled.mesh.shape)}", markup=False)
+    size = f"{len(data) / 1e6:.1f} MB"
+    console.print(f"wrote {os.fspath(args.output)} ({size}): {shapes} on mesh {dict(compiled.mesh.shape)}", markup=False)
     return 0

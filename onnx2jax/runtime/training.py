@@ -54,7 +54,7 @@ def trainable_keys(compiled: "Compiled") -> tuple[str, ...]:
 
 
 def initializer_values(compiled: "Compiled", params: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """Every initializer's value by ONNX name and shape: ``params`` (laid out as ``compiled.params``) over the model's own.
+    """Every initializer's value by ONNX name and shape: ``params`` (laid out as ``compiled.params``) over the model's.
 
     Stored layouts are folded back (padding removed, fused axes folded), stacked
     layers split into their per-layer initializers, each cast to its

@@ -40,7 +40,8 @@ def test_trainable_initializers_are_params_carrying_their_sharding(ids) -> None:
     specs = {name: spec.get_value() for name, spec in nnx.get_partition_spec(params).items()}
     for name in params:
         placed = compiled.params[name]
-        assert jax.sharding.NamedSharding(compiled.mesh, specs[name]).is_equivalent_to(placed.sharding, placed.ndim), name
+        metadata = jax.sharding.NamedSharding(compiled.mesh, specs[name])
+        assert metadata.is_equivalent_to(placed.sharding, placed.ndim), name
         assert params[name][...].sharding.is_equivalent_to(placed.sharding, placed.ndim), name
     assert any(spec != jax.sharding.PartitionSpec() for spec in specs.values())
     (logits,) = module(ids)
@@ -66,7 +67,8 @@ def test_nnx_optimizer_steps_under_tp_equal_optax_on_one_device(ids, tmp_path) -
 
     names = module.compiled.trainable
     model = onnx2jax.translate(str(LLAMA), scan_layers=False)
-    single = ({k: jnp.asarray(model.params[k]) for k in names}, {k: v for k, v in model.params.items() if k not in names})
+    single = ({k: jnp.asarray(v) for k, v in model.params.items() if k in names},
+              {k: v for k, v in model.params.items() if k not in names})
     expected, _, expected_losses = train_steps(model.fn, single, ids, optax.adam(1e-2), STEPS)
     np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
     assert losses[-1] < losses[0]
