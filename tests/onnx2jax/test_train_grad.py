@@ -127,14 +127,16 @@ def test_backward_collectives_of_tiny_llama_tp8():
     """The collectives of ``jit(grad(loss))`` on tiny Llama, TP 8, against the analytic minimum.
 
     Minimum (Megatron): the forward's 5 all-reduces (2 blocks x (attention
-    out + MLP down) + the vocabulary-split embedding), 1 for the loss's sum
-    over vocabulary-split logits, and in the backward one per column-parallel
-    input (2 blocks x (q|k|v, gate|up) + the LM head): 11 all-reduce operands,
-    no all-gather. XLA's combiner merges independent ones into tuple
-    all-reduces (9 instructions here). Above the minimum: 4 all-gathers, one
-    per K and V of each block, [B, 8 heads, S, D]: tiny Llama has 4 KV heads
-    for 8 query heads, and the cotangent of the repeated K/V heads is gathered
-    to sum each KV head's two copies (a pairwise reduce would do).
+    out + MLP down) + the vocabulary-split embedding) and in the backward one
+    per column-parallel input (2 blocks x (q|k|v, gate|up) + the LM head): 10
+    all-reduce operands, no all-gather (the loss's own sum is not computed: the
+    gradient does not need it). Measured: 12 operands in 9 instructions (XLA's
+    combiner merges independent ones into tuple all-reduces) and 4 all-gathers.
+    Both excesses are grouped-query attention with fewer KV heads (4) than
+    devices (8): per block, the cotangents of the repeated K and V heads
+    ([B, 8 heads, S, D]) are all-gathered to sum each KV head's two copies (a
+    pairwise reduce would do), and the input gradient of k|v is all-reduced
+    apart from q's (+1 all-reduce per block).
     """
     compiled = onnx2jax.compile(megatron_plan(onnx.load(CASES_DATA / "tiny_llama.onnx"), 8), scan_layers=False)
     ids = np.load(CASES_DATA / "tiny_llama.inputs.npz")["input_ids"]
