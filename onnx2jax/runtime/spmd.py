@@ -84,6 +84,8 @@ class Compiled:
         zero-padded. ``logical_params`` gives the ONNX shapes back.
       param_copies: further copies of parameters whose consumers want other
         layouts (``"name#k"``), so that no call reshards a constant.
+      trainable: the keys of ``params`` to train (:mod:`onnx2jax.trainable`);
+        ``with_trainable`` chooses others, ``to_onnx`` writes trained values back.
     """
 
     def __init__(self, model: JaxModel, plan: ProgramPlan):

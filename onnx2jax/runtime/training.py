@@ -59,11 +59,18 @@ def initializer_values(compiled: "Compiled", params: Mapping[str, Any]) -> dict[
     Stored layouts are folded back (padding removed, fused axes folded), stacked
     layers split into their per-layer initializers, each cast to its
     initializer's dtype.
+
+    Raises:
+      KeyError: a key is not a parameter of the model.
+      NotImplementedError: a key is a sparse initializer's.
     """
     model = compiled.model
     values: dict[str, np.ndarray] = {**model.constants, **model.params}
     stacked = _stacked_slots(compiled)
+    sparse = {s.values.name for s in compiled.plan.proto.graph.sparse_initializer}
     for key, value in params.items():
+        if key in sparse:
+            raise NotImplementedError(f"{key!r} is a sparse initializer: writing it back is not supported")
         if key in stacked:
             host = np.asarray(value)
             for layer, name in enumerate(stacked[key]):
