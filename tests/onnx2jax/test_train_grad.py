@@ -132,11 +132,11 @@ def test_backward_collectives_of_tiny_llama_tp8():
     all-reduce operands, no all-gather (the loss's own sum is not computed: the
     gradient does not need it). Measured: 12 operands in 9 instructions (XLA's
     combiner merges independent ones into tuple all-reduces) and 4 all-gathers.
-    Both excesses are grouped-query attention with fewer KV heads (4) than
-    devices (8): per block, the cotangents of the repeated K and V heads
-    ([B, 8 heads, S, D]) are all-gathered to sum each KV head's two copies (a
-    pairwise reduce would do), and the input gradient of k|v is all-reduced
-    apart from q's (+1 all-reduce per block).
+    Per block, the cotangents of the repeated K and V heads ([B, 8 heads, S,
+    D]: 4 KV heads for 8 devices) are all-gathered to sum each KV head's two
+    copies (a pairwise reduce would do), and the readers of the block's
+    replicated input each all-reduce their partial input gradient (the
+    transpose of each reader's own sharding constraint) where one sum would do.
     """
     compiled = onnx2jax.compile(megatron_plan(onnx.load(CASES_DATA / "tiny_llama.onnx"), 8), scan_layers=False)
     ids = np.load(CASES_DATA / "tiny_llama.inputs.npz")["input_ids"]
