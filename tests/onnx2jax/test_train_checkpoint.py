@@ -3,7 +3,8 @@
 Trained under TP 8 (Adam, so that the optimizer state is not zeros), saved,
 restored onto TP 2 and onto one device: every restored array has its target's
 sharding, and each device's shard equals the saved array at that shard's
-index (numpy on the saved values, device by device).
+index (numpy on the saved values, device by device). The same for an NNX
+module's ``nnx.Param`` state.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import numpy as np
 import onnx
 import optax
 import pytest
+from flax import nnx
 from train_helpers import train_steps
 from zoo_cases import ZOO
 
 import onnx2jax
 from onnx2jax import checkpoint
+from onnx2jax.nnx import from_onnx
 from sharding.megatron import megatron_plan
 
 LLAMA = ZOO.parent / "tiny_llama.onnx"
@@ -62,3 +65,18 @@ def test_a_checkpoint_is_never_overwritten(saved) -> None:
     path, host, _ = saved
     with pytest.raises(ValueError, match="exists"):
         checkpoint.save(path, host)
+
+
+def test_an_nnx_module_state_moves_from_tp8_to_tp2(tmp_path) -> None:
+    source = from_onnx(megatron_plan(onnx.load(LLAMA), 8), scan_layers=False)
+    target = from_onnx(megatron_plan(onnx.load(LLAMA), 2), scan_layers=False)
+    for variable in nnx.state(source, nnx.Param)["params"].values():  # moved away from the ONNX weights both hold
+        variable[...] = variable[...] * 1.5 + 0.25
+    checkpoint.save(tmp_path / "module", nnx.state(source, nnx.Param))
+    nnx.update(target, checkpoint.restore(tmp_path / "module", nnx.state(target, nnx.Param)))
+    expected, placed = source.values(), target.compiled.params
+    for name in target.compiled.trainable:
+        value = target.values()[name]
+        assert value.sharding.is_equivalent_to(placed[name].sharding, value.ndim), name
+        for shard in value.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(expected[name])[shard.index])
