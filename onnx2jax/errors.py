@@ -1,6 +1,6 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
-onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`
+onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputRangeError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
 `ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
@@ -43,6 +43,34 @@ class NodeError(RuntimeError):
     """
 
     node = None
+
+
+class InputRangeError(ValueError):
+    """An integer input indexes a table beyond its size (a token id past the vocabulary, say).
+
+    XLA would clamp the index and return a wrong answer that looks right;
+    :mod:`onnx2jax.input_checks` refuses it on the host before the call.
+
+    Attributes:
+      input: the graph input's name.
+      position: the offending element's index in that input.
+      value: its value.
+      bound: the size of the indexed axis; values in ``[-bound, bound)`` are valid.
+      node, op, table: the indexing node, its op_type and the tensor it indexes.
+      component: for GatherND/ScatterND, which coordinate of the index vector (else None).
+    """
+
+    def __init__(self, input: str, position: tuple[int, ...], value: int, bound: int, node: str, op: str,
+                 table: str, component: int | None = None):
+        self.input, self.position, self.value, self.bound = input, position, value, bound
+        self.node, self.op, self.table, self.component = node, op, table, component
+        what = f"{table!r} (coordinate {component} of each index)" if component is not None else f"{table!r}"
+        super().__init__(
+            f"input {input!r} at {list(position)} is {value}, outside [{-bound}, {bound}): node {node!r} ({op}) "
+            f"indexes {what}, which has {bound} entries there (onnxruntime refuses it; XLA would clamp it "
+            "into a wrong answer). Only for inputs known to be in range: check_indices=False turns the check off "
+            "(onnx2jax run --no-check-indices)"
+        )
 
 
 class BranchShapesDiffer(ValueError):

@@ -83,9 +83,11 @@ def require_names(model: onnx.ModelProto, shapes: dict, nodes: Sequence[str] = (
     graph = model.graph
     initializers = {t.name for t in graph.initializer}
     inputs = [i.name for i in graph.input if i.name not in initializers]
-    for name in shapes:
+    declared = {i.name: i for i in graph.input}
+    for name, dims in shapes.items():
         if name not in inputs:
             raise UsageError(f"--input-shape {name}: the model has no input {name!r}; its inputs: {', '.join(inputs)}")
+        _require_fitting_shape(name, dims, declared[name])
     node_names = {n.name or f"{n.op_type}#{i}" for i, n in enumerate(graph.node)}
     for name in nodes:
         if name not in node_names:
@@ -94,6 +96,23 @@ def require_names(model: onnx.ModelProto, shapes: dict, nodes: Sequence[str] = (
     for name in tensors:
         if name not in values:
             raise UsageError(f"--tensor {name}: no tensor of that name in the model")
+
+
+def _require_fitting_shape(name: str, dims: Sequence[int], info: onnx.ValueInfoProto) -> None:
+    """``--input-shape NAME=...`` must have the input's rank and agree with its fixed dims."""
+    tensor = info.type.tensor_type
+    if not info.type.HasField("tensor_type") or not tensor.HasField("shape"):
+        return
+    want = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim]
+    given = ",".join(map(str, dims))
+    if len(dims) != len(want):
+        raise UsageError(f"--input-shape {name}={given}: {name!r} has rank {len(want)} {want}, "
+                         f"so give {len(want)} dims ({name}={','.join(str(d) if isinstance(d, int) else '2' for d in want)})")
+    for axis, (w, d) in enumerate(zip(want, dims)):
+        if d < 1:
+            raise UsageError(f"--input-shape {name}={given}: dims must be >= 1")
+        if isinstance(w, int) and w > 0 and w != d:
+            raise UsageError(f"--input-shape {name}={given}: axis {axis} of {name!r} is {w}, got {d}")
 
 
 def require_annotations(model: onnx.ModelProto, path: str) -> None:

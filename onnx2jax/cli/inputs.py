@@ -17,11 +17,10 @@ import numpy as np
 import onnx
 
 from onnx2jax.cli.errors import CliError, UsageError
+from onnx2jax.input_checks import index_uses
 
 DEFAULT_DIM = 2
 DEFAULT_INT_RANGE = 16
-# Ops through which an index keeps its values, so an input reaching a Gather through them is still its index.
-_VALUE_PRESERVING = {"Cast", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Expand", "Transpose"}
 
 
 @dataclasses.dataclass
@@ -101,11 +100,17 @@ def _read_arrays(path: str) -> dict[str, np.ndarray]:
 
 
 def conform(values: Mapping[str, np.ndarray], model) -> Inputs:
-    """Converts given arrays to the model's input dtypes where no value changes (int32 -> int64 ...), with a note."""
+    """Converts given arrays to the model's input dtypes where no value changes (int32 -> int64 ...), with a note.
+
+    An array of the wrong rank, or not matching a fixed dim, is the user's mistake: a `CliError` naming the
+    input and the dims the model declares.
+    """
     out: dict[str, np.ndarray] = {}
     notes: list[str] = []
     declared = {info.name: info.dtype for info in model.inputs}
+    shapes = {info.name: info.shape for info in model.inputs}
     for name, value in values.items():
+        _require_shape(name, value.shape, shapes.get(name))
         want = declared.get(name)
         if want is None or value.dtype == want:
             out[name] = value
@@ -118,6 +123,19 @@ def conform(values: Mapping[str, np.ndarray], model) -> Inputs:
         notes.append(f"input {name!r}: converted {value.dtype} -> {want} (the model's dtype)")
         out[name] = converted
     return Inputs(out, notes)
+
+
+def _require_shape(name: str, shape: tuple[int, ...], declared: tuple | None) -> None:
+    if declared is None:
+        return
+    dims = "[" + ", ".join("?" if d is None else str(d) for d in declared) + "]"
+    if len(shape) != len(declared):
+        raise CliError(f"input {name!r} has shape {list(shape)} (rank {len(shape)}) but the model declares "
+                       f"rank {len(declared)}: {dims}")
+    for axis, (want, got) in enumerate(zip(declared, shape)):
+        if isinstance(want, int) and want > 0 and want != got:
+            raise CliError(f"input {name!r} has shape {list(shape)} but the model declares {dims}: "
+                           f"axis {axis} must be {want}")
 
 
 def random_inputs(
@@ -168,38 +186,10 @@ def random_inputs(
 
 
 def index_bounds(proto: onnx.ModelProto) -> dict[str, tuple[int, str]]:
-    """For each graph input used as Gather indices into an initializer: (rows, the initializer's name).
-
-    An input reaching several tables gets the smallest; Cast/Reshape/Unsqueeze
-    and the like on the way keep its values, so they are followed.
-    """
-    graph = proto.graph
-    tables = {t.name: list(t.dims) for t in graph.initializer}
-    for node in graph.node:  # a Constant holding the table
-        if node.op_type == "Constant" and node.output:
-            for attr in node.attribute:
-                if attr.name == "value":
-                    tables[node.output[0]] = list(attr.t.dims)
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            readers.setdefault(name, []).append(node)
+    """For each graph input that indexes a table (:mod:`onnx2jax.input_checks`): (the smallest size, the table)."""
     bounds: dict[str, tuple[int, str]] = {}
-    for info in graph.input:
-        frontier, seen = [info.name], set()
-        while frontier:
-            tensor = frontier.pop()
-            if tensor in seen:
-                continue
-            seen.add(tensor)
-            for node in readers.get(tensor, ()):
-                if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor:
-                    table = tables.get(node.input[0])
-                    axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
-                    if table is not None and -len(table) <= axis < len(table):
-                        rows = table[axis]
-                        if info.name not in bounds or rows < bounds[info.name][0]:
-                            bounds[info.name] = (rows, node.input[0])
-                elif node.op_type in _VALUE_PRESERVING and node.input[0] == tensor:
-                    frontier.extend(node.output)
+    for use in index_uses(proto):
+        size = min(use.bounds)
+        if use.input not in bounds or size < bounds[use.input][0]:
+            bounds[use.input] = (size, use.table)
     return bounds

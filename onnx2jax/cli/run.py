@@ -9,6 +9,7 @@ import time
 import numpy as np
 
 import onnx2jax  # lazy: its names import jax on first use
+from onnx2jax import input_checks
 from onnx2jax.benchmark import max_abs_diff
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
@@ -34,11 +35,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--check", action="store_true",
                         help="compare with onnxruntime (exit 1 if it differs or cannot run the model)")
     parser.add_argument("--tolerance", type=float, default=1e-4, help="max |diff| allowed by --check (default 1e-4)")
-    parser.add_argument("--devices", type=int, default=0, metavar="N",
-                        help="run sharded on N devices from the model's annotations")
+    parser.add_argument("--devices", type=int, default=None, metavar="N",
+                        help="run sharded from the model's annotations, with N devices visible (N >= the "
+                             "configuration's devices; the configuration's count is used and said)")
     parser.add_argument("--microbatches", type=int, default=1, metavar="M",
                         help="with --devices, for a model with pipeline stages: split each call's batch into M "
                              "micro-batches run fill-drain through the stages (default 1)")
+    parser.add_argument("--no-check-indices", dest="check_indices", action="store_false",
+                        help="skip the host check that integer inputs indexing a table (token ids, Gather "
+                             "indices) are in range (XLA would clamp them into a wrong answer)")
     add_scan_argument(parser)
     compilation_cache.add_arguments(parser)
     return parser
@@ -47,13 +52,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Runs a model on given or random inputs; optionally saves the outputs and compares with onnxruntime."""
     _check_output_path(args.output)
+    if args.devices is not None and args.devices < 1:
+        raise UsageError(f"--devices must be >= 1, got {args.devices} (leave it out to run unsharded)")
     if args.microbatches != 1 and not args.devices:
         raise UsageError("--microbatches splits the batch of a model with pipeline stages; it goes with --devices N")
     if args.devices:
         ensure_devices(args.devices)
     console = terminal.make_console()
     if args.devices:
-        _check_annotated(args.model, args.devices)
+        used = _check_annotated(args.model, args.devices)
+        if used < args.devices:
+            console.print(f"note: the model's configuration has {used} devices: running on {used} of the "
+                          f"{args.devices} asked for", markup=False)
         runner = onnx2jax.compile(
             args.model, microbatches=args.microbatches, scan_layers=scan_setting(args.scan_layers)
         )
@@ -70,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = {**drawn.values, **given.values}
     for note in drawn.notes + given.notes:
         console.print(f"note: {note}", markup=False)
+    if args.check_indices:
+        input_checks.check(input_checks.index_uses(model.proto), inputs)
     with console.status(f"tracing and compiling {args.model} ..."), compilation_cache.watch() as lookups:
         first, outputs, steady, calls = _timed_calls(runner, inputs)
     console.print(
@@ -115,8 +127,8 @@ def _check_output_path(path: str | None) -> None:
         raise UsageError(f"--output {path}: folder {folder} does not exist")
 
 
-def _check_annotated(path: str, devices: int) -> None:
-    """``--devices N`` needs a model with a device configuration of at most N devices."""
+def _check_annotated(path: str, devices: int) -> int:
+    """``--devices N`` needs a model with a device configuration of at most N devices; returns its count."""
     configurations = device_configurations(as_model_proto(path))  # external weights stay on disk
     if not configurations:
         raise CliError(
@@ -126,8 +138,9 @@ def _check_annotated(path: str, devices: int) -> None:
         )
     name, config = next(iter(configurations.items()))
     if config.num_devices > devices:
-        raise UsageError(f"configuration {name!r} of {path} needs {config.num_devices} devices; "
-                         f"pass --devices {config.num_devices}")
+        raise CliError(f"configuration {name!r} of {path} needs {config.num_devices} devices; "
+                       f"pass --devices {config.num_devices}")
+    return config.num_devices
 
 
 def _timed_calls(runner, inputs: dict[str, np.ndarray], budget: float = 1.0, most: int = 20):

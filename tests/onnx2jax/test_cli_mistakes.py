@@ -1,0 +1,103 @@
+"""Issue 24, item 1: every mistake of a user named, with the exit status the README gives it.
+
+README (Command line): a mistake is one line on stderr with exit status 1, a malformed option 2.
+References: onnxruntime's refusal of out-of-range ids; the model's declared input shapes.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from onnx2jax.cli.app import main
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+GPT2 = DATA / "tiny_gpt2.onnx"
+
+
+def _error(capsys, command: str) -> str:
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "Traceback" not in err + captured.out and "internal error" not in err, err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"onnx2jax {command}: error: "), err
+    return err
+
+
+@pytest.fixture(scope="module")
+def gpt2_ids() -> dict[str, np.ndarray]:
+    return dict(np.load(DATA / "tiny_gpt2.inputs.npz"))
+
+
+def _vocabulary() -> int:
+    import onnx
+
+    model = onnx.load(GPT2)
+    sizes = {t.name: t.dims for t in model.graph.initializer}
+    gather = next(n for n in model.graph.node if n.op_type == "Gather" and n.input[0] in sizes)
+    return sizes[gather.input[0]][0]
+
+
+def test_ids_beyond_the_vocabulary_are_refused_by_name(gpt2_ids, tmp_path, capsys):
+    name = next(k for k in gpt2_ids if "ids" in k)
+    ids = gpt2_ids[name].copy()
+    vocabulary = _vocabulary()
+    ids[0, 1] = vocabulary + 999
+    feeds = {**gpt2_ids, name: ids}
+    session = ort.InferenceSession(str(GPT2), providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="out of"):  # the reference refuses these ids too
+        session.run(None, feeds)
+    np.savez(tmp_path / "bad.npz", **feeds)
+    assert main(["run", str(GPT2), "--input", str(tmp_path / "bad.npz")]) == 1
+    err = _error(capsys, "run")
+    for part in (repr(name), "[0, 1]", str(vocabulary + 999), f"[{-vocabulary}, {vocabulary})"):
+        assert part in err, err
+
+
+def test_the_index_check_can_be_turned_off(gpt2_ids, tmp_path, capsys):
+    name = next(k for k in gpt2_ids if "ids" in k)
+    ids = gpt2_ids[name].copy()
+    ids[0, 1] = _vocabulary() + 999
+    np.savez(tmp_path / "bad.npz", **{**gpt2_ids, name: ids})
+    assert main(["run", str(GPT2), "--input", str(tmp_path / "bad.npz"), "--no-check-indices"]) == 0
+
+
+def test_wrong_rank_names_the_input_and_its_dims(gpt2_ids, tmp_path, capsys):
+    name = next(k for k in gpt2_ids if "ids" in k)
+    np.save(tmp_path / "ids3d.npy", gpt2_ids[name][None])
+    assert main(["run", str(GPT2), "--input", f"{name}={tmp_path / 'ids3d.npy'}"]) == 1
+    err = _error(capsys, "run")
+    assert f"input {name!r}" in err and "rank 2" in err and "rank 3" in err, err
+
+
+@pytest.fixture(scope="module")
+def llama_tp2(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("annotated") / "llama_tp2.onnx"
+    assert main(["annotate", str(DATA / "tiny_llama.onnx"), "--plan", "megatron", "--devices", "2", "-o", str(path)]) == 0
+    return path
+
+
+def test_check_input_shape_of_the_wrong_rank(llama_tp2, capsys):
+    capsys.readouterr()
+    assert main(["check", str(llama_tp2), "--input-shape", "input_ids=2"]) == 2
+    err = _error(capsys, "check")
+    assert "'input_ids' has rank 2" in err and "input_ids=" in err, err
+
+
+def test_devices_zero_is_a_usage_error(llama_tp2, capsys):
+    capsys.readouterr()
+    assert main(["run", str(llama_tp2), "--devices", "0"]) == 2
+    assert "--devices must be >= 1" in _error(capsys, "run")
+
+
+def test_fewer_devices_than_the_configuration_is_a_user_error(llama_tp2, capsys):
+    capsys.readouterr()
+    assert main(["run", str(llama_tp2), "--devices", "1"]) == 1  # README: too few devices, exit status 1
+    assert "needs 2 devices; pass --devices 2" in _error(capsys, "run")
+
+
+def test_more_devices_than_the_configuration_says_what_it_used(llama_tp2, capsys):
+    capsys.readouterr()
+    assert main(["run", str(llama_tp2), "--devices", "8"]) == 0
+    assert "running on 2 of the 8" in capsys.readouterr().out
