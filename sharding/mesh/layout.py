@@ -48,7 +48,24 @@ from sharding.spec import ShardingSpec
 
 
 class MeshMappingError(ValueError):
-    """A spec cannot be expressed as a NamedSharding on the mesh; says which and why."""
+    """A spec cannot be expressed as a NamedSharding on the mesh; says which and why.
+
+    On a mesh the user gave, the message is short: how many specs fail, the
+    first, and a mesh that works (when one exists); the attributes hold the rest.
+
+    Attributes:
+      failures: (spec key, its layout in words) for every spec that failed on
+        the given mesh; empty when the message names them all.
+      working: a mesh (:class:`MeshPlan`) on which every spec is a
+        NamedSharding, found when the given mesh failed; None if none exists
+        or the mesh was searched for.
+    """
+
+    def __init__(self, message: str, *, failures: Sequence[tuple[object, str]] = (),
+                 working: "MeshPlan | None" = None):
+        super().__init__(message)
+        self.failures = tuple(failures)
+        self.working = working
 
 
 @dataclasses.dataclass(frozen=True)

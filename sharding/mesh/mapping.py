@@ -76,7 +76,7 @@ def map_specs(
         chosen, pspecs = complete_search(layouts, num_devices)
         failed = []
     if failed:
-        raise MeshMappingError(_explain_failures(failed, layouts, chosen))
+        raise _given_mesh_error(failed, layouts, chosen, num_devices)
     keys = list(pspecs)
     if plan is None:
         chosen, merged = _merge_axes(chosen, [pspecs[k] for k in keys])
@@ -153,16 +153,47 @@ def _rename(pspec: PSpec, a: str, b: str, merged: str) -> PSpec:
     return tuple(out)
 
 
-def _explain_failures(failed: list, layouts: dict, plan: MeshPlan) -> str:
-    """Names the specs a given mesh cannot express."""
-    lines = [f"  {key}: {describe(layouts[key])}" for key in failed]
-    return (
-        f"{len(failed)} sharding spec(s) cannot be expressed as a NamedSharding on the given mesh "
-        f"(axes {dict(zip(plan.axis_names, plan.axis_sizes))}, devices {plan.device_array().tolist()}):\n"
-        + "\n".join(lines)
-        + "\nTried: every assignment of the mesh's axes to each spec's shard-grid axes. "
-        "A NamedSharding places shard i of a split axis on a block of the mesh's device array; "
-        "these device assignments are not such blocks. Reorder the devices of these specs, "
-        "pass devices= to place the configuration's devices differently on the mesh, or let "
-        "compile build the mesh (mesh=None)."
+def _given_mesh_error(failed: list, layouts: dict, given: MeshPlan, num_devices: int) -> MeshMappingError:
+    """A short error for specs a user's mesh cannot express: how many, the first, and a mesh that works.
+
+    Every failing spec is in the error's ``failures`` and in a note (shown
+    with the traceback, ``onnx2jax ... --debug``).
+    """
+    failures = [(key, describe(layouts[key])) for key in failed]
+    try:
+        working: MeshPlan | None = map_specs(layouts, num_devices).plan
+    except MeshMappingError:
+        working = None
+    axes = dict(zip(given.axis_names, given.axis_sizes))
+    first_key, first_text = failures[0]
+    head = (
+        f"{len(failed)} of {len(layouts)} sharding specs cannot be a NamedSharding on the given mesh {axes} "
+        f"(first: {first_key}: {first_text}); "
     )
+    if working is None:
+        advice = "no mesh of these devices expresses them all: fix the annotations (onnx2jax check MODEL)"
+    else:
+        advice = f"a mesh that works: {suggest_mesh(working, given.axis_names)}, or mesh=None to let compile build it"
+    error = MeshMappingError(head + advice + " (the error's .failures lists every spec)", failures=failures,
+                             working=working)
+    error.add_note("specs the given mesh cannot express:\n" + "\n".join(f"  {k}: {t}" for k, t in failures))
+    return error
+
+
+def suggest_mesh(plan: MeshPlan, names: Sequence[str] = ()) -> str:
+    """How a user builds ``plan`` with jax: ``jax.make_mesh((4, 2), ('model', 'd1'))``, plus ``devices=`` if needed.
+
+    The axis names reuse ``names`` (the user's) in order, then ``d1``, ``d2``...
+    A configuration device sits at the flat mesh position ``devices=`` gives
+    it (row-major by default), so a device order other than the identity is
+    said as the ``devices=`` argument of compile.
+    """
+    chosen = [names[i] if i < len(names) else f"d{i}" for i in range(len(plan.axis_sizes))]
+    sizes = ", ".join(map(str, plan.axis_sizes)) + ("," if len(plan.axis_sizes) == 1 else "")
+    text = f"jax.make_mesh(({sizes}), ({', '.join(map(repr, chosen))}{',' if len(chosen) == 1 else ''}))"
+    if list(plan.device_order) != list(range(len(plan.device_order))):
+        positions = [0] * len(plan.device_order)
+        for position, device in enumerate(plan.device_order):
+            positions[device] = position
+        text += f" with devices={positions}"
+    return text
