@@ -18,8 +18,9 @@ expected balance is printed). Each distinct ``device`` is a group of N/G of the
 The plan (if any) is applied first, then each ``--spec`` (written where the
 tensor is defined: on its producer, or on every reader of a model input or
 initializer), then each ``--stage``. The result is validated structurally and
-written only when it has no error; the written annotations are printed as a
-table.
+written only when it has no error. It prints what it wrote (the configuration,
+how many annotations on how many nodes, the plan's notes); ``--verbose`` adds
+the table of every annotation.
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ import onnx
 from rich.table import Table
 
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
-from onnx2jax.cli.errors import CliError, UsageError
+from onnx2jax.cli.errors import CliError, UsageError, check_writable
+from onnx2jax.cli.options import add_verbose_argument
 from onnx2jax.errors import ModelLoadError
 from onnx2jax.loading import open_model
 from onnx2jax.saving import save_model
+from sharding.diagnostics import ShardingError
 from sharding.annotate import add_configuration, annotate_tensor, describe_plan, name_nodes, set_stage
 from sharding.megatron import megatron_layout, megatron_plan
 from sharding.stages import (
@@ -102,6 +105,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="copy the weights into new external data files of at most SIZE each (e.g. 2GB, 500MB); "
         "by default the output is a small .onnx that reads the source model's external data",
     )
+    add_verbose_argument(parser, "the table of every annotation written (node, op, tensor, spec, role)")
     return parser
 
 
@@ -245,14 +249,41 @@ def require_annotations(model: onnx.ModelProto, plan: str, devices: int, notes: 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Annotates a model and writes it; prints the written annotations."""
+    """Annotates a model and writes it; prints a summary (``--verbose``: every annotation).
+
+    Annotations with errors are refused as a `ShardingError` (one line per error, on stderr), and nothing is written.
+    """
+    check_writable("-o", args.output, ".onnx")
     console = terminal.make_console()
     model, source_dir = open_model(args.model, inline=False)  # the weights stay on disk
     model, notes, roles = _annotate(args, model)
     if args.plan:
         require_annotations(model, args.plan, args.devices, [n for n in notes[1:]])
+    diagnostics = validate_model(model)
+    if any(d.severity == "error" for d in diagnostics):
+        raise ShardingError(diagnostics)
     rows = describe_plan(model)
-    table = Table(title=f"annotations of {args.model}")
+    if args.verbose:
+        console.print(_table(rows, roles, args.model), markup=False)
+    for note in notes:
+        console.print(f"note: {note}", markup=False)
+    for diagnostic in diagnostics:
+        console.print(str(diagnostic), markup=False)
+    try:
+        written = save_model(model, args.output, source_dir, data_size=args.external_data_size)
+    except ModelLoadError as e:
+        raise CliError(f"not written: {e}") from None
+    nodes = len({r.node for r in rows})
+    configs = ", ".join(f"{c.name!r} on {c.num_devices} devices" for c in model.configuration)
+    data = f"; weights in {', '.join(os.path.basename(w) for w in written[1:])}" if written[1:] else ""
+    console.print(f"wrote {args.output}: {len(rows)} annotations on {nodes} nodes ({configs}){data}"
+                  + ("" if args.verbose else "; --verbose lists them"), markup=False)
+    return 0
+
+
+def _table(rows, roles: dict[str, str], path: str) -> Table:
+    """Every written annotation: node, op, tensor, spec, (stage,) role."""
+    table = Table(title=f"annotations of {path}")
     staged = any(row.stage is not None for row in rows)
     columns = ("node", "op", "tensor", "spec") + (("stage",) if staged else ()) + ("role",)
     for column in columns:
@@ -262,20 +293,4 @@ def run(args: argparse.Namespace) -> int:
         if staged:
             cells.append("" if row.stage is None else str(row.stage))
         table.add_row(*cells, roles.get(row.node, ""))
-    console.print(table, markup=False)
-    for note in notes:
-        console.print(f"note: {note}", markup=False)
-    diagnostics = validate_model(model)
-    for diagnostic in diagnostics:
-        console.print(str(diagnostic), markup=False)
-    if any(d.severity == "error" for d in diagnostics):
-        console.print(f"not written: {args.output} (the annotations have errors)", markup=False)
-        return 1
-    try:
-        written = save_model(model, args.output, source_dir, data_size=args.external_data_size)
-    except ModelLoadError as e:
-        raise CliError(f"not written: {e}") from None
-    nodes = len({r.node for r in rows})
-    data = f" (weights in {', '.join(os.path.basename(w) for w in written[1:])})" if written[1:] else ""
-    console.print(f"wrote {args.output}: {len(rows)} annotations on {nodes} nodes{data}", markup=False)
-    return 0
+    return table

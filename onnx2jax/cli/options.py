@@ -1,4 +1,4 @@
-"""Pieces several sub-commands share: the console, ``--scan-layers``, and asking JAX for devices."""
+"""Pieces several sub-commands share: ``--scan-layers``, ``--verbose``, and asking JAX for devices."""
 
 from __future__ import annotations
 
@@ -17,6 +17,11 @@ def add_scan_argument(parser: argparse.ArgumentParser) -> None:
         help="run the repeated layers of a transformer as one lax.scan, so compile time does not grow with "
              "depth: auto (default: from 16 repeated layers), on (or fail saying why), off (unrolled)",
     )
+
+
+def add_verbose_argument(parser: argparse.ArgumentParser, tables: str) -> None:
+    """``-v/--verbose``: print ``tables`` as well as the short summary every command prints."""
+    parser.add_argument("-v", "--verbose", action="store_true", help=f"also print {tables}")
 
 
 def scan_setting(choice: str) -> bool | str:

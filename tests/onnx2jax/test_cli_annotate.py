@@ -44,7 +44,13 @@ def small(tmp_path: Path) -> Path:
 
 def test_megatron_plan_on_gpt2(tmp_path: Path, capsys):
     out = tmp_path / "gpt2_tp.onnx"
-    code = main(["annotate", str(DATA / "tiny_gpt2.onnx"), "--plan", "megatron", "--devices", "8", "-o", str(out)])
+    argv = ["annotate", str(DATA / "tiny_gpt2.onnx"), "--plan", "megatron", "--devices", "8", "-o", str(out)]
+    assert main(argv) == 0
+    summary = capsys.readouterr().out
+    assert len(summary.splitlines()) <= 4, summary  # quiet by default: notes and one line saying what was written
+    assert f"wrote {out}: 40 annotations on 11 nodes ('tp' on 8 devices)" in summary
+    assert "2 attention and 2 MLP column/row pairs, LM head node_linear" in summary
+    code = main([*argv, "--verbose"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "1:(3x1,64x8) @ [0,1,2,3,4,5,6,7]" in printed
@@ -72,7 +78,20 @@ def test_invalid_annotation_is_not_written(small: Path, tmp_path: Path, capsys):
     code = main(["annotate", str(small), "--devices", "2", "--spec", "W=5:2 @ [0,1]", "-o", str(out)])
     assert code == 1
     assert not out.exists()
-    assert "axis-out-of-range" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert captured.out == ""  # the error goes to stderr, nothing else is printed
+    first, *details = captured.err.strip().splitlines()
+    assert first.startswith("onnx2jax annotate: error: 1 sharding error; first: axis-out-of-range"), first
+    assert len(details) == 1 and "'W'" in details[0]
+
+
+def test_unwritable_output_fails_before_anything_is_printed(small: Path, capsys):
+    code = main(["annotate", str(small), "--devices", "2", "--spec", "W=1:2 @ [0,1]", "-o", "/nonexistent/dir/b.onnx"])
+    assert code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.strip() == ("onnx2jax annotate: error: -o /nonexistent/dir/b.onnx: folder /nonexistent/dir "
+                                    "does not exist (onnx2jax annotate --help)")
 
 
 @pytest.mark.parametrize(
