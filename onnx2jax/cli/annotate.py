@@ -207,7 +207,10 @@ def _annotate_stages(
             raise UsageError(f"--stage-shape expects BATCHxSEQUENCE such as 1x128, got {args.stage_shape!r}") from None
         stage_of, cut = auto_stages(model, count, batch=batch, sequence=sequence)
         assignment = StageAssignment.one_group_per_stage(stage_of)
-        notes += cut.describe()
+        for stage, (node, tensors) in enumerate(zip(cut.after, cut.crossing)):
+            sent = ", ".join(map(repr, tensors))
+            notes.append(f"auto:{count} cuts after {node!r}: stage {stage} sends {sent} to stage {stage + 1}")
+        sizes = dict(enumerate(cut.param_bytes))
     else:
         try:
             with open(args.stages, encoding="utf-8") as f:
@@ -215,6 +218,7 @@ def _annotate_stages(
         except OSError as e:
             raise UsageError(f"--stages: cannot read {args.stages!r}: {e}") from None
         assignment = stages_from_points(model.graph, *points)
+        sizes = {}
     megatron = args.plan == "megatron"
     if megatron and args.devices is None:
         raise UsageError("--plan megatron with --stages needs --devices N")
@@ -228,7 +232,8 @@ def _annotate_stages(
     stage_of = assignment.stage
     for stage in sorted(devices):
         members = [n for n, s in stage_of.items() if s == stage]
-        notes.append(f"stage {stage}: {len(members)} nodes on devices {list(devices[stage])}")
+        weight = f", {sizes[stage]:,} parameter bytes" if stage in sizes else ""
+        notes.append(f"stage {stage}: {len(members)} nodes on devices {list(devices[stage])}{weight}")
     return model, notes, roles
 
 

@@ -22,7 +22,8 @@ import onnx2jax  # lazy: its names import jax on first use
 from onnx2jax.cli.annotate import require_annotations
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError
-from onnx2jax.cli.options import ensure_devices
+from onnx2jax.cli import summary
+from onnx2jax.cli.options import add_verbose_argument, ensure_devices
 from onnx2jax.runtime import compilation_cache
 from sharding.megatron import megatron_layout, megatron_plan
 
@@ -36,13 +37,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, help="an ONNX transformer (default: the bundled tiny Llama)")
     parser.add_argument("--devices", type=int, default=DEVICES, metavar="N",
                         help="tensor-parallel degree (default 8; must divide the heads and the vocabulary)")
+    add_verbose_argument(parser, "the sharding report's tables (every spec written, its PartitionSpec, the notes)")
     compilation_cache.add_arguments(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs the demo on ``--model`` (default: the bundled tiny Llama) over ``--devices``."""
-    return run_demo(terminal.make_console(), args.model, args.devices)
+    return run_demo(terminal.make_console(), args.model, args.devices, verbose=args.verbose)
 
 
 def default_model() -> pathlib.Path:
@@ -50,7 +52,8 @@ def default_model() -> pathlib.Path:
     return pathlib.Path(__file__).resolve().parents[1] / "data" / "tiny_llama.onnx"
 
 
-def run_demo(console, model_path: str | os.PathLike | None = None, devices: int = DEVICES) -> int:
+def run_demo(console, model_path: str | os.PathLike | None = None, devices: int = DEVICES, *,
+             verbose: bool = False) -> int:
     """Runs the demo; returns the process exit code (1 if the sharded run differs)."""
     ensure_devices(devices)
     import jax  # the demo runs a model; importing this module (onnx2jax --help) must not start jax
@@ -74,7 +77,11 @@ def run_demo(console, model_path: str | os.PathLike | None = None, devices: int 
     with console.status("running the unsharded model ..."):
         (reference,) = onnx2jax.translate(model)(input_ids)
     report = compiled.report()
-    report.render(console)
+    if verbose:
+        report.render(console)
+    else:
+        for line in summary.headline(report):
+            console.print(line, markup=False)
     diff = float(np.max(np.abs(np.asarray(sharded) - np.asarray(reference))))
     console.print(f"compiled and ran in {seconds:.1f}s on {len(compiled.mesh.devices.flat)} devices {dict(compiled.mesh.shape)}")
     verdict = "[green]OK[/green]" if diff <= TOLERANCE else "[red]MISMATCH[/red]"

@@ -14,7 +14,8 @@ from onnx2jax.benchmark import max_abs_diff
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
-from onnx2jax.cli.options import add_scan_argument, ensure_devices, scan_setting
+from onnx2jax.cli import summary
+from onnx2jax.cli.options import add_scan_argument, add_verbose_argument, ensure_devices, scan_setting
 from onnx2jax.runtime import compilation_cache
 from sharding.model_arg import as_model_proto
 from sharding.segments import describe
@@ -45,6 +46,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="skip the host check that integer inputs indexing a table (token ids, Gather "
                              "indices) are in range (XLA would clamp them into a wrong answer)")
     add_scan_argument(parser)
+    add_verbose_argument(parser, "the sharding report's tables (every spec, where it went, the notes) and the "
+                                 "layers' form")
     compilation_cache.add_arguments(parser)
     return parser
 
@@ -87,9 +90,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(
         f"first call {first:.2f}s (trace + {lookups.describe()} + run), then {_ms(steady)} per call (mean of {calls})"
     )
-    console.print(model.layers_report(), markup=False)
-    if args.devices:
-        runner.report(**inputs).render(console)
+    _print_report(console, runner if args.devices else None, model, inputs, args.verbose)
     if args.output:
         np.savez(args.output, **dict(zip(model.output_names, outputs, strict=True)))
     reference, why_not = _onnxruntime_outputs(args.model, inputs) if args.check else (None, None)
@@ -114,6 +115,21 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[red]max |diff| {worst:.3g} exceeds tolerance {args.tolerance:g}[/red]")
         return 1
     return 0
+
+
+def _print_report(console, compiled, model, inputs: dict[str, np.ndarray], verbose: bool) -> None:
+    """The headline figures of a sharded run; with ``verbose``, the report's tables and the layers line, once."""
+    report = compiled.report(**inputs) if compiled is not None else None
+    if report is not None and not verbose:
+        for line in summary.headline(report):
+            console.print(line, markup=False)
+    if not verbose:
+        return
+    if report is not None:
+        report.render(console)
+    said = {f"{n}".strip() for n in getattr(report, "notes", ())}
+    for line in summary.once([model.layers_report()], said):
+        console.print(line, markup=False)
 
 
 def _check_output_path(path: str | None) -> None:

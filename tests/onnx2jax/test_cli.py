@@ -12,8 +12,12 @@ DATA = pathlib.Path(__file__).parents[1] / "data"
 def test_demo_is_tensor_parallel_and_matches_the_unsharded_run(capsys):
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
-    assert "collectives: all-reduce 5, all-gather 0, all-to-all 0, collective-permute 0, reduce-scatter 0" in out
+    assert "collectives per call: all-reduce 5;" in out  # and no other kind
     assert "on 8 devices" in out and "OK" in out
+    assert len(out.splitlines()) <= 6, out  # quiet by default
+    assert main(["demo", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "collectives: all-reduce 5, all-gather 0, all-to-all 0, collective-permute 0, reduce-scatter 0" in out
 
 
 def test_run_with_given_inputs_checks_against_onnxruntime(tmp_path, capsys):
@@ -32,7 +36,7 @@ def test_run_sharded_annotated_model(tmp_path, capsys):
     capsys.readouterr()
     assert main(["run", str(annotated), "--devices", "8", "--dim", "batch=2", "--dim", "seq=8", "--check"]) == 0
     out = capsys.readouterr().out
-    assert "last_hidden_state: shape (2, 8, 64)" in out and "all-reduce 5" in out
+    assert "last_hidden_state: shape (2, 8, 64)" in out and "collectives per call: all-reduce 5;" in out
 
 
 def test_conformance_prints_passed_over_total(capsys):

@@ -172,7 +172,7 @@ def test_microbatches_need_stages():
 def test_cli_run_on_a_staged_model(tmp_path: Path, capsys):
     out = tmp_path / "auto.onnx"
     assert main(["annotate", str(LLAMA), "--stages", "auto:4", "--devices", "8", "--plan", "megatron", "-o", str(out)]) == 0
-    assert main(["run", str(out), "--devices", "8", "--check"]) == 0
+    assert main(["run", str(out), "--devices", "8", "--check", "--verbose"]) == 0
     printed = capsys.readouterr().out
     assert "pipeline: 4 stages, 1 micro-batches" in printed and "vs onnxruntime" in printed
 
@@ -258,7 +258,7 @@ def test_cli_run_with_microbatches_equals_the_unstaged_run(tmp_path: Path, capsy
     out = tmp_path / "out.npz"
     capsys.readouterr()
     assert main(["run", str(staged), "--devices", "4", "--microbatches", "2", "--input", f"input_ids={ids}",
-                 "--check", "--output", str(out)]) == 0
+                 "--check", "--output", str(out), "--verbose"]) == 0
     printed = capsys.readouterr().out
     assert "pipeline: 2 stages, 2 micro-batches" in printed and "vs onnxruntime" in printed
     assert "stage 0: layers unrolled" in printed

@@ -174,11 +174,11 @@ def test_cli_run_says_which_form_ran(tmp_path, capsys):
 
     path = tmp_path / "tiny4.onnx"
     onnx.save(tiny_transformer(4), path)
-    assert main(["run", str(path), "--check", "--dim", "batch=2", "--dim", "seq=4"]) == 0
+    assert main(["run", str(path), "--check", "--dim", "batch=2", "--dim", "seq=4", "--verbose"]) == 0
     assert "4 repeated layers of 24 nodes, fewer than 16" in capsys.readouterr().out
-    assert main(["run", str(path), "--check", "--scan-layers", "on", "--dim", "batch=2", "--dim", "seq=4"]) == 0
+    assert main(["run", str(path), "--check", "--scan-layers", "on", "--dim", "batch=2", "--dim", "seq=4", "-v"]) == 0
     assert "4 repeated layers of 24 nodes run as one lax.scan" in capsys.readouterr().out
-    assert main(["run", str(path), "--scan-layers", "off"]) == 0
+    assert main(["run", str(path), "--scan-layers", "off", "-v"]) == 0
     assert "layers unrolled: scan_layers=False" in capsys.readouterr().out
 
 

@@ -124,7 +124,7 @@ def test_cli_run_devices_8_on_a_segmented_model(tmp_path, capsys) -> None:
 
     path = tmp_path / "head_tp.onnx"
     onnx.save(torch_head_channel_parallel(), path)
-    code = main(["run", str(path), "--devices", "8", "--input", str(DETECTION / "head.some.inputs.npz"), "--check"])
+    code = main(["run", str(path), "--devices", "8", "--input", str(DETECTION / "head.some.inputs.npz"), "--check", "--verbose"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "segment 2: host step '/NonMaxSuppression' (NonMaxSuppression)" in out
