@@ -37,6 +37,7 @@ from onnx2jax.cli.check import (
 )
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, check_writable, require_matplotlib
+from onnx2jax.cli.options import add_verbose_argument
 from onnx2jax.errors import ModelLoadError
 from onnx2jax.saving import save_model
 from onnx2jax.tile_plot import render
@@ -64,11 +65,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--node", action="append", default=[], metavar="NAME",
                         help="list only this node (repeatable)")
     parser.add_argument("--placed", action="store_true",
-                        help="list only nodes with specs (by default every node is listed)")
+                        help="list the nodes with specs only (with --verbose every node is listed)")
     parser.add_argument("--write", metavar="OUT.onnx", help="write the model with every inferred spec")
     parser.add_argument("--plot", metavar="OUT.png",
                         help="draw each tensor's tiles over the devices and the collectives per layer "
                              "(needs matplotlib: pip install 'onnx2jax[plot]')")
+    add_verbose_argument(parser, "the table of every node's written and inferred specs (also printed with "
+                                 "--node or --placed) and every collective note")
     return parser
 
 
@@ -213,26 +216,17 @@ def run(args: argparse.Namespace) -> int:
         }, indent=2))
     else:
         console = terminal.make_console()
-        table = Table(title=f"{args.model}: configuration {inference.configuration!r}", title_justify="left")
-        widest = lambda i, cap: min(cap, max((len(r[i]) for r in rows), default=4))  # noqa: E731
-        table.add_column("node", overflow="fold", min_width=widest(0, 16))
-        table.add_column("op", no_wrap=True)
-        table.add_column("", no_wrap=True)
-        table.add_column("tensor", overflow="fold", min_width=widest(3, 12))
-        table.add_column("written", overflow="fold", ratio=1)
-        table.add_column("inferred", overflow="fold", ratio=1)
-        table.add_column("reshard", no_wrap=True)
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
-        if problems:
-            console.print(diagnostics_table(problems, "diagnostics (notes: collectives only)"))
+        listed = args.verbose or args.node or args.placed
+        if not listed:
+            _summary(console, rows, inference, problems)
+        else:
+            _print_rows(console, rows, args.model, inference, problems)
         for name in args.tensor:
             console.print(_grid(inference, name, shapes), markup=False)
         print_stages(console, inference.diagnostics)
         for line in _segment_lines(sharded):
             console.print(line, markup=False)
-        console.print(summary_line(severity_counts(diagnostics)))
+        console.print(summary_line(severity_counts(diagnostics)) + ("" if listed else " (--verbose lists every node)"))
     if args.write:
         # The weights stay in the source's external data (a small .onnx beside it); see onnx2jax.saving.
         try:
@@ -244,3 +238,41 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         _plot(args.model, model, inference, args.plot, quiet=args.json)
     return 1 if any(d.severity == "error" for d in diagnostics) else 0
+
+
+def _summary(console, rows: list, inference: Inference, problems: list) -> None:
+    """The short form: how many specs are written, inferred and resharded; the problems; the collectives in one line."""
+    nodes = sum(1 for r in rows if r[0] and r[5] != "unplaced")
+    written = sum(1 for r in rows if r[4])
+    inferred = sum(1 for r in rows if r[5] and r[5] != "unplaced" and not r[4])
+    reshards = [r for r in rows if r[6]]
+    console.print(f"configuration {inference.configuration!r}: {nodes} nodes placed, {written} specs written, "
+                  f"{inferred} inferred, {len(reshards)} reshard(s)", markup=False)
+    for r in reshards:
+        console.print(f"  reshard ({r[6]}) of {r[3]!r} at {r[0] or 'the node above'}: written {r[4]}, "
+                      f"inferred {r[5]}", markup=False)
+    serious = [d for d in problems if d.severity != "note"]
+    if serious:
+        console.print(diagnostics_table(serious, "diagnostics"))
+    collectives = [d for d in problems if d.code == "collective"]
+    if collectives:
+        where = ", ".join(dict.fromkeys(d.node or "?" for d in collectives))
+        console.print(f"collectives the specs imply: {len(collectives)}, at {where}", markup=False)
+
+
+def _print_rows(console, rows: list, path: str, inference: Inference, problems: list) -> None:
+    """The long form: every listed node's written and inferred specs, then the diagnostics table."""
+    table = Table(title=f"{path}: configuration {inference.configuration!r}", title_justify="left")
+    widest = lambda i, cap: min(cap, max((len(r[i]) for r in rows), default=4))  # noqa: E731
+    table.add_column("node", overflow="fold", min_width=widest(0, 16))
+    table.add_column("op", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    table.add_column("tensor", overflow="fold", min_width=widest(3, 12))
+    table.add_column("written", overflow="fold", ratio=1)
+    table.add_column("inferred", overflow="fold", ratio=1)
+    table.add_column("reshard", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
+    console.print(table)
+    if problems:
+        console.print(diagnostics_table(problems, "diagnostics (notes: collectives only)"))

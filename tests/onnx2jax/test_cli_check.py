@@ -56,6 +56,10 @@ def test_check_json(broken, capsys):
 
 def test_explain_lists_written_and_inferred_specs_and_draws_tiles(annotated, capsys):
     assert main(["explain", str(annotated), "--tensor", "view_3", "--input-shape", "input_ids=2,16"]) == 0
+    short = capsys.readouterr().out
+    assert "node_Split_263" not in short and "view_3 [2, 16, 8, 8]: 2:8 @ [0,1,2,3,4,5,6,7]" in short
+    assert "collectives the specs imply: 5, at node_embedding, " in short
+    assert main(["explain", str(annotated), "--tensor", "view_3", "--input-shape", "input_ids=2,16", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "node_Split_263" in out and "2:(3x1,64x8)" in out
     assert "view_3 [2, 16, 8, 8]: 2:8 @ [0,1,2,3,4,5,6,7]" in out
