@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import pathlib
 import re
+import sys
 import warnings
 from typing import Any, Callable, Iterable
 
@@ -38,6 +40,63 @@ def node_cases() -> tuple[TestCase, ...]:
     return tuple(sorted(cases, key=lambda c: c.name))
 
 
+def op_cases(op_type: str) -> tuple[TestCase, ...]:
+    """The node cases that test ``op_type`` (its ``*_expanded`` cases included), generating only those.
+
+    ONNX generates every case when its test package is imported (each case's
+    expected outputs are computed then), which takes seconds; this imports
+    only the generator modules whose source names ``op_type``, with ONNX's own
+    op filter on, and leaves ONNX's registries as they were, so that a later
+    :func:`node_cases` still generates everything. When every case is already
+    generated, it filters those instead.
+    """
+    if node_cases.cache_info().currsize:
+        return _testing(node_cases(), op_type)
+    import onnx.backend.test.case.node as package
+
+    modules = _generator_modules(pathlib.Path(package.__file__).parent, package.__name__, op_type)
+    cases, names = package._NodeTestCases, package._existing_names
+    count, known, target = len(cases), set(names), package._TargetOpType
+    package._TargetOpType = op_type
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            for module in modules:
+                if module not in sys.modules:
+                    importlib.import_module(module)
+        found = list(cases[count:])
+    finally:
+        package._TargetOpType = target
+        del cases[count:]
+        for name in set(names) - known:
+            del names[name]
+        for module in modules:
+            sys.modules.pop(module, None)
+    found = _testing(sorted(found, key=lambda c: c.name), op_type)
+    return found or _testing(node_cases(), op_type)  # an op no module names: the full generation decides
+
+
+def _testing(cases: Iterable[TestCase], op_type: str) -> tuple[TestCase, ...]:
+    cases = [c for c in cases if c.kind == "node"]
+    tested = tested_ops(cases)
+    return tuple(c for c in cases if tested.get(c.name) == op_type)
+
+
+def _generator_modules(folder: pathlib.Path, package: str, op_type: str) -> list[str]:
+    """The modules under ONNX's node-case package whose source has ``op_type`` as a string literal or a class.
+
+    (A case written in ONNX's text format names its op in a graph string; its module's class has the op's name.)
+    """
+    literal = re.compile(rf"""["']{re.escape(op_type)}["']|class {re.escape(op_type)}\(""")
+    modules = []
+    for path in sorted(folder.rglob("*.py")):
+        if path.name == "__init__.py" or not literal.search(path.read_text(encoding="utf-8")):
+            continue
+        relative = path.relative_to(folder).with_suffix("")
+        modules.append(".".join([package, *relative.parts]))
+    return modules
+
+
 def case_op_types(case: TestCase) -> tuple[str, ...]:
     """The op types a case's model uses (normally one)."""
     return tuple(sorted({n.op_type for n in case.model.graph.node}))
@@ -47,15 +106,16 @@ def tested_ops(cases: Iterable[TestCase]) -> dict[str, str]:
     """The op each case tests (case name -> op type), for cases where one op is under test.
 
     A single-node case tests its node's op; an ``*_expanded`` case (the op's
-    function body) tests the op of the single-node case it expands. Other
-    multi-node cases test no single op and are left out.
+    function body) tests the op of the single-node case it expands, even when
+    that body is one node of another op (Clip's default bounds expand to an
+    Identity). Other multi-node cases test no single op and are left out.
     """
     cases = list(cases)
     single = {c.name: c.model.graph.node[0].op_type for c in cases if len(c.model.graph.node) == 1}
     tested = {}
     for case in cases:
         base = re.sub(r"_expanded(_ver\d+)?$", "", case.name)
-        op = single.get(case.name) or single.get(base)
+        op = single.get(base) if base != case.name else single.get(case.name)
         if op is not None:
             tested[case.name] = op
     return tested

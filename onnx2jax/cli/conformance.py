@@ -29,18 +29,15 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Runs ONNX's node test cases and prints the pass rate; exit 1 when a case not known to fail fails."""
     # the node cases run through jax: onnx2jax.conformance imports it, so it loads here, not with the parser
-    from onnx2jax.conformance import expected_failures, node_cases, pass_rates, run_cases, tested_ops
+    from onnx2jax.conformance import expected_failures, node_cases, op_cases, pass_rates, run_cases, tested_ops
 
     console = terminal.make_console()
-    cases = node_cases()
-    if args.op:
-        tested = tested_ops(cases)
-        known = sorted(set(tested.values()))
-        if args.op not in known:
-            close = difflib.get_close_matches(args.op, known, n=3)
-            raise UsageError(f"--op {args.op}: no node case tests that op type"
-                             + (f"; did you mean {', '.join(close)}?" if close else " (op types are case-sensitive)"))
-        cases = [c for c in cases if tested.get(c.name) == args.op]
+    cases = op_cases(args.op) if args.op else node_cases()
+    if args.op and not cases:  # a typo: generate every case, to say which op types exist
+        known = sorted(set(tested_ops(node_cases()).values()))
+        close = difflib.get_close_matches(args.op, known, n=3)
+        raise UsageError(f"--op {args.op}: no node case tests that op type"
+                         + (f"; did you mean {', '.join(close)}?" if close else " (op types are case-sensitive)"))
     with warnings.catch_warnings(), _progress(console, len(cases)) as advance:
         warnings.simplefilter("ignore")  # jax's dtype warnings for the cases' float64 data, once per case
         results = run_cases(cases, advance)
