@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "generate": "onnx2jax.runtime.generate",
     "Generator": "onnx2jax.runtime.generate",
     "load_model": "onnx2jax.loading",
+    "data_path": "onnx2jax.bundled",
+    "demo_model_path": "onnx2jax.bundled",
     "ModelLoadError": "onnx2jax.errors",
     "NodeError": "onnx2jax.errors",
     "PrecisionError": "onnx2jax.errors",
@@ -84,6 +86,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from onnx2jax.errors import ShardingError as ShardingError
     from onnx2jax.errors import SpecSyntaxError as SpecSyntaxError
     from onnx2jax.errors import UnsupportedOpError as UnsupportedOpError
+    from onnx2jax.bundled import data_path as data_path
+    from onnx2jax.bundled import demo_model_path as demo_model_path
     from onnx2jax.loading import load_model as load_model
     from onnx2jax.runtime.pipeline import PipelineCompiled as PipelineCompiled
     from onnx2jax.runtime.segmented import SegmentedCompiled as SegmentedCompiled

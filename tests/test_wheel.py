@@ -61,11 +61,16 @@ def test_installed_wheel_runs_the_demo(tmp_path):
         cwd=empty, env=env, capture_output=True, text=True, timeout=120,
     )
     assert where.stdout.startswith(str(env_dir)), (where.stdout, where.stderr)
+    shipped = subprocess.run(  # the files the README's examples reach through onnx2jax.data_path
+        [str(python), "-c", "import onnx2jax.bundled as b; assert all((b.DATA / n).is_file() for n in b.FILES)"],
+        cwd=empty, env=env, capture_output=True, text=True, timeout=120,
+    )
+    assert shipped.returncode == 0, shipped.stderr
     demo = subprocess.run(
         [str(env_dir / "bin" / "onnx2jax"), "demo"], cwd=empty, env=env, capture_output=True, text=True, timeout=600,
     )
     assert demo.returncode == 0, demo.stdout[-2000:] + demo.stderr[-2000:]
     # The demo's collectives (the Megatron plan on the tiny Llama: 2 layers x 2 row-parallel
     # projections + the vocabulary-split embedding) and its verdict against the unsharded run.
-    assert "collectives: all-reduce 5, all-gather 0, all-to-all 0" in demo.stdout, demo.stdout[-2000:]
+    assert "collectives per call: all-reduce 5;" in demo.stdout, demo.stdout[-2000:]  # and no other kind
     assert "OK" in demo.stdout

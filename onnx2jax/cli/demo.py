@@ -22,6 +22,7 @@ import onnx2jax  # lazy: its names import jax on first use
 from onnx2jax.cli.annotate import require_annotations
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError
+from onnx2jax.bundled import demo_model_path
 from onnx2jax.cli import summary
 from onnx2jax.cli.options import add_verbose_argument, ensure_devices
 from onnx2jax.runtime import compilation_cache
@@ -48,8 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def default_model() -> pathlib.Path:
-    """The tiny Llama that ships as package data (onnx2jax/data), so an installed wheel has it too."""
-    return pathlib.Path(__file__).resolve().parents[1] / "data" / "tiny_llama.onnx"
+    """The tiny Llama that ships as package data (:func:`onnx2jax.demo_model_path`), so a wheel has it too."""
+    return demo_model_path()
 
 
 def run_demo(console, model_path: str | os.PathLike | None = None, devices: int = DEVICES, *,

@@ -1,0 +1,42 @@
+"""The files that ship inside the package: the demo model, and the small models and inputs of the README's examples.
+
+They live in ``onnx2jax/data`` (in the wheel too), so examples run from any folder:
+
+    >>> import onnx2jax
+    >>> model = onnx2jax.translate(onnx2jax.demo_model_path())           # doctest: +SKIP
+    >>> ids = np.load(onnx2jax.data_path("tiny_llama.inputs.npz"))       # doctest: +SKIP
+
+The files: ``tiny_llama.onnx`` (the demo's tiny Llama: RoPE, grouped-query attention, RMSNorm, a SiLU-gated
+MLP) with ``tiny_llama.inputs.npz`` and onnxruntime's ``tiny_llama.ort_outputs.npz``; ``random_forest.onnx``
+(scikit-learn, with ``random_forest.inputs.npz``); ``detection_head.onnx`` (a detection head ending in
+NonMaxSuppression, with ``detection_head.inputs.npz`` and onnxruntime's ``detection_head.ort_outputs.npz``).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+DATA = pathlib.Path(__file__).resolve().parent / "data"
+
+FILES = (
+    "tiny_llama.onnx", "tiny_llama.inputs.npz", "tiny_llama.ort_outputs.npz",
+    "random_forest.onnx", "random_forest.inputs.npz",
+    "detection_head.onnx", "detection_head.inputs.npz", "detection_head.ort_outputs.npz",
+)
+"""Every file :func:`data_path` gives (the wheel ships each: tests/test_wheel.py)."""
+
+
+def data_path(name: str) -> pathlib.Path:
+    """The path of a file that ships with onnx2jax (see the module docstring for the list).
+
+    Raises:
+      FileNotFoundError: no such file ships, listing the ones that do.
+    """
+    if name not in FILES:
+        raise FileNotFoundError(f"onnx2jax ships no file {name!r}; it ships {', '.join(FILES)}")
+    return DATA / name
+
+
+def demo_model_path() -> pathlib.Path:
+    """The path of the demo model, the tiny Llama that ``onnx2jax demo`` annotates and runs."""
+    return data_path("tiny_llama.onnx")
