@@ -64,3 +64,57 @@ def test_readme_python_block_runs(block_id, code, tmp_path):
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT
     )
     assert result.returncode == 0, f"README block {block_id} failed:\n{code}\n{result.stderr[-3000:]}"
+
+
+def command_line_synopsis(text: str) -> dict[str, str]:
+    """The Command line section's synopsis block, per sub-command: its lines (continuations included).
+
+    The top-level line (``onnx2jax --version ...``) is under the key ``""``.
+    """
+    section = text[text.index("## Command line"):]
+    block = section[section.index("```\n") + 4:]
+    block = block[:block.index("```")]
+    entries: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        if line.startswith("onnx2jax "):
+            word = line.split()[1]
+            current = "" if word.startswith("-") else word
+            entries[current] = line
+        elif current is not None and line.startswith(" "):
+            entries[current] += "\n" + line
+    return entries
+
+
+def _options(parser) -> set[str]:
+    """Every option string of a parser but help and --debug (which every command has, said once)."""
+    return {o for a in parser._actions for o in a.option_strings if o not in ("-h", "--help", "--debug")}
+
+
+def _mentioned(text: str) -> set[str]:
+    """The options a synopsis text names (``--flag``, ``-o``)."""
+    return set(re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", text))
+
+
+def test_the_command_line_section_names_every_command_and_option_the_parsers_have():
+    import argparse
+
+    from onnx2jax.cli.app import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    synopsis = command_line_synopsis(README.read_text())
+    assert set(synopsis) == set(sub.choices) | {""}, sorted(synopsis)
+    for name, child in sub.choices.items():
+        text = synopsis[name]
+        have = _options(child)
+        # every option of the parser is in the synopsis, in its long form where it has one
+        for action in child._actions:
+            strings = [o for o in action.option_strings if o not in ("-h", "--help", "--debug")]
+            if strings:
+                assert any(re.search(rf"(?<![\w-]){re.escape(o)}(?![\w-])", text) for o in strings), (name, strings)
+        # and the synopsis names no option the parser lacks
+        stale = {o for o in _mentioned(text) if o.startswith("--") or len(o) == 2} - have
+        assert not stale, (name, stale)
+    top = _options(parser) | {"--help", "--debug"}
+    assert _mentioned(synopsis[""]) <= top and {"--version", "--help", "--debug"} <= _mentioned(synopsis[""])
