@@ -56,7 +56,7 @@ class Lookups:
         if self.hits and not self.misses:
             return "executable from cache"
         if self.hits:
-            return f"compile, {self.hits} of {self.hits + self.misses} executables from cache"
+            return f"compile {self.misses} of {self.hits + self.misses} programs, the rest from cache"
         return "compile"
 
 
