@@ -260,11 +260,12 @@ def run(args: argparse.Namespace) -> int:
     """
     check_writable("-o", args.output, ".onnx")
     console = terminal.make_console()
-    model, source_dir = open_model(args.model, inline=False)  # the weights stay on disk
-    model, notes, roles = _annotate(args, model)
-    if args.plan:
-        require_annotations(model, args.plan, args.devices, [n for n in notes[1:]])
-    diagnostics = validate_model(model)
+    with terminal.make_console(stderr=True).status(f"annotating {args.model} ..."):  # a spinner on terminals
+        model, source_dir = open_model(args.model, inline=False)  # the weights stay on disk
+        model, notes, roles = _annotate(args, model)
+        if args.plan:
+            require_annotations(model, args.plan, args.devices, [n for n in notes[1:]])
+        diagnostics = validate_model(model)
     if any(d.severity == "error" for d in diagnostics):
         raise ShardingError(diagnostics)
     rows = describe_plan(model)

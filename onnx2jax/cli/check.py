@@ -180,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model)
     require_names(model, parse_input_shapes(args.input_shape))
     require_annotations(model, args.model)
-    diags, _, _ = checked(model, args.configuration, parse_input_shapes(args.input_shape), args.strict)
+    with terminal.make_console(stderr=True).status(f"checking {args.model} ..."):  # a spinner on terminals
+        diags, _, _ = checked(model, args.configuration, parse_input_shapes(args.input_shape), args.strict)
     counts = severity_counts(diags)
     if args.json:
         print(json.dumps({

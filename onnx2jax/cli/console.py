@@ -13,9 +13,12 @@ from rich.console import Console
 PIPED_WIDTH = 200
 
 
-def make_console() -> Console:
-    """A rich Console for command output (see the module docstring)."""
-    console = Console(highlight=False)
+def make_console(*, stderr: bool = False) -> Console:
+    """A rich Console for command output (see the module docstring); ``stderr=True`` for spinners and progress.
+
+    A spinner on stderr leaves stdout to the results, so ``onnx2jax check m.onnx > out.txt`` still shows it.
+    """
+    console = Console(highlight=False, stderr=stderr)
     if not console.is_terminal:
-        console = Console(highlight=False, width=max(console.width, PIPED_WIDTH), soft_wrap=True)
+        console = Console(highlight=False, width=max(console.width, PIPED_WIDTH), soft_wrap=True, stderr=stderr)
     return console

@@ -198,7 +198,8 @@ def run(args: argparse.Namespace) -> int:
     shapes = parse_input_shapes(args.input_shape)
     require_names(model, shapes, args.node, args.tensor)
     require_annotations(model, args.model)
-    diagnostics, inference, sharded = checked(model, args.configuration, shapes, args.strict)
+    with terminal.make_console(stderr=True).status(f"checking and inferring {args.model} ..."):  # terminals only
+        diagnostics, inference, sharded = checked(model, args.configuration, shapes, args.strict)
     rows = list(_rows(inference, model, not args.placed, set(args.node)))
     problems = [
         d for d in diagnostics

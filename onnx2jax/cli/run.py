@@ -105,15 +105,13 @@ def run(args: argparse.Namespace) -> int:
         console.print(line, markup=False)
     if args.output:
         console.print(f"wrote {args.output}: {', '.join(model.output_names)}", markup=False)
+    # A failed check is an error (stderr, exit 1); the outputs above are printed all the same.
     if why_not is not None:
-        console.print(f"not checked: onnxruntime cannot run this model: {why_not}", markup=False)
-        return 1
+        raise CliError(f"not checked: onnxruntime cannot run this model: {why_not}")
     if nonfinite:
-        console.print(f"[red]{'; '.join(nonfinite)}[/red]")
-        return 1
+        raise CliError("; ".join(nonfinite))
     if reference is not None and worst > args.tolerance:
-        console.print(f"[red]max |diff| {worst:.3g} exceeds tolerance {args.tolerance:g}[/red]")
-        return 1
+        raise CliError(f"max |diff| {worst:.3g} exceeds tolerance {args.tolerance:g} (--tolerance)")
     return 0
 
 

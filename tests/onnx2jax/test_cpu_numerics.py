@@ -194,5 +194,5 @@ def test_run_check_fails_on_nan_where_onnxruntime_is_finite(tmp_path, capsys, mo
     # A reference that is finite where onnx2jax gives NaN and inf (as the light CNNs' softmax once did).
     monkeypatch.setattr(cli_run, "_onnxruntime_outputs", lambda path, inputs: ([np.array([2.0, 0.0, 1.0], np.float32)], None))
     assert cli.main(argv) == 1
-    last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last == "y: 1 NaN and 1 inf where onnxruntime's output is finite"
+    error = capsys.readouterr().err.strip()
+    assert error == "onnx2jax run: error: y: 1 NaN and 1 inf where onnxruntime's output is finite"
