@@ -21,7 +21,7 @@ ids known to be in range turn it off (``translate(..., check_indices=False)``,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,39 @@ class IndexUse:
     op: str
     table: str
     bounds: tuple[int, ...]
+
+
+class IndexCheck:
+    """A model's index check, as its callers hold it: analysed on the first call, skipped when disabled.
+
+    ``JaxModel`` and the compiled executions hold one and call :meth:`call`
+    with each call's arguments; ``enabled = False`` (``translate(...,
+    check_indices=False)``) turns the check off for inputs known to be in range.
+    """
+
+    def __init__(self, proto: onnx.ModelProto, input_names: list[str], *, enabled: bool = True):
+        self.enabled = enabled
+        self._proto, self._names = proto, tuple(input_names)
+        self._uses: list[IndexUse] | None = None
+
+    @property
+    def uses(self) -> list[IndexUse]:
+        """The model's index inputs (:func:`index_uses`), found once."""
+        if self._uses is None:
+            self._uses = index_uses(self._proto)
+        return self._uses
+
+    def call(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> None:
+        """Checks one call's positional and named arguments (:func:`check`), unless disabled.
+
+        Raises:
+          InputRangeError: an index input addresses beyond its table.
+        """
+        if not self.enabled or not self.uses:
+            return
+        bound = dict(zip(self._names, inputs))
+        bound.update(named)
+        check(self.uses, bound)
 
 
 def index_uses(proto: onnx.ModelProto) -> list[IndexUse]:

@@ -173,3 +173,17 @@ def test_no_jax():
 
     code = "import sys, onnx2jax.input_checks; assert 'jax' not in sys.modules, 'jax imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_index_check_binds_positional_and_named_arguments_and_can_be_disabled():
+    from onnx2jax.input_checks import IndexCheck
+
+    model, name, dtype, shape = _gather_via_cast()
+    bad = np.full(shape, 5, dtype)
+    checker = IndexCheck(model, [name])
+    for inputs, named in (((bad,), {}), ((), {name: bad})):
+        with pytest.raises(InputRangeError):
+            checker.call(inputs, named)
+    checker.call((np.zeros(shape, dtype),), {})
+    checker.enabled = False
+    checker.call((bad,), {})
