@@ -42,6 +42,7 @@ from onnx2jax.graph_runner import (
     uses_wide_types,
 )
 from onnx2jax.hostvalues import to_host
+from onnx2jax.input_checks import IndexCheck
 from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
 from onnx2jax.runtime.xla_options import compiler_options
 
@@ -98,6 +99,7 @@ class JaxModel:
         segmentable: bool = True,
         scan_layers: _scan.ScanSetting = "auto",
         inferred: InferredModel | None = None,
+        check_indices: bool = True,
     ):
         self.proto = proto
         self._inferred = inferred  # the model's shape inference, when a compile's plan has it
@@ -119,6 +121,7 @@ class JaxModel:
             self.params[sparse.values.name] = _densify(sparse)
         initialized = set(self.params) | set(self.constants)
         self.inputs = [input_info(i) for i in graph.input if i.name not in initialized]
+        self.index_check = IndexCheck(proto, self.input_names, enabled=check_indices)  # input_checks: on each call
         self.output_names = [o.name for o in graph.output]
         self.uses_64bit = uses_wide_types(graph)
         strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}
@@ -318,6 +321,7 @@ class JaxModel:
         return self._call(inputs, named)
 
     def _call_once(self, inputs: Sequence[Any], named: Mapping[str, Any]) -> tuple:
+        self.index_check.call(inputs, named)
         key = call_key(inputs, named)
         if key is not None and key in self._bound_keys:
             # Types, shapes and names this model already checked: bind without checking again.
@@ -402,7 +406,7 @@ def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
     return dense.reshape(tuple(sparse.dims))
 
 
-def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto") -> JaxModel:
+def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", check_indices: bool = True) -> JaxModel:
     """Translates an ONNX model into a :class:`JaxModel`.
 
     64-bit types: ONNX models are full of int64 (ids, shapes) and sometimes
@@ -423,6 +427,10 @@ def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto") -> J
       scan_layers: ``"auto"`` scans from ``onnx2jax.scan.AUTO_MIN_LAYERS``
         repeated layers; ``True`` scans or raises saying why it cannot;
         ``False`` always unrolls.
+      check_indices: before each call, refuse integer inputs that index a
+        table beyond its size (:mod:`onnx2jax.input_checks`: XLA would clamp
+        them into a wrong answer); ``False`` skips that host-side check, for
+        inputs known to be in range (``model.index_check.enabled`` later).
 
     Raises:
       UnsupportedOpError: listing every unsupported op of the model at once.
@@ -432,4 +440,4 @@ def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto") -> J
       >>> m = translate("tests/data/tiny_llama.onnx")   # doctest: +SKIP
       >>> (logits,) = m(np.zeros((1, 8), np.int64))     # doctest: +SKIP
     """
-    return JaxModel(*open_model(model), scan_layers=scan_layers)
+    return JaxModel(*open_model(model), scan_layers=scan_layers, check_indices=check_indices)

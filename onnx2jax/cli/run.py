@@ -9,7 +9,6 @@ import time
 import numpy as np
 
 import onnx2jax  # lazy: its names import jax on first use
-from onnx2jax import input_checks
 from onnx2jax.benchmark import max_abs_diff
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
@@ -83,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = {**drawn.values, **given.values}
     for note in drawn.notes + given.notes:
         console.print(f"note: {note}", markup=False)
-    if args.check_indices:
-        input_checks.check(input_checks.index_uses(model.proto), inputs)
+    model.index_check.enabled = args.check_indices  # the library checks each call (onnx2jax.input_checks)
     with console.status(f"tracing and compiling {args.model} ..."), compilation_cache.watch() as lookups:
         first, outputs, steady, calls = _timed_calls(runner, inputs)
     console.print(

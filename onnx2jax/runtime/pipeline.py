@@ -25,6 +25,7 @@ JAX (0.10) has no public jit across meshes, so a model with
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import Any, Mapping, Sequence
 
@@ -35,6 +36,7 @@ import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.errors import DeviceCountError, NodeError
+from onnx2jax.input_checks import IndexCheck
 from onnx2jax.runtime.constraints import SpecKey
 from onnx2jax.runtime.executable import merged_params, part_params, x64_scope
 from onnx2jax.runtime.parameters import holdable_sharding
@@ -95,6 +97,11 @@ class PipelineModel:
     @property
     def input_names(self) -> list[str]:
         return [i.name for i in self.inputs]
+
+    @functools.cached_property
+    def index_check(self) -> IndexCheck:
+        """The whole model's check of index inputs (:mod:`onnx2jax.input_checks`), as ``JaxModel`` holds one."""
+        return IndexCheck(self.proto, self.input_names)
 
     def layers_report(self) -> str:
         """One line per stage, as ``JaxModel.layers_report`` says it for one program."""
@@ -209,6 +216,7 @@ class PipelineCompiled:
         """
         with x64_scope(self.uses_64bit):
             self._last_inputs = (inputs, named)
+            self.model.index_check.call(inputs, named)  # onnx2jax.input_checks
             return self._run(inputs, named, None)
 
     def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:

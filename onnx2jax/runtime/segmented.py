@@ -134,6 +134,7 @@ class SegmentedCompiled:
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """Runs the segments in turn; returns jax.Arrays on the mesh, in ONNX output order."""
         self._last_args = (inputs, named)
+        self.model.index_check.call(inputs, named)  # onnx2jax.input_checks
         return self._run(inputs, named, None)
 
     def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:

@@ -277,6 +277,7 @@ class Compiled:
         :mod:`onnx2jax.runtime.fast_call`: the executable the first such call
         compiled, called directly.
         """
+        self.model.index_check.call(inputs, named)  # onnx2jax.input_checks, before the short path too
         self._last_args = (inputs, named)
         key = None if self.model.shape_input_names else call_key(inputs, named)
         fast = self._fast_calls.get(key)

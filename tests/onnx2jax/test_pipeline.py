@@ -134,7 +134,7 @@ def test_annotate_auto_prints_the_cut(tmp_path: Path, capsys):
     out = tmp_path / "auto.onnx"
     assert main(["annotate", str(LLAMA), "--stages", "auto:2", "--devices", "8", "--plan", "megatron", "-o", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "cut after node_add_444: add_444 cross" in printed
+    assert "auto:2 cuts after 'node_add_444': stage 0 sends 'add_444' to stage 1" in printed
     assert "stage 1: 68 nodes on devices [4, 5, 6, 7]" in printed
     assert "expected balance at batch 1 x sequence 128: slowest/fastest stage" in printed
     # Places with the same cost on both sides are one candidate; by estimated time (activations written
