@@ -254,12 +254,14 @@ class JaxModel:
     def _segment_runner(self, segment: _segments.Segment, model: onnx.ModelProto, external_dir: str | None) -> Callable:
         """Runs one segment on its named inputs: a jitted sub-model, or a host step in numpy."""
         if segment.kind == "jit":
-            sub = JaxModel(model, external_dir, segmentable=False, scan_layers=False)
+            # check_indices=False: this model's own call checked the graph's inputs (input_checks)
+            sub = JaxModel(model, external_dir, segmentable=False, scan_layers=False, check_indices=False)
             self.segment_models.append(sub)
             return _named_runner(sub)
         self.segment_models.append(None)
         if any(n.op_type == "If" for n in model.graph.node):
-            return if_step(model, lambda branch: _named_runner(JaxModel(branch, external_dir, scan_layers=False)))
+            return if_step(model, lambda branch: _named_runner(
+                JaxModel(branch, external_dir, scan_layers=False, check_indices=False)))
         constants = {i.name: initializer_array(i, external_dir) for i in model.graph.initializer}
         opsets = opsets_of(model)
 

@@ -67,11 +67,14 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"note: the model's configuration has {used} devices: running on {used} of the "
                           f"{args.devices} asked for", markup=False)
         runner = onnx2jax.compile(
-            args.model, microbatches=args.microbatches, scan_layers=scan_setting(args.scan_layers)
+            args.model, microbatches=args.microbatches, scan_layers=scan_setting(args.scan_layers),
+            check_indices=args.check_indices,
         )
         model = runner.model
     else:
-        runner = model = onnx2jax.translate(args.model, scan_layers=scan_setting(args.scan_layers))
+        runner = model = onnx2jax.translate(
+            args.model, scan_layers=scan_setting(args.scan_layers), check_indices=args.check_indices
+        )
         if model.segments:
             console.print(f"runs in {len(model.segments)} segments (data-dependent output shapes):", markup=False)
             for line in describe(model.segments):
@@ -82,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
     inputs = {**drawn.values, **given.values}
     for note in drawn.notes + given.notes:
         console.print(f"note: {note}", markup=False)
-    model.index_check.enabled = args.check_indices  # the library checks each call (onnx2jax.input_checks)
     with console.status(f"tracing and compiling {args.model} ..."), compilation_cache.watch() as lookups:
         first, outputs, steady, calls = _timed_calls(runner, inputs)
     console.print(

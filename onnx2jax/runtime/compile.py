@@ -37,6 +37,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     devices: Sequence[int] | None = None,
     microbatches: int = 1,
     scan_layers: ScanSetting = "auto",
+    check_indices: bool = True,
 ) -> Executable:
     """Compiles an annotated ONNX model for a device mesh.
 
@@ -65,6 +66,9 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         as one ``lax.scan``, each stacked parameter placed with its first
         layer's spec behind an unsplit layer axis. Layers whose specs differ
         stay unrolled (``report().notes`` says why; ``True`` raises instead).
+      check_indices: as :func:`onnx2jax.translate`'s: before each call, refuse
+        integer inputs that index a table beyond its size
+        (:mod:`onnx2jax.input_checks`); ``False`` skips that host-side check.
 
     Returns:
       An :class:`~onnx2jax.runtime.executable.Executable` (``__call__``,
@@ -94,10 +98,15 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         scan_layers=scan_layers,
     )
     if plan.kind == "stages":
-        return compile_pipeline(plan)
-    if plan.kind == "segments":
-        return compile_segmented(plan)
-    return Compiled(JaxModel(plan.proto, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred), plan.program)
+        executable = compile_pipeline(plan)
+    elif plan.kind == "segments":
+        executable = compile_segmented(plan)
+    else:
+        executable = Compiled(
+            JaxModel(plan.proto, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred), plan.program
+        )
+    executable.model.index_check.enabled = check_indices
+    return executable
 
 
 __all__ = ["compile"]

@@ -444,7 +444,8 @@ def compile_pipeline(plan: Plan, schedule: Schedule | None = None) -> PipelineCo
             program = program_plan(sub, configuration, None, check=plan.check, jax_devices=devices, shapes=plan.shapes)
         else:
             program = program_plan(sub, None, Mesh(np.array(devices), ("d0",)))
-        compiled = Compiled(JaxModel(sub, plan.external_dir, scan_layers=plan.scan_layers), program)
+        # check_indices=False: the pipeline's call checks the whole model's inputs (input_checks)
+        compiled = Compiled(JaxModel(sub, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False), program)
         stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
         stage.input_shardings = _input_shardings(sub, program.placements, compiled.mesh, stage.inputs)
         stages.append(stage)

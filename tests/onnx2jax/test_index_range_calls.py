@@ -66,7 +66,36 @@ def test_compiled_sharded_refuses_on_the_short_path_too(bad_ids, tmp_path):
     _refused(compiled, bad_ids)
 
 
-def test_pipeline_refuses(bad_ids, tmp_path):
+def test_pipeline_refuses_and_compile_takes_the_opt_out(bad_ids, tmp_path):
     path = tmp_path / "llama_pp.onnx"
     assert main(["annotate", str(LLAMA), "--stages", "auto:2", "--devices", "4", "--plan", "megatron", "-o", str(path)]) == 0
     _refused(onnx2jax.compile(str(path)), bad_ids)
+    (logits,) = onnx2jax.compile(str(path), check_indices=False)(bad_ids)
+    session = ort.InferenceSession(str(LLAMA), providers=["CPUExecutionProvider"])
+    (reference,) = session.run(None, {"input_ids": np.clip(bad_ids, 0, VOCABULARY - 1)})
+    np.testing.assert_allclose(np.asarray(logits)[0], reference[0], rtol=1e-4, atol=1e-4)  # the good row
+
+
+def test_a_segmented_model_refuses(tmp_path):
+    """Gather then NonZero (a data-dependent shape): the graph is cut, and the call still checks its ids."""
+    import onnx
+    import onnx.helper as oh
+    import onnx.numpy_helper as onh
+
+    graph = oh.make_graph(
+        [oh.make_node("Gather", ["table", "ids"], ["rows"]), oh.make_node("NonZero", ["rows"], ["where"])],
+        "g",
+        [oh.make_tensor_value_info("ids", onnx.TensorProto.INT64, [4])],
+        [oh.make_tensor_value_info("where", onnx.TensorProto.INT64, None)],
+        [onh.from_array(np.eye(5, 3, dtype=np.float32), "table")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    ids = np.array([0, 1, 5, 2], np.int64)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="out of"):
+        session.run(None, {"ids": ids})
+    translated, compiled = onnx2jax.translate(model), onnx2jax.compile(model)
+    assert translated.segments and isinstance(compiled, onnx2jax.SegmentedCompiled)
+    for runner in (translated, compiled):
+        with pytest.raises(InputRangeError, match=r"input 'ids' at \[2\] is 5, outside \[-5, 5\)"):
+            runner(ids)
