@@ -33,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "PrecisionError": "onnx2jax.errors",
     "UnsupportedOpError": "onnx2jax.errors",
     "DeviceCountError": "onnx2jax.errors",
+    "InputError": "onnx2jax.errors",
     "InputRangeError": "onnx2jax.errors",
     "ShardingError": "onnx2jax.errors",
     "MeshMappingError": "onnx2jax.errors",
@@ -78,6 +79,7 @@ sys.modules[__name__].__class__ = _Package
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports on first use
     from onnx2jax.errors import BackwardEdgeError as BackwardEdgeError
     from onnx2jax.errors import DeviceCountError as DeviceCountError
+    from onnx2jax.errors import InputError as InputError
     from onnx2jax.errors import InputRangeError as InputRangeError
     from onnx2jax.errors import MeshMappingError as MeshMappingError
     from onnx2jax.errors import ModelLoadError as ModelLoadError

@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import onnx.helper
 
+from onnx2jax.errors import InputError
 from onnx2jax.ops.ml_maps import MapValue
 
 
@@ -53,21 +54,21 @@ def bind_inputs(infos: Sequence[InputInfo], inputs: Sequence[Any], named: Mappin
     program, a pipeline's whole-model interface).
 
     Raises:
-      TypeError: missing, extra or ill-typed inputs, naming each.
+      onnx2jax.errors.InputError (a TypeError): missing, extra or ill-typed inputs, naming each.
     """
     names = [info.name for info in infos]
     if len(inputs) > len(infos):
-        raise TypeError(f"model takes {len(infos)} inputs {names}, got {len(inputs)}")
+        raise InputError(f"model takes {len(infos)} inputs {names}, got {len(inputs)}")
     bound = {info.name: value for info, value in zip(infos, inputs)}
     for name, value in named.items():
         if name in bound:
-            raise TypeError(f"input {name!r} given twice")
+            raise InputError(f"input {name!r} given twice")
         if name not in names:
-            raise TypeError(f"unknown input {name!r}; the model's inputs are {names}")
+            raise InputError(f"unknown input {name!r}; the model's inputs are {names}")
         bound[name] = value
     absent = [name for name in names if name not in bound]
     if absent:
-        raise TypeError(f"missing inputs {absent}")
+        raise InputError(f"missing inputs {absent}")
     for info in infos:
         if info.is_map:
             bound[info.name] = _map_input(info, bound[info.name])
@@ -80,7 +81,7 @@ def _map_input(info: InputInfo, value: Any) -> MapValue:
     if isinstance(value, MapValue):
         return value
     if not isinstance(value, Mapping):
-        raise TypeError(f"input {info.name!r} is a map: give a dict, got {type(value).__name__}")
+        raise InputError(f"input {info.name!r} is a map: give a dict, got {type(value).__name__}")
     return MapValue.of(value, info.dtype)
 
 
@@ -89,14 +90,14 @@ def _check_input(info: InputInfo, value: Any) -> None:
         return
     dtype = getattr(value, "dtype", None)
     if info.dtype is not None and dtype is not None and np.dtype(dtype) != info.dtype:
-        raise TypeError(f"input {info.name!r}: expected dtype {info.dtype}, got {np.dtype(dtype)}")
+        raise InputError(f"input {info.name!r}: expected dtype {info.dtype}, got {np.dtype(dtype)}")
     shape = getattr(value, "shape", None)
     if info.shape is not None and shape is not None:
         if len(shape) != len(info.shape):
-            raise TypeError(f"input {info.name!r}: expected rank {len(info.shape)} {info.shape}, got shape {tuple(shape)}")
+            raise InputError(f"input {info.name!r}: expected rank {len(info.shape)} {info.shape}, got shape {tuple(shape)}")
         for axis, (want, got) in enumerate(zip(info.shape, shape)):
             if isinstance(want, int) and want > 0 and want != got:
-                raise TypeError(f"input {info.name!r}: axis {axis} must be {want}, got shape {tuple(shape)}")
+                raise InputError(f"input {info.name!r}: axis {axis} must be {want}, got shape {tuple(shape)}")
 
 
 __all__ = ["InputInfo", "bind_inputs", "input_info"]

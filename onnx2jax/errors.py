@@ -1,6 +1,6 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
-onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputRangeError`
+onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
 `ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
@@ -43,6 +43,15 @@ class NodeError(RuntimeError):
     """
 
     node = None
+
+
+class InputError(TypeError, ValueError):
+    """A call's arguments do not fit the model's inputs: missing, unknown, given twice, or of the wrong
+    dtype, rank or size; the message names the input and what the model declares.
+
+    A ``TypeError`` (as a Python function's wrong arguments are) and a ``ValueError`` (a user's mistake, not
+    a bug of onnx2jax: the command line prints it as one line).
+    """
 
 
 class InputRangeError(ValueError):

@@ -101,3 +101,18 @@ def test_more_devices_than_the_configuration_says_what_it_used(llama_tp2, capsys
     capsys.readouterr()
     assert main(["run", str(llama_tp2), "--devices", "8"]) == 0
     assert "running on 2 of the 8" in capsys.readouterr().out
+
+
+def test_the_library_names_a_wrong_rank_as_the_users_mistake(gpt2_ids):
+    import onnx
+
+    import onnx2jax
+    from onnx2jax.cli.errors import USER_ERROR_TYPES
+    from onnx2jax.errors import InputError
+
+    name = next(k for k in gpt2_ids if "ids" in k)
+    declared = next(i for i in onnx.load(GPT2).graph.input if i.name == name)
+    rank = len(declared.type.tensor_type.shape.dim)
+    with pytest.raises(InputError, match=rf"input '{name}': expected rank {rank} ") as raised:
+        onnx2jax.translate(GPT2)(gpt2_ids[name][None])
+    assert isinstance(raised.value, TypeError) and isinstance(raised.value, USER_ERROR_TYPES)
