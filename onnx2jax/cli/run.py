@@ -126,7 +126,7 @@ def _print_report(console, compiled, model, inputs: dict[str, np.ndarray], verbo
     if report is not None:
         report.render(console)
     said = {f"{n}".strip() for n in getattr(report, "notes", ())}
-    for line in summary.once([model.layers_report()], said):
+    for line in summary.once(summary.merged_stage_lines(model.layers_report()), said):
         console.print(line, markup=False)
 
 

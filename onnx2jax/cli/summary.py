@@ -9,6 +9,7 @@ whichever part of the report repeats them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -54,6 +55,20 @@ def once(notes: Iterable[str], said: set[str]) -> list[str]:
             said.add(key)
             fresh.append(note)
     return fresh
+
+
+def merged_stage_lines(text: str) -> list[str]:
+    """``stage 0: X`` and ``stage 1: X`` (a pipeline's per-stage layers line) said once: ``stages 0, 1: X``."""
+    groups: dict[str, list[str]] = {}
+    plain: list[str] = []
+    for line in text.splitlines():
+        match = re.match(r"stage (\d+): (.*)", line)
+        if match:
+            groups.setdefault(match.group(2), []).append(match.group(1))
+        elif line.strip():
+            plain.append(line)
+    merged = [f"stage{'s' if len(ids) > 1 else ''} {', '.join(ids)}: {rest}" for rest, ids in groups.items()]
+    return plain + merged
 
 
 def _total(counts: Iterable[dict[str, int]]) -> dict[str, int]:

@@ -116,3 +116,11 @@ def test_the_library_names_a_wrong_rank_as_the_users_mistake(gpt2_ids):
     with pytest.raises(InputError, match=rf"input '{name}': expected rank {rank} ") as raised:
         onnx2jax.translate(GPT2)(gpt2_ids[name][None])
     assert isinstance(raised.value, TypeError) and isinstance(raised.value, USER_ERROR_TYPES)
+
+
+def test_identical_stage_lines_are_said_once():
+    from onnx2jax.cli.summary import merged_stage_lines
+
+    text = "stage 0: layers unrolled: why\nstage 1: layers unrolled: why\nstage 2: 2 layers as one lax.scan"
+    assert merged_stage_lines(text) == ["stages 0, 1: layers unrolled: why", "stage 2: 2 layers as one lax.scan"]
+    assert merged_stage_lines("layers unrolled: scan_layers=False") == ["layers unrolled: scan_layers=False"]
