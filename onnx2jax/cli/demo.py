@@ -21,7 +21,7 @@ import onnx
 import onnx2jax  # lazy: its names import jax on first use
 from onnx2jax.cli.annotate import require_annotations
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
-from onnx2jax.cli.errors import CliError
+from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.bundled import demo_model_path
 from onnx2jax.cli import summary
 from onnx2jax.cli.options import add_verbose_argument, ensure_devices
@@ -45,6 +45,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the demo on ``--model`` (default: the bundled tiny Llama) over ``--devices``."""
+    if args.devices < 1:
+        raise UsageError(f"--devices must be >= 1, got {args.devices}")
     return run_demo(terminal.make_console(), args.model, args.devices, verbose=args.verbose)
 
 

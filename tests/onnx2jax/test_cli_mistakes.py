@@ -91,6 +91,11 @@ def test_devices_zero_is_a_usage_error(llama_tp2, capsys):
     assert "--devices must be >= 1" in _error(capsys, "run")
 
 
+def test_demo_devices_zero_is_a_usage_error(capsys):
+    assert main(["demo", "--devices", "0"]) == 2
+    assert "--devices must be >= 1" in _error(capsys, "demo")
+
+
 def test_fewer_devices_than_the_configuration_is_a_user_error(llama_tp2, capsys):
     capsys.readouterr()
     assert main(["run", str(llama_tp2), "--devices", "1"]) == 1  # README: too few devices, exit status 1
