@@ -57,7 +57,7 @@ class InputError(TypeError, ValueError):
 class InputRangeError(ValueError):
     """An integer input indexes a table beyond its size (a token id past the vocabulary, say).
 
-    XLA would clamp the index and return a wrong answer that looks right;
+    XLA does not refuse it: it clamps the index or fills NaN, and answers anyway;
     :mod:`onnx2jax.input_checks` refuses it on the host before the call.
 
     Attributes:
@@ -76,8 +76,8 @@ class InputRangeError(ValueError):
         what = f"{table!r} (coordinate {component} of each index)" if component is not None else f"{table!r}"
         super().__init__(
             f"input {input!r} at {list(position)} is {value}, outside [{-bound}, {bound}): node {node!r} ({op}) "
-            f"indexes {what}, which has {bound} entries there (onnxruntime refuses it; XLA would clamp it "
-            "into a wrong answer). Only for inputs known to be in range: check_indices=False turns the check off "
+            f"indexes {what}, which has {bound} entries there (onnxruntime refuses it; XLA would answer "
+            "with clamped or NaN rows). Only for inputs known to be in range: check_indices=False turns the check off "
             "(onnx2jax run --no-check-indices)"
         )
 

@@ -1,8 +1,8 @@
 """Which graph inputs index a table, and a host-side check of a call's values against those tables (jax-free).
 
-XLA clamps out-of-range gather indices (and drops out-of-range scatter
-updates), so a token id beyond the vocabulary gives a plausible wrong answer
-where onnxruntime refuses with ``indices element out of data bounds``. This
+XLA does not refuse out-of-range gather indices (it clamps them or fills
+NaN, and drops out-of-range scatter updates), so a token id beyond the
+vocabulary gives an answer where onnxruntime refuses with ``indices element out of data bounds``. This
 module finds, once per model, every graph input whose values reach the
 indices of a ``Gather``, ``GatherElements``, ``GatherND``, ``ScatterElements``
 or ``ScatterND`` (directly or through ops that keep the values: ``Cast``,

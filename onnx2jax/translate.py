@@ -430,8 +430,8 @@ def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", chec
         repeated layers; ``True`` scans or raises saying why it cannot;
         ``False`` always unrolls.
       check_indices: before each call, refuse integer inputs that index a
-        table beyond its size (:mod:`onnx2jax.input_checks`: XLA would clamp
-        them into a wrong answer); ``False`` skips that host-side check, for
+        table beyond its size (:mod:`onnx2jax.input_checks`: XLA would answer
+        them with clamped or NaN rows); ``False`` skips that host-side check, for
         inputs known to be in range (``model.index_check.enabled`` later).
 
     Raises:

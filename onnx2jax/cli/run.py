@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "micro-batches run fill-drain through the stages (default 1)")
     parser.add_argument("--no-check-indices", dest="check_indices", action="store_false",
                         help="skip the host check that integer inputs indexing a table (token ids, Gather "
-                             "indices) are in range (XLA would clamp them into a wrong answer)")
+                             "indices) are in range (XLA would answer with clamped or NaN rows)")
     add_scan_argument(parser)
     add_verbose_argument(parser, "the sharding report's tables (every spec, where it went, the notes) and the "
                                  "layers' form")
