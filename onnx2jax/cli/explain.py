@@ -255,7 +255,7 @@ def _summary(console, rows: list, inference: Inference, problems: list) -> None:
     serious = [d for d in problems if d.severity != "note"]
     if serious:
         console.print(diagnostics_table(serious, "diagnostics"))
-    collectives = [d for d in problems if d.code == "collective"]
+    collectives = [d for d in problems if d.code == codes.COLLECTIVE]
     if collectives:
         where = ", ".join(dict.fromkeys(d.node or "?" for d in collectives))
         console.print(f"collectives the specs imply: {len(collectives)}, at {where}", markup=False)
