@@ -38,6 +38,7 @@ import numpy as np
 
 import onnx2jax  # lazy: its names import jax on first use
 from onnx2jax import benchmark
+from onnx2jax.bundled import demo_model_path
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError, check_writable, require_matplotlib
 from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, symbolic_dims
@@ -103,8 +104,8 @@ def run(args: argparse.Namespace) -> int:
         if model_set in ("all", "medium"):
             jobs += _medium_jobs(console)
     rows = []
-    for path, inputs in jobs:
-        with console.status(f"timing {path} ..."):
+    for index, (path, inputs) in enumerate(jobs, 1):
+        with console.status(f"timing {path} ({index} of {len(jobs)}) ..."):
             rows.append(benchmark.bench_model(path, inputs, repeats, warmup, scan_layers=scan_setting(args.scan_layers)))
     table = benchmark.markdown_table(rows)
     note = benchmark.environment_note(repeats, warmup)
@@ -146,7 +147,7 @@ def _default_models(console) -> list[str]:
     fixtures = [ROOT / "tests" / "data" / f"{name}.onnx" for name in FIXTURES]
     if all(f.exists() for f in fixtures):
         return [str(f) for f in fixtures]
-    bundled = pathlib.Path(__file__).resolve().parents[1] / "data" / "tiny_llama.onnx"
+    bundled = demo_model_path()
     console.print(f"note: no tests/data fixtures next to this installation; timing the bundled {bundled.name} only "
                   "(run from a clone for all three, or name models)", markup=False)
     return [str(bundled)]
