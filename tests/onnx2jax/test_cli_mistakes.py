@@ -129,3 +129,16 @@ def test_identical_stage_lines_are_said_once():
     text = "stage 0: layers unrolled: why\nstage 1: layers unrolled: why\nstage 2: 2 layers as one lax.scan"
     assert merged_stage_lines(text) == ["stages 0, 1: layers unrolled: why", "stage 2: 2 layers as one lax.scan"]
     assert merged_stage_lines("layers unrolled: scan_layers=False") == ["layers unrolled: scan_layers=False"]
+
+
+def test_run_is_short_by_default_and_says_each_note_once_when_verbose(llama_tp2, capsys):
+    """Issue 24, item 3: headline figures by default; --verbose adds the tables; the layers note once."""
+    capsys.readouterr()
+    assert main(["run", str(llama_tp2), "--devices", "2"]) == 0
+    short = capsys.readouterr().out.splitlines()
+    assert len(short) <= 8, short
+    assert sum("per call (mean of" in line for line in short) == 1  # one per-call time
+    assert any(line.startswith("collectives per call: all-reduce") for line in short)
+    assert main(["run", str(llama_tp2), "--devices", "2", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "PartitionSpec" in out and out.count("layers unrolled") == 1
