@@ -9,7 +9,10 @@ They live in ``onnx2jax/data`` (in the wheel too), so examples run from any fold
 The files: ``tiny_llama.onnx`` (the demo's tiny Llama: RoPE, grouped-query attention, RMSNorm, a SiLU-gated
 MLP) with ``tiny_llama.inputs.npz`` and onnxruntime's ``tiny_llama.ort_outputs.npz``; ``random_forest.onnx``
 (scikit-learn, with ``random_forest.inputs.npz``); ``detection_head.onnx`` (a detection head ending in
-NonMaxSuppression, with ``detection_head.inputs.npz`` and onnxruntime's ``detection_head.ort_outputs.npz``).
+NonMaxSuppression, with ``detection_head.inputs.npz`` and onnxruntime's ``detection_head.ort_outputs.npz``);
+the folders ``llama_gqa`` (an onnxruntime-genai model-builder folder: GroupQueryAttention, a KV cache) and
+``llama_gqa_torch`` (a torch export with ``past_key_values``), the decoders of ``onnx2jax.generate``'s examples
+(``tests/data/genai/README.md`` says how they were made).
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ FILES = (
     "tiny_llama.onnx", "tiny_llama.inputs.npz", "tiny_llama.ort_outputs.npz",
     "random_forest.onnx", "random_forest.inputs.npz",
     "detection_head.onnx", "detection_head.inputs.npz", "detection_head.ort_outputs.npz",
+    "llama_gqa", "llama_gqa_torch",
 )
-"""Every file :func:`data_path` gives (the wheel ships each: tests/test_wheel.py)."""
+"""Every file or folder :func:`data_path` gives (the wheel ships each: tests/test_wheel.py)."""
 
 
 def data_path(name: str) -> pathlib.Path:
-    """The path of a file that ships with onnx2jax (see the module docstring for the list).
+    """The path of a file or folder that ships with onnx2jax (see the module docstring for the list).
 
     Raises:
       FileNotFoundError: no such file ships, listing the ones that do.

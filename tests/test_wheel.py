@@ -62,7 +62,7 @@ def test_installed_wheel_runs_the_demo(tmp_path):
     )
     assert where.stdout.startswith(str(env_dir)), (where.stdout, where.stderr)
     shipped = subprocess.run(  # the files the README's examples reach through onnx2jax.data_path
-        [str(python), "-c", "import onnx2jax.bundled as b; assert all((b.DATA / n).is_file() for n in b.FILES)"],
+        [str(python), "-c", "import onnx2jax.bundled as b; assert all((b.DATA / n).exists() for n in b.FILES)"],
         cwd=empty, env=env, capture_output=True, text=True, timeout=120,
     )
     assert shipped.returncode == 0, shipped.stderr
