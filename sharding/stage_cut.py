@@ -63,12 +63,16 @@ class Cut:
 
     def describe(self) -> list[str]:
         """One line per cut and per stage, and the expected balance, for printing."""
-        lines = [f"cut after {node}: {', '.join(tensors)} cross" for node, tensors in zip(self.after, self.crossing)]
-        for stage, size in enumerate(self.param_bytes):
-            flops = f", {self.flops[stage]:,} FLOPs" if self.flops else ""
-            time = f", ~{self.seconds[stage] * 1e3:.3g} ms estimated" if self.seconds else ""
-            lines.append(f"stage {stage}: {size:,} parameter bytes{flops}{time}")
+        count = len(self.param_bytes)
+        lines = [
+            f"auto:{count} cuts after {node!r}: stage {stage} sends {', '.join(map(repr, tensors))} to stage {stage + 1}"
+            for stage, (node, tensors) in enumerate(zip(self.after, self.crossing))
+        ]
         if self.seconds:
+            # Parameter bytes per stage are printed with the stages themselves; here what the balance rests on.
+            for stage, seconds in enumerate(self.seconds):
+                flops = f"{self.flops[stage]:,} FLOPs, " if self.flops else ""
+                lines.append(f"stage {stage}: {flops}~{seconds * 1e3:.3g} ms estimated")
             batch, sequence = self.shape
             lines.append(
                 f"expected balance at batch {batch} x sequence {sequence}: slowest/fastest stage "

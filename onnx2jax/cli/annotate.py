@@ -207,9 +207,7 @@ def _annotate_stages(
             raise UsageError(f"--stage-shape expects BATCHxSEQUENCE such as 1x128, got {args.stage_shape!r}") from None
         stage_of, cut = auto_stages(model, count, batch=batch, sequence=sequence)
         assignment = StageAssignment.one_group_per_stage(stage_of)
-        for stage, (node, tensors) in enumerate(zip(cut.after, cut.crossing)):
-            sent = ", ".join(map(repr, tensors))
-            notes.append(f"auto:{count} cuts after {node!r}: stage {stage} sends {sent} to stage {stage + 1}")
+        notes += cut.describe()
         sizes = dict(enumerate(cut.param_bytes))
     else:
         try:

@@ -131,7 +131,7 @@ def test_demo_on_a_device_count_that_divides_no_layer_still_splits_the_vocabular
     plan shards something, and the sharded run equals the unsharded one. (A plan that shards nothing is
     refused: test_annotate_plan_that_writes_nothing.)"""
     with pytest.warns(UserWarning, match="comes back replicated"):
-        assert main(["demo", "--devices", "3"]) == 0
+        assert main(["demo", "--devices", "3", "--verbose"]) == 0
     printed = capsys.readouterr().out
     assert "0:3 @ [0..2]" in printed and "max |sharded - unsharded| = 0 OK" in printed
 
