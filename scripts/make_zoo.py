@@ -30,7 +30,7 @@ Gemm (GPT-2), behind a Reshape with a per-head interleaved [heads, 3, head_dim] 
 (GPT-NeoX/Pythia), as unequal Slices (Phi-3 under GQA, with a fused gate/up; GPT-BigCode
 under multi-query attention), an encoder (RoBERTa), an encoder-decoder with
 cross-attention (T5), a vision transformer (ViT), a speech encoder with a convolutional
-front end (Wav2Vec2), a mixture-of-experts decoder (Qwen2-MoE) and two CNNs (ResNet,
+front end (Wav2Vec2), a speech encoder with a Conv1d front end (Whisper's encoder), a mixture-of-experts decoder (Qwen2-MoE) and two CNNs (ResNet,
 ConvNeXt).
 """
 
@@ -269,6 +269,31 @@ def _wav2vec2():
     )
 
 
+def _whisper_encoder():
+    from transformers import WhisperConfig
+    from transformers.models.whisper.modeling_whisper import WhisperEncoder
+
+    config = WhisperConfig(num_mel_bins=16, d_model=64, encoder_layers=2,
+                           encoder_attention_heads=8, encoder_ffn_dim=128,
+                           max_source_positions=16, dropout=0.0, attention_dropout=0.0,
+                           activation_dropout=0.0, encoder_layerdrop=0.0,
+                           attn_implementation="eager")
+    torch.manual_seed(14)
+    model = WhisperEncoder(config).eval()
+    _distinct_params(model, 114)
+
+    def features(batch, g):  # the encoder takes exactly 2 * max_source_positions frames
+        return torch.randn(batch, 16, 32, generator=g)
+
+    return dict(
+        model=model, config=config, source="transformers.WhisperEncoder",
+        purpose="speech encoder: two Conv1d + GELU front end (the second strided), "
+                "sinusoidal positions, pre-norm transformer blocks, final LayerNorm",
+        inputs={"input_features": (features, {0: "batch"})},
+        kwargs={}, out_attrs=["last_hidden_state"], shape=(2,), shape2=(3,),
+    )
+
+
 def _resnet():
     from transformers import ResNetConfig, ResNetForImageClassification
 
@@ -313,8 +338,8 @@ def _random_bn_stats(model, seed):
             m.running_var.copy_(1 + 0.1 * torch.rand(m.running_var.shape, generator=g))
 
 
-MODELS.update(roberta=_roberta, t5=_t5, vit=_vit, wav2vec2=_wav2vec2, resnet=_resnet,
-              convnext=_convnext)
+MODELS.update(roberta=_roberta, t5=_t5, vit=_vit, wav2vec2=_wav2vec2,
+              whisper_encoder=_whisper_encoder, resnet=_resnet, convnext=_convnext)
 
 
 class Wrapper(torch.nn.Module):

@@ -225,3 +225,31 @@ def deform_conv(
     weights = w.reshape(group, oc // group, c // group, kh, kw)
     y = jnp.einsum("ngcuvij,gocuv->ngoij", cols, weights, precision=_HIGHEST).reshape(n, oc, oh, ow)
     return _add_bias(y, b).astype(x.dtype)
+
+
+def conv_by_groups(x, w, b=None, *, auto_pad, group, kernel_shape=None, pads=None, strides=None, dilations=None):
+    """ONNX Conv with ``group`` > 1 as a product batched over the groups; values as `conv`.
+
+    XLA's SPMD partitioner (jax 0.10) all-gathers a grouped convolution with
+    several channels per group when its channels are split on group
+    boundaries (docs/known-issues.md). Written as per-channel patches (a
+    depthwise extraction, which stays local under a channel split) and a
+    ``dot_general`` whose batch axis is the group, every device computes its
+    own groups: no collective. It holds ``prod(kernel)`` times the input in
+    patches, so the sharded runtime uses it only where the channels are split.
+    """
+    kernel, strides, dilations = _defaults(x, kernel_shape or w.shape[2:], strides, dilations)
+    padding = spatial_pads(auto_pad, x.shape[2:], kernel, strides, dilations, pads)
+    n = x.ndim - 2
+    patches = jax.lax.conv_general_dilated_patches(
+        x, kernel, strides, padding, rhs_dilation=dilations,
+        dimension_numbers=_dimension_numbers(n), precision=_HIGHEST,
+    )  # [N, C * prod(kernel), out...], channel-major
+    out_spatial = patches.shape[2:]
+    taps = int(np.prod(kernel))
+    batch, out_channels = x.shape[0], w.shape[0]
+    patches = patches.reshape((batch, group, (x.shape[1] // group) * taps) + out_spatial)
+    rhs = w.astype(x.dtype).reshape(group, out_channels // group, -1)
+    y = jnp.einsum("ngk...,gok->ngo...", patches, rhs, precision=_HIGHEST)
+    y = y.reshape((batch, out_channels) + out_spatial)
+    return _add_bias(y, b).astype(x.dtype)

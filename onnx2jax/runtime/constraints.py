@@ -35,11 +35,16 @@ import onnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.graph_runner import is_static
+from onnx2jax.ops.conv import conv_by_groups
 from sharding import op_facts
 from sharding.mesh.layout import expand_shape
 
 ELEMENTWISE = op_facts.ELEMENTWISE - {"CastLike"}  # CastLike's second input gives a type only: no frame
 REDUCTIONS = op_facts.REDUCTIONS
+
+
+# Normalisations whose statistics span the axes from ``axis`` on (Softmax: ``axis`` alone).
+NORMALIZATIONS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization"})
 
 
 class SpecKey(NamedTuple):
@@ -131,8 +136,12 @@ class ShardingHooks:
                 views.append(copy if isinstance(copy, View) else None)
         if node.op_type in ("Split", "Slice") and views and views[0] is None:
             inputs = self._gather_before_cut(node, inputs, attrs)
+        if node.op_type in NORMALIZATIONS and views and views[0] is None:
+            inputs = self._gather_before_norm(node, inputs, attrs)
         out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
-        if out_views is None:
+        if out_views is None and self._groups_split(node, inputs, attrs):
+            outputs = [conv_by_groups(*inputs, **attrs)]
+        elif out_views is None:
             outputs = compute(inputs)
         else:
             outputs = []
@@ -173,6 +182,50 @@ class ShardingHooks:
             self.gathered[key] = jax.lax.with_sharding_constraint(inputs[0], NamedSharding(source.sharding.mesh, spec))
         return [self.gathered[key], *inputs[1:]]
 
+    def _gather_before_norm(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list:
+        """A normalisation over a sharded axis whose output has that axis whole: gather the input first.
+
+        Left to itself XLA computes the statistics as partial sums (two
+        all-reduces for LayerNorm's mean and variance, one for RMSNorm's or
+        Softmax's) and then all-gathers the normalised output: the gather is
+        paid anyway, so one all-gather of the input, then the norm run
+        locally, is the minimum (`sharding.rules.normalization` states the
+        choice). When the output keeps the axis sharded, the statistics'
+        all-reduces ([..., 1] per row) are the cheaper way and nothing is
+        gathered: that is what XLA does unaided.
+        """
+        source = self.placements.get(SpecKey(node.name, "in", 0, node.input[0]))
+        out = self.placements.get(SpecKey(node.name, "out", 0, node.output[0]))
+        if source is None or out is None or source.fused or out.fused or not inputs or inputs[0] is None:
+            return inputs
+        if is_static(inputs[0]):
+            return inputs
+        rank = len(np.shape(inputs[0]))
+        entries = list(source.sharding.spec) + [None] * (rank - len(source.sharding.spec))
+        outs = list(out.sharding.spec) + [None] * (rank - len(out.sharding.spec))
+        whole = {a for a in _normalised_axes(node.op_type, attrs, rank) if entries[a] is not None and outs[a] is None}
+        if not whole:
+            return inputs
+        spec = PartitionSpec(*(None if a in whole else e for a, e in enumerate(entries)))
+        return [jax.lax.with_sharding_constraint(inputs[0], NamedSharding(source.sharding.mesh, spec)), *inputs[1:]]
+
+    def _groups_split(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> bool:
+        """A grouped Conv with several channels per group whose input channels are split.
+
+        XLA all-gathers such a convolution (docs/known-issues.md);
+        `onnx2jax.ops.conv.conv_by_groups` computes it batched over the groups,
+        which keeps each device on its own groups.
+        """
+        if node.op_type != "Conv" or int(attrs.get("group", 1)) <= 1 or len(inputs) < 2:
+            return False
+        if inputs[1] is None or np.ndim(inputs[1]) < 3 or np.shape(inputs[1])[1] <= 1:
+            return False
+        source = self.placements.get(SpecKey(node.name, "in", 0, node.input[0]))
+        if source is None or source.fused:
+            return False
+        entries = tuple(source.sharding.spec)
+        return len(entries) > 1 and entries[1] is not None
+
     def _constrain(self, key: SpecKey, value: Any) -> Any:
         placement = self.placements.get(key)
         if placement is None or value is None or is_static(value) or isinstance(value, (list, tuple)):
@@ -211,6 +264,13 @@ class ShardingHooks:
         if op == "Concat":
             return _concat(inputs, views, attrs, compute)
         return None
+
+
+def _normalised_axes(op_type: str, attrs: Mapping[str, Any], rank: int) -> list[int]:
+    """The axes a normalisation op reduces over (as `sharding.rules.normalization` reads them)."""
+    if op_type in ("Softmax", "LogSoftmax", "Hardmax"):
+        return [int(attrs.get("axis", -1)) % rank]  # opset >= 13: the translator targets these
+    return list(range(int(attrs.get("axis", -1)) % rank, rank))
 
 
 def _cut_axes(op_type: str, inputs: list, attrs: Mapping[str, Any], rank: int) -> set[int]:

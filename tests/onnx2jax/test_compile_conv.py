@@ -7,7 +7,8 @@ output carry specs; inference places the rest.
 
 XLA's SPMD partitioner (jax 0.10) keeps a depthwise conv (one channel per group) local
 when its channels are split, but gathers a grouped conv whose groups hold several
-channels; that case is an xfail until XLA partitions it.
+channels (docs/known-issues.md); the runtime computes that one batched over its groups
+(`onnx2jax.ops.conv.conv_by_groups`), which stays local.
 """
 
 from __future__ import annotations
@@ -65,15 +66,7 @@ def _block(group: int = 16, spatial_split: bool = False) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize(
-    "group",
-    [
-        16,
-        pytest.param(8, marks=pytest.mark.xfail(
-            strict=False, reason="XLA's SPMD partitioner all-gathers a grouped conv with 2 "
-            "channels per group split on its channels (depthwise stays local)")),
-    ],
-)
+@pytest.mark.parametrize("group", [16, 8])
 def test_channel_parallel_block_has_one_all_reduce_and_matches(group):
     model = _block(group)
     x = RNG.standard_normal((2, 4, 8, 8)).astype(np.float32)
@@ -91,6 +84,13 @@ def test_channel_parallel_block_has_one_all_reduce_and_matches(group):
     params = compiled.report(x).param_bytes_per_device
     whole = 4 * (16 * 4 * 9 + 16 * (16 // group) * 9 + 16 * 5 + 8 * 16)
     assert set(params.values()) == {whole // N}  # every parameter is split 8 ways
+
+
+def test_a_channel_split_that_cuts_groups_is_refused_by_name():
+    """4 groups of 4 channels cannot be cut 8 ways without splitting a group."""
+    with pytest.raises(ShardingError) as caught:
+        onnx2jax.compile(_block(group=4))
+    assert "group-split" in {d.code for d in caught.value.diagnostics}
 
 
 def test_a_spatial_split_is_refused_by_name():

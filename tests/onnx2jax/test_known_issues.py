@@ -111,3 +111,28 @@ def test_xla_cpu_rendezvous_abort_is_still_there():
     if done.returncode == 0 and "all calls ran" in done.stdout:
         pytest.fail("upstream fixed it: 3,000 queued sharded calls ran; remove onnx2jax/runtime/in_flight.py")
     assert "RendezvousKey" in done.stderr, done.stderr[-2000:]
+
+
+def test_xla_gathers_a_grouped_conv_split_by_groups_still():
+    """XLA gathers a grouped conv (8 channels per group) split on whole groups; depthwise stays local."""
+    import re
+
+    mesh = Mesh(np.array(jax.devices()[:4]), ("c",))
+    x = np.ones((2, 64, 19), np.float32)
+
+    def gathered(channels_per_group: int) -> list[str]:
+        w = np.ones((64, channels_per_group, 16), np.float32)
+
+        def f(x, w):
+            x = jax.lax.with_sharding_constraint(x, NamedSharding(mesh, PartitionSpec(None, "c")))
+            w = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, PartitionSpec("c")))
+            y = jax.lax.conv_general_dilated(x, w, (1,), [(8, 8)], feature_group_count=64 // channels_per_group)
+            return jax.lax.with_sharding_constraint(y, NamedSharding(mesh, PartitionSpec(None, "c")))
+
+        return re.findall(r"= (\S+) all-gather\(", jax.jit(f).lower(x, w).compile().as_text())
+
+    assert gathered(1) == []  # depthwise: local
+    assert gathered(8) != [], (
+        "upstream fixed it: remove the workaround (onnx2jax.ops.conv.conv_by_groups and "
+        "ShardingHooks._groups_split) and its entry in docs/known-issues.md"
+    )

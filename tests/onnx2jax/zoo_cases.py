@@ -51,6 +51,7 @@ CASES = {
     ),
     "vit": Case(8, (4, 0), "2 blocks x 2; patch conv and classifier replicated"),
     "wav2vec2": Case(8, (4, 0), "2 blocks x 2; convolutional front end replicated"),
+    "whisper_encoder": Case(8, (4, 0), "2 blocks x 2; the Conv1d front end replicated"),
     "resnet": Case(1, (0, 0), "no Megatron plan: convolutions only (annotate says so, exit 1)"),
     "convnext": Case(8, (2, 0), "2 blocks x (pointwise Linear up -> Linear down)"),
 }
