@@ -26,7 +26,7 @@ dim-value-invalid          error     a negative dim_value
 dim-value-mismatch         error     dim_value differs from the axis size
 dim-param-mismatch         error     dim_param differs from the axis's dim
 fused-size-mismatch        error     sub-axis sizes do not multiply to the size
-fused-size-unknown         warning   two sub-axes without dim_value
+fused-size-unknown         error     two sub-axes without dim_value
 size-unresolved            note      a size written on a symbolic axis: checked
                                      once the shapes are known (a call's)
 fused-size-unresolved      note      a fused axis of symbolic size: compile
@@ -38,15 +38,14 @@ group-key-missing          error     a negative device entry with no group
 group-key-not-negative     error     a group key >= 0
 group-key-repeated         error     a group key defined twice
 group-empty                error     a group with no device
-device-repeated            warning   a device holding two shards of one tensor,
-                                     or listed twice in a group (error when
-                                     strict)
+device-repeated            error     a device holding two shards of one tensor,
+                                     or listed twice in a group
 =========================  ========  =========================================
 
-``strict=True`` is what running needs (`onnx2jax.compile`): a layout that puts
-two shards of one tensor on one device, or a fused axis with two sub-axes of
-unknown size, has no NamedSharding, so they are errors there and warnings for
-`check`.
+One verdict: what `onnx2jax.compile` refuses, `check` reports as an error with
+the same code. A layout that puts two shards of one tensor on one device, or a
+fused axis with two sub-axes of unknown size, has no NamedSharding: both are
+errors.
 
 Only the main graph is checked: annotations inside subgraphs (control flow)
 are outside the formalism.
@@ -76,7 +75,6 @@ class _Node:
     proto: onnx.NodeProto
     config: str
     num_devices: int | None
-    strict: bool = False
     key: str = ""
 
     def diag(
@@ -99,10 +97,6 @@ class _Node:
             message=message,
             hint=hint,
         )
-
-    def running_needs(self, severity: Severity) -> Severity:
-        """``severity``, or ``error`` when validating for a run (`strict`)."""
-        return "error" if self.strict else severity
 
 
 @dataclass(frozen=True)
@@ -286,7 +280,6 @@ def _check_sizes(
             "write dim_value on every sub-axis but at most one",
             tensor=tensor,
             axis=axis,
-            severity=node.running_needs("warning"),
         )
         return
     if not isinstance(size, int):
@@ -434,8 +427,7 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
                 f"group {key} lists device(s) {twice} more than once",
                 "list each device of a group once",
                 tensor=tensor,
-                severity=node.running_needs("warning"),
-            )
+                )
         groups[key] = tuple(entry.value)
     shards = _num_shards(spec)
     if shards is not None and len(spec.device) != shards:
@@ -468,8 +460,7 @@ def _check_devices(node: _Node, spec: onnx.ShardingSpecProto) -> Iterator[Diagno
                     f"device {device} holds shards {holder[device]} and {shard}",
                     "a device should hold one shard of a tensor",
                     tensor=tensor,
-                    severity=node.running_needs("warning"),
-                )
+                        )
             holder.setdefault(device, shard)
 
 
@@ -478,12 +469,11 @@ def _check_node(
     node_proto: onnx.NodeProto,
     configs: Mapping[str, int | None],
     shapes: _Shapes,
-    strict: bool,
 ) -> Iterator[Diagnostic]:
     seen_configs: set[str] = set()
     for config in node_proto.device_configurations:
         config_id = config.configuration_id
-        node = _Node(node_proto, config_id, configs.get(config_id), strict, f"{node_proto.op_type}#{index}")
+        node = _Node(node_proto, config_id, configs.get(config_id), f"{node_proto.op_type}#{index}")
         if not config.HasField("configuration_id"):
             yield node.diag(
                 codes.UNKNOWN_CONFIGURATION,
@@ -531,7 +521,6 @@ def validate_model(
     model: onnx.ModelProto,
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
-    strict: bool = False,
     shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
 ) -> list[Diagnostic]:
     """Every structural problem of the model's multi-device annotations.
@@ -542,9 +531,6 @@ def validate_model(
             written on symbolic axes (``dim_value``, fused sub-axes) are then
             checked against them; ``dim_param`` is still compared with the
             model's own symbols.
-        strict: Validate for running (`onnx2jax.compile`): a device holding
-            two shards of one tensor, or listed twice in a group, and a fused
-            axis whose sub-axis sizes cannot be known are errors.
         shapes: ``sharding.shapes.tensor_shapes(model)`` (the model's own
             shapes) when the caller has it already (a compile computes it once).
 
@@ -570,7 +556,7 @@ def validate_model(
     diags += config_diags
     diags += _check_node_names(model)
     for index, node in enumerate(model.graph.node):
-        diags += _check_node(index, node, configs, known, strict)
+        diags += _check_node(index, node, configs, known)
     return diags
 
 
@@ -579,7 +565,6 @@ def require_valid(
     model: onnx.ModelProto,
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
-    strict: bool = False,
     shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
 ) -> list[Diagnostic]:
     """Validates the model (see `validate_model`) and raises if any error was found.
@@ -590,7 +575,7 @@ def require_valid(
     Raises:
         ShardingError: With every diagnostic, when at least one is an error.
     """
-    diags = validate_model(model, input_shapes=input_shapes, strict=strict, shapes=shapes)
+    diags = validate_model(model, input_shapes=input_shapes, shapes=shapes)
     if any(d.severity == "error" for d in diags):
         raise ShardingError(diags)
     return diags

@@ -212,7 +212,7 @@ def make_plan(
     annotated = any(node.device_configurations for node in proto.graph.node)
     inferred = infer_model(proto) if annotated or may_cut(proto) else None
     shapes = None if inferred is None or not annotated else (inferred.shapes, inferred.diagnostics)
-    structural = tuple(require_valid(proto, strict=True, shapes=shapes))
+    structural = tuple(require_valid(proto, shapes=shapes))
     mesh = auto_axes(context_mesh() if mesh is None else mesh)
     choice = choose_configuration(proto, configuration)
     if choice.unknown:

@@ -55,7 +55,6 @@ class Expected:
     node: str
     tensor: str | None = None
     axis: int | None = None
-    check_severity: str = "error"  # device-repeated: a warning for check, an error for compile
     at_call: dict | None = None  # input shapes of the contradicting call
 
     def names(self, d) -> bool:
@@ -288,7 +287,7 @@ def device_twice(draw, model, shapes):
     else:
         group = draw(st.sampled_from(list(spec.index_to_device_group_map)))
         group.value.append(draw(st.sampled_from(list(group.value))))
-    return Expected("a device listed twice", "device-repeated", node.name, spec.tensor_name, check_severity="warning")
+    return Expected("a device listed twice", "device-repeated", node.name, spec.tensor_name)
 
 
 def shard_count(draw, model, shapes):
@@ -379,7 +378,7 @@ def via_check(model, expected: Expected) -> str:
         diags = check(model, input_shapes=expected.at_call)
     except Exception as e:  # noqa: BLE001 - any escape is what we count
         return f"crashed: {type(e).__name__}"
-    if _named(diags, expected, expected.check_severity):
+    if _named(diags, expected, "error"):
         return REFUSED
     return "refused, not by name" if any(d.severity == "error" for d in diags) else "ran"
 
@@ -406,13 +405,12 @@ def via_cli(model, expected: Expected) -> str:
     found = any(
         d["code"] == expected.code
         and d["node"] == expected.node
-        and d["severity"] == expected.check_severity
+        and d["severity"] == "error"  # one verdict: what compile refuses, check calls an error
         and (expected.tensor is None or d["tensor"] == expected.tensor)
         and (expected.axis is None or d["axis"] == expected.axis)
         for d in report["diagnostics"]
     )
-    wanted_status = 1 if expected.check_severity == "error" else status
-    if found and status == wanted_status:
+    if found and status == 1:
         return REFUSED
     return "refused, not by name" if status == 1 else "ran"
 
@@ -510,10 +508,10 @@ def _break(fault: str) -> tuple[onnx.ModelProto, Expected]:
         return model, Expected(fault, "fused-size-mismatch", "up", "w1", 1)
     if fault == "a device listed twice":  # compile: a bare mesh error or a run
         w1.device[1] = w1.device[0]
-        return model, Expected(fault, "device-repeated", "up", "w1", check_severity="warning")
+        return model, Expected(fault, "device-repeated", "up", "w1")
     if fault == "a device listed twice in a group":  # was not even warned
         _spec(model, "up", "x").index_to_device_group_map[0].value.append(0)
-        return model, Expected(fault, "device-repeated", "up", "x", check_severity="warning")
+        return model, Expected(fault, "device-repeated", "up", "x")
     raise AssertionError(fault)
 
 
@@ -539,7 +537,7 @@ def test_each_class_of_the_issue_is_refused_by_name(fault):
         onnx2jax.compile(model)
     assert any(expected.names(d) and d.severity == "error" for d in info.value.diagnostics), str(info.value)
     assert f"error[{expected.code}] node '{expected.node}'" in str(info.value)
-    assert _named(check(model), expected, expected.check_severity)
+    assert _named(check(model), expected, "error")  # one verdict, the same code
 
 
 def test_a_size_on_a_symbolic_axis_is_checked_against_each_call():

@@ -221,15 +221,17 @@ def test_unknown_configuration():
     assert "['tp']" in found.hint
 
 
-def test_warnings():
+def test_what_compile_refuses_is_an_error():
+    """One verdict: a layout with no NamedSharding is an error for check as for compile."""
     fused_unknown = spec(dims=[sharded_dim(1, {"num_shards": 1}, {"num_shards": 2})])
     found = only(validate_model(model(fused_unknown)), "fused-size-unknown")
-    assert found.severity == "warning"
+    assert found.severity == "error"
     repeated = spec(devices=(0, -1), groups=[(-1, (0, 1))])
     found = only(validate_model(model(repeated)), "device-repeated")
-    assert (found.severity, found.tensor) == ("warning", "W")
+    assert (found.severity, found.tensor) == ("error", "W")
     assert "device 0 holds shards 0 and 1" in found.message
-    assert require_valid(model(repeated)) == [found]
+    with pytest.raises(ShardingError):
+        require_valid(model(repeated))
 
 
 def test_every_problem_is_reported_in_one_pass():
