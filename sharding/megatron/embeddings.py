@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from sharding.megatron.costs import gather_point, left_whole_note
 from sharding.megatron.graph import PlanGraph
 from sharding.megatron.linears import Linear
 from sharding.megatron.specs import Assignment, column_specs, replicated_spec, split_spec
@@ -131,7 +132,11 @@ def lm_head_assignments(
         if index in paired:
             continue
         ways = token_tables.get(lin.parameter) or vocabs.get(lin.out_features)
-        if lm_head is None and ways is not None:
+        gathered = gather_point(graph, lin.output) if ways is not None else None
+        if lm_head is None and ways is not None and gathered is not None:
+            notes.append(f"{lin.node}: produces the vocabulary, but splitting it would all-gather "
+                         f"the logits at {gathered[0]} ({gathered[1]}): left whole")
+        elif lm_head is None and ways is not None:
             lm_head = lin.node
             tied = " (tied)" if lin.parameter in token_tables else ""
             if ways > 1:
@@ -139,5 +144,5 @@ def lm_head_assignments(
             elif n > 1:
                 notes.append(f"{lin.node}: LM head; vocabulary smaller than {n} devices shares no divisor with it; replicated")
         else:
-            notes.append(f"{lin.node}: linear outside any column/row pair; left replicated")
+            notes.append(left_whole_note(graph, lin.node, lin.output))
     return lm_head, assignments

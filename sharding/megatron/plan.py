@@ -64,6 +64,7 @@ import onnx
 
 from sharding.annotate import add_configuration, name_nodes, set_spec
 from sharding.megatron.cache import cache_assignments
+from sharding.megatron.convs import ConvPair, conv_pair_assignments, conv_pairs
 from sharding.megatron.embeddings import Embedding, embedding_assignments, lm_head_assignments
 from sharding.megatron.graph import PlanGraph
 from sharding.megatron.linears import Linear, find_linears, pair_linears
@@ -86,7 +87,10 @@ class MegatronLayout:
         embeddings: Every embedding lookup found.
         lm_head: The LM head's node name, or None.
         assignments: The specs to write, node by node.
-        notes: Choices worth telling a user (fewer shards, replicated parts).
+        notes: Choices worth telling a user (fewer shards, replicated parts,
+            each layer left whole and why).
+        conv_pairs: Channel-parallel Conv pairs (column conv -> per-channel
+            ops -> row conv), in graph order.
     """
 
     num_devices: int
@@ -96,6 +100,7 @@ class MegatronLayout:
     lm_head: str | None
     assignments: tuple[Assignment, ...]
     notes: tuple[str, ...]
+    conv_pairs: tuple[ConvPair, ...] = ()
 
     def roles(self) -> dict[str, str]:
         """Role of each annotated node, e.g. ``{"node_linear": "L0 attention column"}``."""
@@ -150,6 +155,12 @@ def megatron_layout(
     lm_head, head_specs = lm_head_assignments(graph, linears, paired, token_tables, n, notes)
     column_ways = {c: w for p in pairs for c, w in zip(p.columns, p.column_ways)}
     assignments += embedding_specs + head_specs + cache_assignments(graph, linears, column_ways, n)
+    convs = conv_pairs(graph, n, notes) if not pairs else []
+    if pairs and any(node.op_type == "Conv" for node in graph.nodes):
+        notes.append("convolutions left whole: channel-parallel conv pairs would add an all-reduce "
+                     "each to the transformer's minimum (one per column/row pair)")
+    for index, pair in enumerate(convs):
+        assignments += conv_pair_assignments(graph, pair, n, index)
 
     unnamed = sorted({a.node for a in assignments if not a.node})
     if unnamed:
@@ -163,6 +174,7 @@ def megatron_layout(
         lm_head=lm_head,
         assignments=tuple(assignments),
         notes=tuple(notes),
+        conv_pairs=tuple(convs),
     )
 
 
@@ -231,6 +243,7 @@ def megatron_plan(
 
 __all__ = [
     "Assignment",
+    "ConvPair",
     "Embedding",
     "Linear",
     "LinearPair",

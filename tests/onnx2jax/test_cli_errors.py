@@ -137,7 +137,7 @@ def test_demo_on_a_device_count_that_divides_no_layer_still_splits_the_vocabular
 
 
 def test_annotate_plan_that_writes_nothing(tmp_path, capsys):
-    graph = oh.make_graph(  # a CNN: nothing the Megatron plan recognises
+    graph = oh.make_graph(  # one Conv, no row partner: nothing the Megatron plan splits
         [oh.make_node("Conv", ["x", "w"], ["c"], name="conv"), oh.make_node("Relu", ["c"], ["y"], name="relu")],
         "cnn",
         [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 8, 8])],

@@ -134,8 +134,14 @@ def test_explain_leaves_nothing_unplaced_and_moves_no_data(name):
     assert moves == []
 
 
-def test_the_cnn_gets_no_megatron_plan_and_says_so():
-    """ResNet has no linear pairs: the plan writes nothing (annotate exits 1, tested in
-    test_cli_errors), rather than reporting a split it did not make."""
+def test_the_cnn_gets_channel_parallel_conv_pairs_and_says_why_the_rest_stays_whole():
+    """ResNet: each basic block's conv -> ReLU -> conv is a column/row pair; the stem conv (two
+    readers: the block and its residual) and the strided shortcut conv (meets the residual
+    Add) would each gather their whole output, so the plan leaves them whole and says where."""
     layout = megatron_layout(onnx.load(ZOO / "resnet.onnx"), 8)
-    assert layout.pairs == () and layout.assignments == ()
+    assert [(p.column, p.row, p.ways) for p in layout.conv_pairs] == [
+        ("node_Conv_98", "node_Conv_100", 8), ("node_Conv_102", "node_Conv_104", 8)]
+    whole = {note.split(":")[0]: note for note in layout.notes}
+    assert "node_Conv_98, node_add_55" in whole["node_Conv_96"]
+    assert "node_add_111" in whole["node_Conv_106"]
+    assert "left whole" in whole["node_linear"]

@@ -52,6 +52,10 @@ CASES = {
     "vit": Case(8, (4, 0), "2 blocks x 2; patch conv and classifier replicated"),
     "wav2vec2": Case(8, (4, 0), "2 blocks x 2; convolutional front end replicated"),
     "whisper_encoder": Case(8, (4, 0), "2 blocks x 2; the Conv1d front end replicated"),
-    "resnet": Case(1, (0, 0), "no Megatron plan: convolutions only (annotate says so, exit 1)"),
+    "resnet": Case(
+        8, (2, 0), "2 basic blocks x (conv -> ReLU -> conv, channel-parallel: one all-reduce); "
+        "the stem conv (read by the block and its residual) and the strided shortcut conv "
+        "(meets the residual Add) left whole, as the classifier"
+    ),
     "convnext": Case(8, (2, 0), "2 blocks x (pointwise Linear up -> Linear down)"),
 }
