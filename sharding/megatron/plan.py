@@ -65,6 +65,7 @@ import onnx
 from sharding.annotate import add_configuration, name_nodes, set_spec
 from sharding.megatron.cache import cache_assignments
 from sharding.megatron.convs import ConvPair, conv_pair_assignments, conv_pairs
+from sharding.megatron.data import data_parallel
 from sharding.megatron.embeddings import Embedding, embedding_assignments, lm_head_assignments
 from sharding.megatron.graph import PlanGraph
 from sharding.megatron.linears import Linear, find_linears, pair_linears
@@ -120,7 +121,7 @@ _GQA_CHOICES = ("replicate", "groups")
 
 @takes_model()
 def megatron_layout(
-    model: onnx.ModelProto, num_devices: int, *, gqa: str = "replicate"
+    model: onnx.ModelProto, num_devices: int, *, gqa: str = "replicate", batch: int | None = None
 ) -> MegatronLayout:
     """Finds the Megatron tensor-parallel roles of a transformer graph, by pattern.
 
@@ -135,6 +136,10 @@ def megatron_layout(
             inference completes them); ``"groups"`` splits them by kv heads,
             each shard on the group of devices whose query heads read it
             (vLLM's kv-head replicas: less memory, no extra communication).
+        batch: The batch the model will run with, when known. A CNN (conv
+            pairs, no linear pairs) then runs data parallel when the devices
+            divide it: that moves no bytes in a forward pass, against one
+            all-reduce per conv pair (`sharding.megatron.data`).
 
     Returns:
         The `MegatronLayout`: pairs, embeddings, LM head, specs and notes.
@@ -157,10 +162,14 @@ def megatron_layout(
     assignments += embedding_specs + head_specs + cache_assignments(graph, linears, column_ways, n)
     convs = conv_pairs(graph, n, notes) if not pairs else []
     if pairs and any(node.op_type == "Conv" for node in graph.nodes):
-        notes.append("convolutions left whole: channel-parallel conv pairs would add an all-reduce "
-                     "each to the transformer's minimum (one per column/row pair)")
+        notes.append("convolutions left whole: the linear pairs carry the split, and a channel-parallel "
+                     "conv pair would add an all-reduce each to their minimum")
     for index, pair in enumerate(convs):
         assignments += conv_pair_assignments(graph, pair, n, index)
+    rows = [p.row for p in pairs if p.ways > 1] + [p.row for p in convs]
+    batch_specs = data_parallel(graph, rows, n, batch, notes) if rows else None
+    if batch_specs is not None:  # fewer bytes: the layout is the batch split alone
+        assignments, pairs, convs, embeddings, lm_head = batch_specs, [], [], [], None
 
     unnamed = sorted({a.node for a in assignments if not a.node})
     if unnamed:
@@ -186,6 +195,7 @@ def megatron_plan(
     *,
     gqa: str = "replicate",
     node_devices: Mapping[str, Sequence[int]] | None = None,
+    batch: int | None = None,
 ) -> onnx.ModelProto:
     """A copy of ``model`` annotated for Megatron tensor parallelism.
 
@@ -207,6 +217,8 @@ def megatron_plan(
             each node's specs are moved onto its group; the configuration
             gets as many devices as the groups use. Default: every node on
             devices ``0..num_devices-1``.
+        batch: The batch the model will run with, when known; see
+            `megatron_layout` (a CNN may then run data parallel).
 
     Returns:
         The annotated copy. `describe_plan` lists what was written.
@@ -223,7 +235,7 @@ def megatron_plan(
     _check_devices(num_devices)
     result = copy.deepcopy(model)
     name_nodes(result)
-    layout = megatron_layout(result, num_devices, gqa=gqa)
+    layout = megatron_layout(result, num_devices, gqa=gqa, batch=batch)
     if node_devices is None:
         add_configuration(result, configuration, num_devices)
         for assignment in layout.assignments:
