@@ -93,6 +93,11 @@ class View:
         return math.prod(self.array.shape[self.axis + 1 : self.axis + self.count])
 
 
+def node_scope(name: str) -> str:
+    """The named scope of an ONNX node in HLO metadata: its name, with ``/`` (a scope separator) escaped."""
+    return "onnx:" + name.replace("/", "|")
+
+
 def view_of(array: Any, shape: tuple[int, ...], placement: Placement) -> View:
     """``array`` (ONNX ``shape``) seen through a fused placement's expanded shape."""
     ((axis, sizes),) = placement.fused
@@ -122,6 +127,14 @@ class ShardingHooks:
         self.gathered: dict[tuple, Any] = {}
 
     def run_node(
+        self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
+    ) -> list:
+        # The node's name in the HLO metadata (op_name), so that the report can name the node of
+        # every collective the compiled program holds (`onnx2jax.runtime.collective_sources`).
+        with jax.named_scope(node_scope(node.name)):
+            return self._run_node(node, inputs, attrs, compute)
+
+    def _run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
     ) -> list:
         inputs, views = list(inputs), []

@@ -37,6 +37,7 @@ from onnx2jax.runtime.in_flight import InFlight
 from onnx2jax.runtime.parameters import ParameterStore
 from onnx2jax.runtime.placements import input_placements, output_placements, output_shardings, place_on_mesh
 from onnx2jax.runtime.plan import ProgramPlan
+from onnx2jax.runtime.collective_sources import differences
 from onnx2jax.runtime.report import Report, count_collectives, example_inputs, loop_note, node_rows, param_bytes_per_device
 from onnx2jax.runtime.scan_sharded import layer_specs_differ, place_stacked
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
@@ -334,7 +335,8 @@ class Compiled:
             param_bytes_total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.model.params.values()),
             temp_bytes=getattr(memory, "temp_size_in_bytes", None),
             node_specs=node_rows(signature.inference, signature.placements),
-            notes=self._notes() + loop_note(self.model, text),
+            notes=self._notes() + loop_note(self.model, text)
+            + ([] if self.model.scan.active else differences(text, signature.inference)),
         )
 
     def _notes(self) -> list[str]:

@@ -23,7 +23,7 @@ from zoo_cases import CASES, ZOO
 
 import onnx2jax
 from onnx2jax.runtime.spmd import count_collectives
-from sharding import infer
+from sharding import infer, parse_spec, set_spec
 from sharding.megatron import megatron_layout, megatron_plan
 from sharding.spec import ShardingSpec, read_model_configs
 from sharding.tiles import device_regions
@@ -145,3 +145,58 @@ def test_the_cnn_gets_channel_parallel_conv_pairs_and_says_why_the_rest_stays_wh
     assert "node_Conv_98, node_add_55" in whole["node_Conv_96"]
     assert "node_add_111" in whole["node_Conv_106"]
     assert "left whole" in whole["node_linear"]
+
+
+@pytest.mark.parametrize("name", _params(SHARDED))
+def test_prediction_equals_program(name):
+    """Every collective of the compiled HLO is one inference predicted at the same node, and
+    the other way round (the report names any difference: node, kind, why). T5's combiner
+    merges two independent all-reduces (zoo_cases), which the report says."""
+    compiled, _, _ = _compiled(name)
+    notes = [n for n in compiled.report(**_inputs(name)).notes
+             if n.startswith(("XLA added", "inference predicted"))]
+    if name == "t5":
+        assert len(notes) == 1 and "merged it with another" in notes[0], notes
+    else:
+        assert notes == []
+
+
+@pytest.mark.parametrize("name", ["vit", "whisper_encoder", "wav2vec2"])
+def test_encoders_with_a_conv_front_end_at_tp4_reach_the_minimum(name):
+    """Issue 23's table at TP 4: 4 all-reduces (2 blocks x 2), nothing else; the front end's
+    convolutions and projections stay whole, each with the reason in the plan's notes."""
+    model = onnx.load(ZOO / f"{name}.onnx")
+    layout = megatron_layout(model, 4)
+    assert any("convolutions left whole" in note for note in layout.notes)
+    compiled = onnx2jax.compile(megatron_plan(model, 4))
+    outputs = compiled(**_inputs(name))
+    reference = np.load(ZOO / f"{name}.ort_outputs.npz")
+    for output_name, value in zip(compiled.model.output_names, outputs):
+        np.testing.assert_allclose(np.asarray(value), reference[output_name], rtol=1e-4, atol=2e-5)
+    counts = count_collectives(compiled.compiled_text(**_inputs(name)))
+    assert counts == {"all-reduce": 4, "all-gather": 0, "all-to-all": 0, "collective-permute": 0,
+                      "reduce-scatter": 0}
+
+
+def test_wav2vec2_with_its_feature_projection_split_pays_one_gather():
+    """Issue 23's last row: weights-only annotation at TP 4 with the feature projection
+    column-split as well. Its output reaches the grouped positional conv (8 groups of 8
+    channels, 2 groups per device: local, computed batched over the groups) and then a
+    LayerNorm over the split hidden axis whose output must be whole: one all-gather before
+    it (not two partial-sum all-reduces and a gather after). Minimum 4 AR + 1 AG, which is
+    also what inference predicts, node by node."""
+    tp, devices = 4, "0,1,2,3"
+    model = weights_only(megatron_plan(onnx.load(ZOO / "wav2vec2.onnx"), tp))
+    for tensor, text in (("layer_norm", f"replicated @ [{{{devices}}}]"), ("val_72", f"1:{tp} @ [{devices}]"),
+                         ("val_73", f"-1:{tp} @ [{devices}]")):
+        set_spec(model, "node_MatMul_71", parse_spec(text, tensor))
+    compiled = onnx2jax.compile(model)
+    inputs = _inputs("wav2vec2")
+    (hidden,) = compiled(**inputs)
+    reference = np.load(ZOO / "wav2vec2.ort_outputs.npz")
+    np.testing.assert_allclose(np.asarray(hidden), reference["last_hidden_state"], rtol=1e-4, atol=2e-5)
+    counts = count_collectives(compiled.compiled_text(**inputs))
+    assert (counts["all-reduce"], counts["all-gather"]) == (4, 1)
+    assert sum(counts.values()) == 5
+    notes = compiled.report(**inputs).notes
+    assert not [n for n in notes if n.startswith(("XLA added", "inference predicted"))], notes

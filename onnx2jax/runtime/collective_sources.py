@@ -1,0 +1,78 @@
+"""Prediction = program: the compiled program's collectives, by ONNX node, against inference's.
+
+`sharding.infer` predicts each collective at a node: a ``collective`` note (the
+partial results of a reduction over a sharded axis meet: all-reduce; a
+normalisation over a sharded axis: all-gather) or a ``reshard`` note (a written
+spec that differs from what reaches it). The runtime runs every node under a
+named scope (`onnx2jax.runtime.constraints.node_scope`), so each collective of
+the compiled HLO names the node it came from in its ``op_name`` metadata.
+`differences` sets one against the other and says, for each collective XLA
+added, at which node and from which jax operation; for each predicted one the
+program lacks, that XLA merged or dropped it (its all-reduce combiner merges
+independent all-reduces into one tuple all-reduce).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+
+from sharding.infer import reshard_note_kind
+from sharding.inference import Inference
+
+_KINDS = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
+_LINE = re.compile(r"=\s*[^=\n]*?\b(" + "|".join(_KINDS) + r")(?:-start)?\((.*)$", re.M)
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+_SCOPE = re.compile(r"onnx:([^/]*)")
+# The jax operation named last in op_name, and what it means for a collective XLA placed there.
+_WHY = {
+    "sharding_constraint": "resharding the value to the spec the node asks",
+    "dot_general": "the partitioner's choice for this product's operands",
+    "conv_general_dilated": "the partitioner gathers this convolution's operands",
+}
+
+
+def compiled_collectives(hlo_text: str) -> list[tuple[str, str | None, str]]:
+    """Every collective of compiled HLO text: (kind, ONNX node or None, jax op_name)."""
+    found = []
+    for match in _LINE.finditer(hlo_text):
+        op_name = _OP_NAME.search(match.group(2))
+        name = op_name.group(1) if op_name else ""
+        scope = _SCOPE.search(name)
+        found.append((match.group(1), scope.group(1).replace("|", "/") if scope else None, name))
+    return found
+
+
+def predicted_collectives(inference: Inference) -> list[tuple[str, str]]:
+    """Every collective inference predicts: (kind, node); local slices move nothing and are left out."""
+    out = []
+    for d in inference.diagnostics:
+        if d.code == "collective" and d.expected in _KINDS:
+            out.append((d.expected, d.node))
+        elif d.code == "reshard":
+            for kind in reshard_note_kind(d).split(" + "):
+                if kind in _KINDS:
+                    out.append((kind, d.node))
+    return out
+
+
+def differences(hlo_text: str, inference: Inference | None) -> list[str]:
+    """Notes naming each collective the program and the prediction do not share (none: they agree)."""
+    if inference is None:
+        return []
+    compiled = compiled_collectives(hlo_text)
+    predicted = collections.Counter(predicted_collectives(inference))
+    notes = []
+    for kind, node, op_name in compiled:
+        if predicted[(kind, node)] > 0:
+            predicted[(kind, node)] -= 1
+            continue
+        last = op_name.rsplit("/", 1)[-1]
+        where = f"node {node!r}" if node else "no ONNX node (the program's boundary: arguments, results)"
+        why = _WHY.get(last, f"placed by XLA at {last or 'an unnamed op'}")
+        notes.append(f"XLA added an {kind} at {where} that inference did not predict: {why} ({op_name})")
+    for (kind, node), left in predicted.items():
+        if left > 0:
+            notes.append(f"inference predicted {left} {kind} at node {node!r} that the program does not "
+                         "hold: XLA merged it with another (its combiner) or found it unneeded")
+    return notes
