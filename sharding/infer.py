@@ -75,6 +75,7 @@ from sharding.rules import rule_for
 from sharding.shapes import CONSTANT_LIMIT, tensor_shapes, topological_order
 from sharding.stages import has_stages
 from sharding.rules.base import NodeContext, Shape, text
+from sharding.rules.normalization import statistics_kept_split
 from sharding.rules.views import node_devices, renamed, replicated, sharded_dims
 from sharding.spec import NodeConfig, ShardingSpec
 from sharding.stage_infer import infer_by_stage
@@ -345,7 +346,13 @@ def infer(
             if written is not None:
                 if spec is not None:
                     kind = reshard_kind(spec, written, shapes.get(name))
-                    if kind is not None:
+                    kept = kind and in_specs and in_specs[0] is not None and statistics_kept_split(
+                        node.op_type, name, notes,
+                        reshard_kind(renamed(in_specs[0], name), written, shapes.get(name)) is None)
+                    if kept:  # the norm's statistics meet instead of a gather
+                        diags.remove(kept[0])
+                        diags += kept[1]
+                    elif kind is not None:
                         if kind == "dynamic-slice" and name in reduced:
                             kind = "reduce-scatter"
                         diags.append(_reshard_note(node, name, spec, written, kind, "output resharded"))

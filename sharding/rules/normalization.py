@@ -7,6 +7,25 @@ sharding. Sharding a normalised axis is valid but costs a collective; an
 inferred spec therefore never shards it (so that, say, a LayerNorm over the
 hidden axis stays local).
 
+**What a split normalised axis costs, and which way is cheaper.** With the
+input ``[..., H]`` split n ways on H there are two programs:
+
+* gather the input once (``(n-1)/n`` of ``x`` per device), then normalise
+  locally: the output is whole;
+* compute the statistics as partial sums, one all-reduce each of ``[..., 1]``
+  (LayerNorm: mean and variance, 2; RMSNorm: the mean square, 1; Softmax: the
+  max and the sum, 2), and normalise each shard locally: the output keeps the
+  split.
+
+When the output must be whole (the inferred spec, or a written one), the
+first moves fewer bytes: the second would still gather the output, after its
+all-reduces (XLA's choice when left alone: 2 all-reduces and an all-gather for
+LayerNorm). When the written output keeps the split, the second moves ``H/2``
+times fewer bytes than the first and nothing is gathered. The rule predicts
+the one all-gather; `statistics_kept_split` turns that prediction into the
+statistics' all-reduces when the written output keeps the split; the runtime
+emits exactly these (`onnx2jax.runtime.constraints.ShardingHooks._gather_before_norm`).
+
 ============================  ===============================================
 op                            normalised axes
 ============================  ===============================================
@@ -20,6 +39,9 @@ MeanVarianceNormalization     ``axes`` (default [0, 2, 3])
 
 from __future__ import annotations
 
+import dataclasses
+
+from sharding.diagnostics import Diagnostic
 from sharding.rules.base import Rule
 from sharding.rules.contract import Operand, contract, elementwise_labels
 from sharding.rules.views import sharded_dims
@@ -78,3 +100,38 @@ class Normalization(Rule):
 
 
 RULES = [Normalization()]
+
+# All-reduces of per-row statistics when a normalised axis stays split: what each op sums.
+STATISTICS = {
+    "LayerNormalization": ("the mean", "the variance"),
+    "RMSNormalization": ("the mean square",),
+    "Softmax": ("the max", "the sum of exponentials"),
+    "LogSoftmax": ("the max", "the sum of exponentials"),
+}
+
+
+def statistics_kept_split(
+    op_type: str, tensor: str, notes: list[Diagnostic], keeps_input_split: bool
+) -> tuple[Diagnostic, list[Diagnostic]] | None:
+    """A norm whose written output ``tensor`` keeps its input's split (``keeps_input_split``).
+
+    Returns the rule's all-gather note for ``tensor`` and the notes that
+    replace it (one all-reduce per statistic, see the module docstring), or
+    None when this is not that case.
+    """
+    if op_type not in STATISTICS or not keeps_input_split:
+        return None
+    gathers = [d for d in notes if d.code == "collective" and d.tensor == tensor and d.expected == "all-gather"]
+    if len(gathers) != 1:
+        return None
+    devices = gathers[0].message.rsplit("over devices ", 1)[-1]
+    replacement = [
+        dataclasses.replace(
+            gathers[0],
+            message=f"the normalised axis stays split as written: {what} meets in an all-reduce of one "
+            f"value per row over devices {devices} (cheaper than gathering the input)",
+            expected="all-reduce",
+        )
+        for what in STATISTICS[op_type]
+    ]
+    return gathers[0], replacement

@@ -19,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import onnx2jax
 from onnx2jax.runtime.spmd import count_collectives
+from sharding import check
 from sharding.annotate import add_configuration, set_spec
 from sharding.spec import ShardingSpec
 
@@ -77,3 +78,8 @@ def test_a_norm_over_a_split_axis_costs_the_cheaper_way(op, split_output, minimu
     counts = count_collectives(compiled.compiled_text(x))
     others = {k: v for k, v in counts.items() if k not in ("all-reduce", "all-gather") and v}
     assert (counts["all-reduce"], counts["all-gather"], others) == (*minimum, {})
+    # Prediction = program: inference predicts these very collectives at the norm node.
+    predicted = [(d.code, d.expected) for d in check(model, input_shapes={"x": x.shape})
+                 if d.code in ("collective", "reshard") and d.node == "norm"]
+    assert predicted == [("collective", "all-reduce" if split_output else "all-gather")] * sum(minimum)
+    assert not [n for n in compiled.report(x).notes if n.startswith(("XLA added", "inference predicted"))]
