@@ -57,7 +57,7 @@ def predicted_collectives(inference: Inference) -> list[tuple[str, str]]:
 
 
 def differences(hlo_text: str, inference: Inference | None) -> list[str]:
-    """Notes naming each collective the program and the prediction do not share (none: they agree)."""
+    """Notes naming each collective the program and the prediction do not share, or one saying they agree."""
     if inference is None:
         return []
     compiled = compiled_collectives(hlo_text)
@@ -75,4 +75,6 @@ def differences(hlo_text: str, inference: Inference | None) -> list[str]:
         if left > 0:
             notes.append(f"inference predicted {left} {kind} at node {node!r} that the program does not "
                          "hold: XLA merged it with another (its combiner) or found it unneeded")
+    if not notes and compiled:
+        notes.append(f"the program's {len(compiled)} collectives are those inference predicted, node by node")
     return notes
