@@ -64,6 +64,7 @@ def _model(op: str, split_output: bool) -> onnx.ModelProto:
         ("Softmax", False, (0, 1)),
         ("LayerNormalization", True, (2, 0)),  # mean and variance as partial sums, no gather
         ("RMSNormalization", True, (1, 0)),  # the mean square
+        ("Softmax", True, (2, 0)),  # the max and the sum
     ],
 )
 def test_a_norm_over_a_split_axis_costs_the_cheaper_way(op, split_output, minimum):
