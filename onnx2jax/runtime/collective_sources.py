@@ -8,8 +8,9 @@ named scope (`onnx2jax.runtime.constraints.node_scope`), so each collective of
 the compiled HLO names the node it came from in its ``op_name`` metadata.
 `differences` sets one against the other and says, for each collective XLA
 added, at which node and from which jax operation; for each predicted one the
-program lacks, that XLA merged or dropped it (its all-reduce combiner merges
-independent all-reduces into one tuple all-reduce).
+program lacks, that XLA merged or dropped it (partial sums that are added
+before they meet need one all-reduce, as GPT-NeoX's parallel residual; its
+all-reduce combiner merges independent all-reduces into one tuple all-reduce).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ def differences(hlo_text: str, inference: Inference | None) -> list[str]:
     for (kind, node), left in predicted.items():
         if left > 0:
             notes.append(f"inference predicted {left} {kind} at node {node!r} that the program does not "
-                         "hold: XLA merged it with another (its combiner) or found it unneeded")
+                         "hold: XLA merged it with another (partial sums added before they meet, or its "
+                         "all-reduce combiner) or found it unneeded")
     if not notes and compiled:
         notes.append(f"the program's {len(compiled)} collectives are those inference predicted, node by node")
     return notes
