@@ -3,11 +3,23 @@ against those inference predicts, and names every collective XLA adds: node, kin
 
 from __future__ import annotations
 
+import jax
 import numpy as np
+import pytest
 from test_compile_conv import _block
 
 import onnx2jax
 from onnx2jax.runtime.constraints import ShardingHooks
+
+
+@pytest.fixture(autouse=True)
+def _fresh_compiles():
+    """An executable from the persistent cache keeps the metadata (op_name scopes) of the program
+    first compiled for its key; these tests read the scopes of this program."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield
+    jax.config.update("jax_enable_compilation_cache", before)
 
 
 def test_agreement_is_stated():
