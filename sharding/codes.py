@@ -81,7 +81,7 @@ DIM_VALUE_INVALID = _validate("dim-value-invalid", "error", "a negative dim_valu
 DIM_VALUE_MISMATCH = _validate("dim-value-mismatch", "error", "dim_value differs from the axis size")
 DIM_PARAM_MISMATCH = _validate("dim-param-mismatch", "error", "dim_param differs from the axis's dim")
 FUSED_SIZE_MISMATCH = _validate("fused-size-mismatch", "error", "sub-axis sizes do not multiply to the size")
-FUSED_SIZE_UNKNOWN = _validate("fused-size-unknown", "warning", "two sub-axes without dim_value")
+FUSED_SIZE_UNKNOWN = _validate("fused-size-unknown", "error", "two sub-axes without dim_value")
 SIZE_UNRESOLVED = _validate("size-unresolved", "note", "a size written on a symbolic axis, checked at a call")
 FUSED_SIZE_UNRESOLVED = _validate("fused-size-unresolved", "note", "a fused axis of symbolic size, laid out at a call")
 PIPELINE_STAGE_INVALID = _validate("pipeline-stage-invalid", "error", "a negative pipeline_stage")
@@ -91,7 +91,7 @@ GROUP_KEY_MISSING = _validate("group-key-missing", "error", "a negative device e
 GROUP_KEY_NOT_NEGATIVE = _validate("group-key-not-negative", "error", "a group key >= 0")
 GROUP_KEY_REPEATED = _validate("group-key-repeated", "error", "a group key defined twice")
 GROUP_EMPTY = _validate("group-empty", "error", "a group with no device")
-DEVICE_REPEATED = _validate("device-repeated", "warning", "a device holding two shards of one tensor")
+DEVICE_REPEATED = _validate("device-repeated", "error", "a device holding two shards of one tensor")
 
 # Inference, rules, stages and compile-time layout (sharding.infer).
 SHARDING_MISMATCH = _infer("sharding-mismatch", "error", "two inputs shard one axis differently")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import re
 
+from sharding import codes
 from sharding.infer import reshard_note_kind
 from sharding.inference import Inference
 
@@ -48,9 +49,9 @@ def predicted_collectives(inference: Inference) -> list[tuple[str, str]]:
     """Every collective inference predicts: (kind, node); local slices move nothing and are left out."""
     out = []
     for d in inference.diagnostics:
-        if d.code == "collective" and d.expected in _KINDS:
+        if d.code == codes.COLLECTIVE and d.expected in _KINDS:
             out.append((d.expected, d.node))
-        elif d.code == "reshard":
+        elif d.code == codes.RESHARD:
             for kind in reshard_note_kind(d).split(" + "):
                 if kind in _KINDS:
                     out.append((kind, d.node))

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sharding import codes
 from sharding.diagnostics import Diagnostic
 from sharding.rules.base import Rule
 from sharding.rules.contract import Operand, contract, elementwise_labels
@@ -121,7 +122,7 @@ def statistics_kept_split(
     """
     if op_type not in STATISTICS or not keeps_input_split:
         return None
-    gathers = [d for d in notes if d.code == "collective" and d.tensor == tensor and d.expected == "all-gather"]
+    gathers = [d for d in notes if d.code == codes.COLLECTIVE and d.tensor == tensor and d.expected == "all-gather"]
     if len(gathers) != 1:
         return None
     devices = gathers[0].message.rsplit("over devices ", 1)[-1]
