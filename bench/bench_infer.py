@@ -22,7 +22,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from sharding.infer import infer
-from sharding.spec import NodeConfig, ShardingSpec
+from sharding.model_configs import NodeConfig
+from sharding.spec import ShardingSpec
 
 HIDDEN, FFN, HEADS = 64, 256, 8
 PER_BLOCK = 10

@@ -1,6 +1,7 @@
 """The ONNX multi-device formalism, framework-neutral (onnx + numpy only, never jax).
 
-Typed specs and their proto form (`spec`), a short text notation (`text`),
+Typed specs and their proto form (`spec`), a model's configurations and
+node annotations as typed values (`model_configs`), a short text notation (`text`),
 structural validation (`validate`), shard geometry with host-side split and
 merge (`tiles`), nanotron's split configs (`nanotron`), text pictures
 (`visualize`) and what ``explain --plot`` draws, as data (`tile_map`).
@@ -12,14 +13,14 @@ from sharding.nanotron import ChunkedSplit as ChunkedSplit
 from sharding.nanotron import SplitConfig as SplitConfig
 from sharding.nanotron import contiguous_permutation as contiguous_permutation
 from sharding.nanotron import spec_from_split_config as spec_from_split_config
-from sharding.spec import DeviceConfiguration as DeviceConfiguration
-from sharding.spec import NodeConfig as NodeConfig
+from sharding.model_configs import DeviceConfiguration as DeviceConfiguration
+from sharding.model_configs import NodeConfig as NodeConfig
 from sharding.spec import Placement as Placement
 from sharding.spec import ShardedDim as ShardedDim
 from sharding.spec import ShardingSpec as ShardingSpec
 from sharding.spec import SimpleShardedDim as SimpleShardedDim
-from sharding.spec import device_configurations as device_configurations
-from sharding.spec import read_model_configs as read_model_configs
+from sharding.model_configs import device_configurations as device_configurations
+from sharding.model_configs import read_model_configs as read_model_configs
 from sharding.spec import same_placement as same_placement
 from sharding.text import SpecSyntaxError as SpecSyntaxError
 from sharding.text import format_spec as format_spec

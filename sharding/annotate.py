@@ -16,7 +16,8 @@ import onnx
 import onnx.numpy_helper
 import onnx.shape_inference
 
-from sharding.spec import ShardingSpec, read_model_configs
+from sharding.model_configs import read_model_configs
+from sharding.spec import ShardingSpec
 from sharding.model_arg import takes_model
 from sharding.text import format_spec
 

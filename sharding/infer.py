@@ -77,7 +77,8 @@ from sharding.stages import has_stages
 from sharding.rules.base import NodeContext, Shape, text
 from sharding.rules.normalization import statistics_kept_split
 from sharding.rules.views import node_devices, renamed, replicated, sharded_dims
-from sharding.spec import NodeConfig, ShardingSpec
+from sharding.model_configs import NodeConfig
+from sharding.spec import ShardingSpec
 from sharding.stage_infer import infer_by_stage
 
 

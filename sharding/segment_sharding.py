@@ -38,7 +38,8 @@ from sharding.segments import Segment, SegmentPlan
 from sharding.annotate import set_spec
 from sharding.infer import infer
 from sharding.inference import Inference
-from sharding.spec import NodeConfig, ShardingSpec
+from sharding.model_configs import NodeConfig
+from sharding.spec import ShardingSpec
 from sharding.stage_infer import PartsMerger
 from sharding.text import format_spec
 

@@ -23,7 +23,7 @@ from sharding.diagnostics import Diagnostic
 from sharding.inference import Inference
 from sharding.partition import extract_part
 from sharding.shapes import infer_model
-from sharding.spec import device_configurations
+from sharding.model_configs import device_configurations
 from sharding.stages import model_partition, stage_devices
 
 def infer_by_stage(

@@ -34,7 +34,7 @@ from sharding.annotate import add_configuration, set_stage
 from sharding.partition import GraphIndex, Partition, partition, require_unique_names
 from sharding.shapes import node_inputs
 from sharding.stage_cut import Cut, auto_stages
-from sharding.spec import read_model_configs
+from sharding.model_configs import read_model_configs
 
 METADATA_KEY = "onnx2jax.stage_devices"
 

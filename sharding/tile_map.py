@@ -35,7 +35,8 @@ from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference, reshard_note_kind
 from sharding.rules.base import Shape
 from sharding.rules.views import sharded_dims
-from sharding.spec import ShardingSpec, device_configurations
+from sharding.model_configs import device_configurations
+from sharding.spec import ShardingSpec
 from sharding.text import format_spec
 from sharding.tiles import Range, device_regions
 

@@ -18,7 +18,7 @@ from onnx2jax.cli.options import add_scan_argument, add_verbose_argument, ensure
 from onnx2jax.runtime import compilation_cache
 from sharding.model_arg import as_model_proto
 from sharding.segments import describe
-from sharding.spec import device_configurations
+from sharding.model_configs import device_configurations
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:

@@ -50,7 +50,8 @@ from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic
 from sharding.partition import Partition
 from sharding.segments import cut_reason, data_dependent_nodes
-from sharding.spec import NodeConfig, device_configurations, remap_spec
+from sharding.model_configs import NodeConfig, device_configurations
+from sharding.spec import remap_spec
 from sharding.stage_infer import stage_model
 from sharding.stages import model_partition, stage_devices
 

@@ -41,7 +41,7 @@ from sharding.mesh.mapping import MeshMapping, map_specs
 from sharding.rules.base import Shape
 from sharding.segments import data_dependent_nodes, may_cut
 from sharding.shapes import InferredModel, infer_model
-from sharding.spec import device_configurations
+from sharding.model_configs import device_configurations
 from sharding.stages import has_stages
 from sharding.validate import require_valid
 

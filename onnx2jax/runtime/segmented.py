@@ -46,7 +46,7 @@ from onnx2jax.translate import JaxModel
 from sharding.diagnostics import ShardingError
 from sharding.segment_sharding import ShardedSegments, ignored_specs, ignored_text, shard_segments
 from sharding.segments import Segment
-from sharding.spec import device_configurations
+from sharding.model_configs import device_configurations
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ import onnx.numpy_helper as onh
 import pytest
 
 from onnx2jax.cli.app import main
-from sharding.spec import read_model_configs
+from sharding.model_configs import read_model_configs
 from sharding.text import format_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -25,7 +25,8 @@ import onnx2jax
 from onnx2jax.runtime.spmd import count_collectives
 from sharding import infer, parse_spec, set_spec
 from sharding.megatron import megatron_layout, megatron_plan
-from sharding.spec import ShardingSpec, read_model_configs
+from sharding.model_configs import read_model_configs
+from sharding.spec import ShardingSpec
 from sharding.tiles import device_regions
 
 SHARDED = [name for name, case in CASES.items() if case.tp > 1]

@@ -10,7 +10,8 @@ import pytest
 
 from sharding.annotate import add_configuration, annotate_tensor, describe_plan, set_spec, set_stage
 from sharding.megatron import megatron_layout, megatron_plan
-from sharding.spec import ShardingSpec, read_model_configs
+from sharding.model_configs import read_model_configs
+from sharding.spec import ShardingSpec
 from sharding.text import format_spec, parse_spec
 from sharding.tiles import split
 from sharding.validate import validate_model

@@ -5,7 +5,7 @@ from onnx import TensorProto, helper
 
 from sharding import check
 from sharding.megatron import megatron_plan
-from sharding.spec import NodeConfig
+from sharding.model_configs import NodeConfig
 from sharding.text import parse_spec
 
 

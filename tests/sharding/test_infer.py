@@ -11,7 +11,8 @@ from sharding.megatron import megatron_plan
 from sharding.infer import Inference, NodeShardings, completed_model, infer
 from sharding.shapes import topological_order
 from sharding.reshard import same_spec
-from sharding.spec import NodeConfig, ShardingSpec
+from sharding.model_configs import NodeConfig
+from sharding.spec import ShardingSpec
 from sharding.text import format_spec, parse_spec
 
 DATA = Path(__file__).resolve().parents[1] / "data"

@@ -36,7 +36,7 @@ def test_written_output_moved_to_another_axis_is_an_all_to_all():
     from onnx import TensorProto, helper
 
     from sharding.infer import infer
-    from sharding.spec import NodeConfig
+    from sharding.model_configs import NodeConfig
 
     node = helper.make_node("Relu", ["X"], ["Y"], name="relu")
     node.device_configurations.append(NodeConfig("mesh", (parse_spec("0:2 @ [0,1]", "X"),

@@ -7,7 +7,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from sharding.infer import infer
-from sharding.spec import NodeConfig
+from sharding.model_configs import NodeConfig
 from sharding.text import format_spec, parse_spec
 
 

@@ -6,7 +6,8 @@ import onnx
 
 from sharding.infer import infer
 from sharding.rules import rule_for
-from sharding.spec import NodeConfig, ShardingSpec
+from sharding.model_configs import NodeConfig
+from sharding.spec import ShardingSpec
 
 
 def _cases():
