@@ -3,11 +3,17 @@
 :class:`Decoder` loads a model (a genai folder, an .onnx file, a :class:`~onnx2jax.translate.JaxModel`), finds
 its cache (:mod:`onnx2jax.runtime.kv_cache`) and compiles two programs per (batch, capacity): the prefill (the
 prompt; one program per prompt width, rounded up to `PREFILL_BUCKET` where the layout pads on the right) and
-the decode step (one token). Both take the cache as a donated
-argument and return it updated, so it stays on the device and is written in place; the decode step takes its
-position as data, so it compiles once for every step of a run and every run of the same batch and capacity.
-Each step also chooses the next token on the device (:mod:`onnx2jax.runtime.sampling`): what comes back to
-the host per step is one token id per row.
+the decode program (up to `DECODE_STEPS` tokens, one step for
+each, in one call). Both take the cache as a donated argument and return it updated, so it stays on the device
+and is written in place; the decode program takes its position and its number of steps as data, so it compiles
+once for every step of a run and every run of the same batch and capacity. Each step also chooses the next
+token on the device (:mod:`onnx2jax.runtime.sampling`) and checks eos there: what comes back to the host is one
+token id per row and step, once per call.
+
+Why several steps a call: on a small model a call's fixed cost (binding some thirty arguments, starting the
+executable, the host transfer of its tokens) is of the order of the step itself. XLA CPU runs the steps of one
+call back to back in a ``while`` loop (about half the time per step of one call per step on the tiny fixture,
+``bench/RESULTS.md``), and the loop stops on device once every row is at eos.
 
 A model without a cache runs :meth:`Decoder.recompute`: the whole sequence each step, compiled per length.
 """
@@ -29,6 +35,10 @@ State = dict[str, jax.Array]
 
 PREFILL_BUCKET = 16
 """Prompt widths are rounded up to a multiple of this for a right-padded prefill (one compile per bucket)."""
+
+DECODE_STEPS = 16
+"""The most decode steps one call of the decode program runs (its tokens buffer's width). Streaming gets the
+tokens of a call at once: at most this many steps late."""
 
 
 class Decoder:
@@ -151,7 +161,10 @@ class Decoder:
         return self._programs[key_]
 
     def decode(self, search: Search) -> Callable:
-        """The decode program: ``(params, cache, state, token [B]) -> (cache, state, next token [B])``."""
+        """The decode program: ``(params, cache, state, token [B], count int32 []) -> (cache, state, last token
+        [B], tokens [B, DECODE_STEPS] int32)``: ``count`` steps (at most `DECODE_STEPS`) from ``token``, or fewer
+        where every row is done (at eos) before; column i of ``tokens`` is step i's token of each row, pad_token_id
+        after the last step run."""
         key_ = ("decode", search.do_sample)
         if key_ not in self._programs:
             self._programs[key_] = self._jit(self._decode_fn(search), donate=(1, 2))
@@ -196,10 +209,33 @@ class Decoder:
         return prefill
 
     def _decode_fn(self, search: Search) -> Callable:
+        step = self._step_fn(search)
+
+        def decode(params, cache, state, token, count):
+            self.traces["decode"] += 1
+            tokens = jnp.full((token.shape[0], DECODE_STEPS), state["pad"], jnp.int32)
+
+            def more(carry):
+                done, state = carry[0], carry[2]
+                return (done < count) & ~jnp.all(state["done"])
+
+            def one(carry):
+                done, cache, state, token, tokens = carry
+                cache, state, token = step(params, cache, state, token)
+                tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (jnp.int32(0), done))
+                return done + 1, cache, state, token, tokens
+
+            carry = (jnp.int32(0), cache, dict(state), token, tokens)
+            _, cache, state, token, tokens = jax.lax.while_loop(more, one, carry)
+            return cache, state, token, tokens
+
+        return decode
+
+    def _step_fn(self, search: Search) -> Callable:
+        """One decode step ``(params, cache, state, token [B]) -> (cache, state, next token [B])``."""
         layout = self.layout
 
-        def decode(params, cache, state, token):
-            self.traces["decode"] += 1
+        def step(params, cache, state, token):
             state = dict(state)
             batch = token.shape[0]
             capacity = cache[0].shape[2]
@@ -226,7 +262,7 @@ class Decoder:
             state["step"] = state["step"] + 1
             return cache, state, token
 
-        return decode
+        return step
 
     def _constrain(self, cache_array: jax.Array) -> jax.Array:
         """A cache array kept where the placement puts the cache (as it came in: donated and reused)."""

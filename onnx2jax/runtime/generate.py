@@ -18,6 +18,7 @@ filled with ``pad_token_id`` while the other rows go on.
 
 from __future__ import annotations
 
+import collections
 import os
 import warnings
 from typing import Any, Iterator, Sequence
@@ -25,7 +26,7 @@ from typing import Any, Iterator, Sequence
 import jax
 import numpy as np
 
-from onnx2jax.runtime.decoder import Decoder
+from onnx2jax.runtime.decoder import DECODE_STEPS, Decoder
 from onnx2jax.runtime.sampling import Search
 from onnx2jax.translate import JaxModel
 
@@ -117,6 +118,7 @@ class Generator:
         self._done = np.zeros(self.batch, bool)
         self._finished = self.width >= self.max_length
         self._cache = self._state = self._token = None
+        self._ready: collections.deque[np.ndarray] = collections.deque()  # computed, not yet taken
 
     def _max_length(self, max_length: int | None, max_new_tokens: int | None) -> int:
         layout = self.decoder.layout
@@ -150,26 +152,40 @@ class Generator:
         """Runs one step (the prefill first) and returns its new token of each row, int32 [batch].
 
         A single prompt's eos ends generation without being returned (an empty array then); in a batch, a
-        row done gets pad_token_id.
+        row done gets pad_token_id. Tokens a streaming iteration already computed are returned first.
         """
         if self._finished:
             raise RuntimeError("generation is done (is_done() is True)")
+        if not self._ready:
+            self._ready.extend(self._run(1))
+        return self._accept(self._ready.popleft())
+
+    def _run(self, steps: int) -> np.ndarray:
+        """The next tokens, [k, batch] int32 with 1 <= k <= steps: the prefill's first token, else up to
+        ``steps`` decode steps in one call of the decode program (bounded by max_length and
+        `~onnx2jax.runtime.decoder.DECODE_STEPS`; fewer where every row reached eos), one transfer."""
         decoder = self.decoder
         with decoder.x64():
             if decoder.layout.kind == "none":
-                token = self._recompute_step()
-            elif self._cache is None:
+                return self._recompute_step()[None]
+            if self._cache is None:
                 capacity = decoder.buffer_capacity(self.max_length)
                 ids, lengths = _pad(self.prompts, decoder.prefill_width(self.width, capacity), self.pad,
                                     decoder.layout.padding)
                 cache = decoder.empty_cache(self.batch, capacity)
                 program = decoder.prefill(self.search)
                 self._cache, self._state, self._token = program(decoder.params, cache, ids, lengths, self._sampling())
-                token = np.asarray(self._token)
-            else:
-                program = decoder.decode(self.search)
-                self._cache, self._state, self._token = program(decoder.params, self._cache, self._state, self._token)
-                token = np.asarray(self._token)
+                return np.asarray(self._token)[None]
+            count = min(steps, DECODE_STEPS, self.max_length - self.width - len(self._new))
+            program = decoder.decode(self.search)
+            self._cache, self._state, self._token, tokens = program(
+                decoder.params, self._cache, self._state, self._token, np.int32(count)
+            )
+            return np.asarray(tokens)[:, :count].T
+
+    def _accept(self, token: np.ndarray) -> np.ndarray:
+        """Takes one step's tokens into the sequences (eos and max_length bookkeeping, as the module
+        docstring says) and returns what the step yields."""
         at_eos = np.isin(token, self.eos) & ~self._done
         if self.batch == 1 and at_eos.all():
             self._finish()
@@ -197,12 +213,16 @@ class Generator:
 
     def _finish(self) -> None:
         self._finished = True
+        self._ready.clear()  # tokens computed past eos or max_length
         self._cache = self._state = self._token = None  # the device buffers go now
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        """Each step's new tokens, [batch] int32, until done (a single prompt's eos is not yielded)."""
+        """Each step's new tokens, [batch] int32, until done (a single prompt's eos is not yielded); the decode
+        steps run `~onnx2jax.runtime.decoder.DECODE_STEPS` at a time, their tokens yielded one by one."""
         while not self._finished:
-            token = self.generate_next_token()
+            if not self._ready:
+                self._ready.extend(self._run(DECODE_STEPS))
+            token = self._accept(self._ready.popleft())
             if token.size:
                 yield token
 

@@ -92,7 +92,7 @@ def test_decode_compiles_once_and_the_cache_is_donated(decoders):
     assert all(c.is_deleted() for c in cache)  # donated: the step wrote into it and gave it back
     with decoder.x64():
         compiled = decoder.decode(generator.search).lower(
-            decoder.params, generator._cache, generator._state, generator._token
+            decoder.params, generator._cache, generator._state, generator._token, np.int32(1)
         ).compile()
     assert compiled.memory_analysis().alias_size_in_bytes >= sum(c.nbytes for c in generator._cache)  # in place
     for _ in generator:

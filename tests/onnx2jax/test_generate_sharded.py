@@ -34,7 +34,7 @@ def decode_collectives(decoder: Decoder, generator: Generator) -> Counter:
     """Collectives of the compiled decode step at the generator's cache and state."""
     with decoder.x64():
         lowered = decoder.decode(generator.search).lower(
-            decoder.params, generator._cache, generator._state, generator._token
+            decoder.params, generator._cache, generator._state, generator._token, np.int32(1)
         )
     text = lowered.compile().as_text()
     ops = "all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter"
