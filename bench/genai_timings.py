@@ -4,8 +4,8 @@ Runs in a virtualenv with onnxruntime-genai (``/work/venvs/fixtures``; no jax th
 bench_generate.py as a subprocess with the same prompt, max_length and repeats as its onnx2jax side.
 Per repeat: time to first token (a new ``Generator`` made, the prompt appended, which runs the prefill
 and chooses the first token, up to its first ``get_next_tokens``), then the decode steps to
-``is_done()``, one ``generate_next_token`` each. The tokens of the last repeat are returned, so that
-the caller checks both runtimes generated the same ones.
+``is_done()``, one ``generate_next_token`` each (wall and process CPU time). The tokens of the last
+repeat are returned, so that the caller checks both runtimes generated the same ones.
 
     python bench/genai_timings.py FOLDER --prompt 1,17,230 --max-length 128 --repeats 20 [--warmup 3]
 """
@@ -20,8 +20,8 @@ import numpy as np
 import onnxruntime_genai as og
 
 
-def run_once(model: og.Model, prompt: list[int], max_length: int) -> tuple[float, float, int, list[int]]:
-    """(time to first token s, decode s, decode steps, tokens) of one greedy generation."""
+def run_once(model: og.Model, prompt: list[int], max_length: int) -> tuple[float, float, float, int, list[int]]:
+    """(time to first token s, decode s, decode process CPU s, decode steps, tokens) of one greedy generation."""
     start = time.perf_counter()
     params = og.GeneratorParams(model)
     params.set_search_options(max_length=max_length, do_sample=False)
@@ -29,13 +29,14 @@ def run_once(model: og.Model, prompt: list[int], max_length: int) -> tuple[float
     generator.append_tokens(np.array([prompt], dtype=np.int32))
     generator.get_next_tokens()
     first = time.perf_counter()
+    cpu = time.process_time()
     steps = 0
     while not generator.is_done():
         generator.generate_next_token()
         generator.get_next_tokens()
         steps += 1
     end = time.perf_counter()
-    return first - start, end - first, steps, [int(t) for t in generator.get_sequence(0)]
+    return first - start, end - first, time.process_time() - cpu, steps, [int(t) for t in generator.get_sequence(0)]
 
 
 def main() -> None:
@@ -58,8 +59,9 @@ def main() -> None:
         "load_s": load,
         "ttft_s": [r[0] for r in runs],
         "decode_s": [r[1] for r in runs],
-        "steps": [r[2] for r in runs],
-        "tokens": runs[-1][3],
+        "decode_cpu_s": [r[2] for r in runs],
+        "steps": [r[3] for r in runs],
+        "tokens": runs[-1][4],
     }))
 
 

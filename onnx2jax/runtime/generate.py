@@ -118,7 +118,9 @@ class Generator:
         self._done = np.zeros(self.batch, bool)
         self._finished = self.width >= self.max_length
         self._cache = self._state = self._token = None
-        self._ready: collections.deque[np.ndarray] = collections.deque()  # computed, not yet taken
+        self._ready: collections.deque[np.ndarray] = collections.deque()  # steps' tokens checked, not yet returned
+        self._taken = 0  # tokens generated and checked: those returned and those ready
+        self._ends = False  # generation is done once the ready tokens are returned
 
     def _max_length(self, max_length: int | None, max_new_tokens: int | None) -> int:
         layout = self.decoder.layout
@@ -157,8 +159,11 @@ class Generator:
         if self._finished:
             raise RuntimeError("generation is done (is_done() is True)")
         if not self._ready:
-            self._ready.extend(self._run(1))
-        return self._accept(self._ready.popleft())
+            self._take(self._run(1))
+            if not self._ready:  # a single prompt's eos: not returned
+                self._finish()
+                return np.zeros(0, np.int32)
+        return self._next()
 
     def _run(self, steps: int) -> np.ndarray:
         """The next tokens, [k, batch] int32 with 1 <= k <= steps: the prefill's first token, else up to
@@ -176,23 +181,38 @@ class Generator:
                 program = decoder.prefill(self.search)
                 self._cache, self._state, self._token = program(decoder.params, cache, ids, lengths, self._sampling())
                 return np.asarray(self._token)[None]
-            count = min(steps, DECODE_STEPS, self.max_length - self.width - len(self._new))
+            count = min(steps, DECODE_STEPS, self.max_length - self.width - self._taken)
             program = decoder.decode(self.search)
             self._cache, self._state, self._token, tokens = program(
                 decoder.params, self._cache, self._state, self._token, np.int32(count)
             )
             return np.asarray(tokens)[:, :count].T
 
-    def _accept(self, token: np.ndarray) -> np.ndarray:
-        """Takes one step's tokens into the sequences (eos and max_length bookkeeping, as the module
-        docstring says) and returns what the step yields."""
-        at_eos = np.isin(token, self.eos) & ~self._done
-        if self.batch == 1 and at_eos.all():
-            self._finish()
-            return token[:0]
+    def _take(self, chunk: np.ndarray) -> None:
+        """Queues the steps' tokens ``chunk`` [k, batch] up to where generation ends (eos and max_length as
+        the module docstring says), checked for the whole chunk at once: a per-token check would cost about
+        a decode step of the tiny fixtures."""
+        hits = np.isin(chunk, self.eos) & ~self._done
+        ends = False
+        if self.batch == 1:
+            at = np.flatnonzero(hits[:, 0])
+            if at.size:  # the eos is not returned
+                chunk, ends = chunk[: at[0]], True
+        else:
+            done = self._done | np.logical_or.accumulate(hits, axis=0)
+            at = np.flatnonzero(done.all(axis=1))
+            if at.size:  # every row done: the step that finished the last one is returned
+                chunk, done, ends = chunk[: at[0] + 1], done[: at[0] + 1], True
+            self._done = done[-1]
+        self._taken += len(chunk)
+        self._ends = ends or self.width + self._taken >= self.max_length
+        self._ready.extend(chunk)
+
+    def _next(self) -> np.ndarray:
+        """The next queued step's tokens, into the sequences; generation is done after the last of an end."""
+        token = self._ready.popleft()
         self._new.append(token)
-        self._done |= at_eos
-        if self._done.all() or self.width + len(self._new) >= self.max_length:
+        if self._ends and not self._ready:
             self._finish()
         return token
 
@@ -213,7 +233,6 @@ class Generator:
 
     def _finish(self) -> None:
         self._finished = True
-        self._ready.clear()  # tokens computed past eos or max_length
         self._cache = self._state = self._token = None  # the device buffers go now
 
     def __iter__(self) -> Iterator[np.ndarray]:
@@ -221,10 +240,11 @@ class Generator:
         steps run `~onnx2jax.runtime.decoder.DECODE_STEPS` at a time, their tokens yielded one by one."""
         while not self._finished:
             if not self._ready:
-                self._ready.extend(self._run(DECODE_STEPS))
-            token = self._accept(self._ready.popleft())
-            if token.size:
-                yield token
+                self._take(self._run(DECODE_STEPS))
+                if not self._ready:  # a single prompt's eos: not yielded
+                    self._finish()
+                    return
+            yield self._next()
 
     @property
     def sequences(self) -> np.ndarray:
