@@ -35,6 +35,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from typing import Any
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GENAI = ROOT / "tests" / "data" / "genai"
@@ -100,8 +101,8 @@ def single_device(args: argparse.Namespace) -> list[dict]:
             continue
         decoder = Decoder(folder)
         onnx2jax_run(decoder, args.max_length, 2)  # compiles the prefill and decode programs
-        ours: dict[str, list] = {}
-        theirs: dict[str, list] = {"version": []}
+        ours: dict[str, Any] = {}
+        theirs: dict[str, Any] = {"version": "?"}
         for _ in range(args.rounds):
             for side, run in ((theirs, lambda: genai_run(args.genai_python, folder, args.max_length, args.repeats)),
                               (ours, lambda: onnx2jax_run(decoder, args.max_length, args.repeats))):
@@ -240,19 +241,21 @@ def markdown(rows: list[dict], tp: list[dict], load: tuple, args: argparse.Names
     ]
     for r in rows:
         lines.append(
-            f"| {r['model']} | {r['new_tokens']} | {'yes' if r['same_tokens'] else 'NO'} | {r['onnx2jax_ttft_ms']:.2f} | "
-            f"{r['genai_ttft_ms']:.2f} | {r['onnx2jax_tok_s']:,.0f} | {r['genai_tok_s']:,.0f} | "
+            f"| {r['model']} | {r['new_tokens']} | {'yes' if r['same_tokens'] else 'NO'} | "
+            f"{r['onnx2jax_ttft_ms']:.2f} | {r['genai_ttft_ms']:.2f} | "
+            f"{r['onnx2jax_tok_s']:,.0f} | {r['genai_tok_s']:,.0f} | "
             f"{r['onnx2jax_tok_s'] / r['genai_tok_s']:.2f} | {r['onnx2jax_cpu_tok_s']:,.0f} | "
             f"{r['genai_cpu_tok_s']:,.0f} | {r['onnx2jax_cpu_tok_s'] / r['genai_cpu_tok_s']:.2f} |"
         )
     costs = [r for r in rows if "steps_us" in r]
     if costs:
-        lines += ["", "| model | one step per call µs | of which the call's fixed cost µs | a step of a 16-step call µs | "
-                  "host bookkeeping per token µs | onnxruntime-genai µs per step |", "|---|---|---|---|---|---|"]
+        lines += ["", "| model | one step per call µs | of which the call's fixed cost µs | "
+                  "a step of a 16-step call µs | host bookkeeping per token µs | onnxruntime-genai µs per step |",
+                  "|---|---|---|---|---|---|"]
         for r in costs:
             c = r["steps_us"]
-            lines.append(f"| {r['model']} | {c['one_step_call']:.1f} | {c['fixed_cost_call']:.1f} | {c['in_loop']:.1f} | "
-                         f"{c['host_per_token']:.1f} | {1e6 / r['genai_tok_s']:.1f} |")
+            lines.append(f"| {r['model']} | {c['one_step_call']:.1f} | {c['fixed_cost_call']:.1f} | "
+                         f"{c['in_loop']:.1f} | {c['host_per_token']:.1f} | {1e6 / r['genai_tok_s']:.1f} |")
     version = rows[0]["genai_version"] if rows else "?"
     lines.append("")
     lines.append(
@@ -303,8 +306,8 @@ def main() -> None:
             print(json.dumps(row["steps_us"]), file=sys.stderr, flush=True)
     tp = []
     if devices:
-        env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"),
-                   JAX_PLATFORMS="cpu")
+        flags = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+        env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
         out = subprocess.run([sys.executable, __file__, "--tp-only", "--tp", args.tp, "--max-length",
                               str(args.max_length), "--repeats", str(args.repeats)],
                              check=True, capture_output=True, text=True, env=env).stdout
