@@ -3,16 +3,15 @@
 :class:`Decoder` loads a model (a genai folder, an .onnx file, a :class:`~onnx2jax.translate.JaxModel`), finds
 its cache (:mod:`onnx2jax.runtime.kv_cache`) and compiles two programs per (batch, capacity): the prefill (the
 prompt; one program per prompt width, rounded up to `PREFILL_BUCKET` where the layout pads on the right) and
-the decode program (up to `DECODE_STEPS` tokens, one step for
-each, in one call). Both take the cache as a donated argument and return it updated, so it stays on the device
-and is written in place; the decode program takes its position and its number of steps as data, so it compiles
+the decode program (up to `DECODE_STEPS` tokens, one step for each, in one call). Both take the cache as a
+donated argument and return it updated, so it stays on the device and is written in place; the decode program takes its position and its number of steps as data, so it compiles
 once for every step of a run and every run of the same batch and capacity. Each step also chooses the next
 token on the device (:mod:`onnx2jax.runtime.sampling`) and checks eos there: what comes back to the host is one
 token id per row and step, once per call.
 
 Why several steps a call: on a small model a call's fixed cost (binding some thirty arguments, starting the
 executable, the host transfer of its tokens) is of the order of the step itself. XLA CPU runs the steps of one
-call back to back in a ``while`` loop (about half the time per step of one call per step on the tiny fixture,
+call back to back in a ``while`` loop (35 µs a step against 92 µs as one call per step on the tiny fixture,
 ``bench/RESULTS.md``), and the loop stops on device once every row is at eos.
 
 A model without a cache runs :meth:`Decoder.recompute`: the whole sequence each step, compiled per length.
