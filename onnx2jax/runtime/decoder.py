@@ -4,8 +4,9 @@
 its cache (:mod:`onnx2jax.runtime.kv_cache`) and compiles two programs per (batch, capacity): the prefill (the
 prompt; one program per prompt width, rounded up to `PREFILL_BUCKET` where the layout pads on the right) and
 the decode program (up to `DECODE_STEPS` tokens, one step for each, in one call). Both take the cache as a
-donated argument and return it updated, so it stays on the device and is written in place; the decode program takes its position and its number of steps as data, so it compiles
-once for every step of a run and every run of the same batch and capacity. Each step also chooses the next
+donated argument and return it updated, so it stays on the device and is written in place; the decode program
+takes its position and its number of steps as data, so it compiles once for every step of a run and every run of
+the same batch and capacity. Each step also chooses the next
 token on the device (:mod:`onnx2jax.runtime.sampling`) and checks eos there: what comes back to the host is one
 token id per row and step, once per call.
 
