@@ -6,9 +6,9 @@ prompt; one program per prompt width, rounded up to `PREFILL_BUCKET` where the l
 the decode program (up to `DECODE_STEPS` tokens, one step for each, in one call). Both take the cache as a
 donated argument and return it updated, so it stays on the device and is written in place; the decode program
 takes its position and its number of steps as data, so it compiles once for every step of a run and every run of
-the same batch and capacity. Each step also chooses the next
-token on the device (:mod:`onnx2jax.runtime.sampling`) and checks eos there: what comes back to the host is one
-token id per row and step, once per call.
+the same batch and capacity. Each step also chooses the next token on the device
+(:mod:`onnx2jax.runtime.sampling`) and checks eos there: what comes back to the host is one token id per row
+and step, once per call.
 
 Why several steps a call: on a small model a call's fixed cost (binding some thirty arguments, starting the
 executable, the host transfer of its tokens) is of the order of the step itself. XLA CPU runs the steps of one
