@@ -76,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
             args.model, scan_layers=scan_setting(args.scan_layers), check_indices=args.check_indices
         )
         if model.segments:
-            console.print(f"runs in {len(model.segments)} segments (data-dependent output shapes):", markup=False)
-            for line in describe(model.segments):
+            listed = ":" if args.verbose else "; --verbose lists them"
+            console.print(f"runs in {len(model.segments)} segments (data-dependent output shapes){listed}", markup=False)
+            for line in describe(model.segments) if args.verbose else ():
                 console.print(f"  {line}", markup=False)
     dims = parse_dims(args.dim, symbolic_dims(model))
     given = conform(read_input_files(args.input, model.input_names), model)

@@ -168,7 +168,10 @@ def test_cli_run_lists_the_segments_and_matchesonnxruntime_outputs(tmp_path, cap
     inputs = ["--input", f"iou={tmp_path / 'iou.npy'}", "--input", f"score_min={tmp_path / 'score_min.npy'}"]
     assert main(["run", str(path), "--dim", "h=4", "--dim", "w=4", *inputs, "--check"]) == 0
     out = capsys.readouterr().out
-    assert "runs in 3 segments" in out
+    assert "runs in 3 segments (data-dependent output shapes); --verbose lists them" in out
+    assert "host step" not in out  # quiet by default
+    assert main(["run", str(path), "--dim", "h=4", "--dim", "w=4", *inputs, "--check", "--verbose"]) == 0
+    out = capsys.readouterr().out
     assert "segment 2: host step 'nms': NonMaxSuppression's output length depends" in out
     for name in ("selected", "kept_scaled"):
         line = next(l for l in out.splitlines() if l.startswith(f"{name}: shape"))
