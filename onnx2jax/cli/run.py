@@ -77,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if model.segments:
             listed = ":" if args.verbose else "; --verbose lists them"
-            console.print(f"runs in {len(model.segments)} segments (data-dependent output shapes){listed}", markup=False)
+            count = len(model.segments)
+            console.print(f"runs in {count} segments (data-dependent output shapes){listed}", markup=False)
             for line in describe(model.segments) if args.verbose else ():
                 console.print(f"  {line}", markup=False)
     dims = parse_dims(args.dim, symbolic_dims(model))
