@@ -20,6 +20,15 @@ when nobody uses it). The collectives are then those of the unfused model.
 
 A Split or Slice whose pieces must come out whole along a sharded axis
 gathers its input once before the cut (`ShardingHooks._gather_before_cut`).
+
+A column-parallel MatMul (a replicated input times a weight whose output axis
+is split over n devices) reads its input through one per-device stack of it,
+[n, ...] split over the same devices and shared by every such reader of that
+input (`ShardingHooks._column_parallel`). The forward is the same local product;
+in the backward the readers' partial input gradients (q, k and v of a block)
+add up locally in the stack and the stack's transpose, a sum over its sharded
+axis, reduces them with one all-reduce where one per reader would follow each
+product's sharded contraction otherwise.
 """
 
 from __future__ import annotations
@@ -125,6 +134,8 @@ class ShardingHooks:
         self.views = dict(views)
         self.copies = dict(copies or {})
         self.gathered: dict[tuple, Any] = {}
+        self.stacks: dict[tuple[int, Any], tuple[Any, Any]] = {}
+        self.placed: dict[tuple[int, Placement], tuple[Any, Any]] = {}
 
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
@@ -152,6 +163,8 @@ class ShardingHooks:
         if node.op_type in NORMALIZATIONS and views and views[0] is None:
             inputs = self._gather_before_norm(node, inputs, attrs)
         out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
+        if out_views is None and node.op_type == "MatMul" and not any(views):
+            out_views = self._column_parallel(node, inputs)
         if out_views is None and self._groups_split(node, inputs, attrs):
             outputs = [conv_by_groups(*inputs, **attrs)]
         elif out_views is None:
@@ -239,12 +252,60 @@ class ShardingHooks:
         entries = tuple(source.sharding.spec)
         return len(entries) > 1 and entries[1] is not None
 
+    def _column_parallel(self, node: onnx.NodeProto, inputs: list) -> list | None:
+        """x @ W with x replicated and W [D, F] split along F over n devices: through x's shared [n, ...] stack.
+
+        Each device multiplies its copy of x by its columns of W (viewed
+        [D, n, F/n]), as the plain product would; only the backward differs
+        (see the module docstring). None where the node is not such a product.
+        """
+        places = [self.placements.get(SpecKey(node.name, "in", i, name)) for i, name in enumerate(node.input)]
+        out = self.placements.get(SpecKey(node.name, "out", 0, node.output[0]))
+        if len(places) != 2 or None in places or out is None or any(p.fused for p in (*places, out)):
+            return None
+        x, weight = inputs
+        if any(v is None or is_static(v) for v in inputs) or np.ndim(weight) != 2 or np.ndim(x) < 2:
+            return None
+        x_spec, w_spec, out_spec = (tuple(p.sharding.spec) for p in (*places, out))
+        columns = w_spec[1] if len(w_spec) == 2 else None
+        if any(e is not None for e in x_spec) or columns is None or w_spec[0] is not None:
+            return None
+        if len(out_spec) != np.ndim(x) or out_spec[-1] != columns or any(e is not None for e in out_spec[:-1]):
+            return None
+        mesh = places[1].sharding.mesh
+        count = math.prod(mesh.shape[a] for a in (columns if isinstance(columns, tuple) else (columns,)))
+        if weight.shape[1] % count:
+            return None
+        key = (id(x), columns)
+        if key not in self.stacks or self.stacks[key][0] is not x:
+            stack = jnp.broadcast_to(x[None], (count, *x.shape))
+            stack = jax.lax.with_sharding_constraint(stack, NamedSharding(mesh, PartitionSpec(columns)))
+            self.stacks[key] = (x, stack)  # x kept alive: its id stays unique while the entry lives
+        stack = self.stacks[key][1]
+        view = jnp.reshape(weight, (weight.shape[0], count, weight.shape[1] // count))
+        view = jax.lax.with_sharding_constraint(view, NamedSharding(mesh, PartitionSpec(None, columns, None)))
+        product = jnp.einsum("n...d,dnf->...nf", stack, view, precision=jax.lax.Precision.HIGHEST)
+        return [jnp.reshape(product, (*x.shape[:-1], weight.shape[1]))]
+
     def _constrain(self, key: SpecKey, value: Any) -> Any:
+        """``value`` placed as ``key``'s spec asks.
+
+        An unfused placement is applied once per value: the readers of one
+        tensor that ask for the same placement (and its producer's output, when
+        it asks the same) share one constraint, and so read one object (what
+        `_column_parallel` shares its stack by). The forward is unchanged.
+        """
         placement = self.placements.get(key)
         if placement is None or value is None or is_static(value) or isinstance(value, (list, tuple)):
             return value
         if not placement.fused:
-            return jax.lax.with_sharding_constraint(value, placement.sharding)
+            cached = self.placed.get((id(value), placement))
+            if cached is not None and cached[0] is value:
+                return cached[1]
+            placed = jax.lax.with_sharding_constraint(value, placement.sharding)
+            self.placed[(id(value), placement)] = (value, placed)  # value kept alive: its id stays unique
+            self.placed[(id(placed), placement)] = (placed, placed)  # a reader of the placed output: already there
+            return placed
         if len(placement.fused) > 1:  # no unfused view to keep: constrain through a reshape
             expanded = jax.lax.with_sharding_constraint(jnp.reshape(value, placement.expand(value.shape)), placement.sharding)
             return jnp.reshape(expanded, value.shape)

@@ -33,6 +33,7 @@ unsharded ones and come back with their parameter's sharding.
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import numpy as np
@@ -123,6 +124,41 @@ def test_sharded_gradients_equal_unsharded_and_keep_their_sharding(name):
         np.testing.assert_allclose(logical, np.asarray(expected[key]), atol=max(1e-4 * scale, 1e-6), err_msg=key)
 
 
+def _all_reduce_operands(text: str) -> int:
+    """All-reduce operands in compiled HLO (XLA's combiner puts independent ones in one tuple all-reduce)."""
+    return sum(m.count("%") for m in re.findall(r"=\s*[^=\n]*?\ball-reduce(?:-start)?\(([^)]*)\)", text))
+
+
+def _backward_collectives(compiled, loss, params) -> tuple[dict[str, int], int, str]:
+    with jax.enable_x64(True):
+        text = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
+    return {k: v for k, v in count_collectives(text).items() if v}, _all_reduce_operands(text), text
+
+
+#: Per zoo model under the Megatron plan on 8 devices: (collective instructions, all-reduce operands) of
+#: jit(grad(loss)). The minimum all-reduce operands: the forward's (one per row-parallel product and
+#: vocabulary-split embedding) plus, in the backward, one per column-parallel input (the block's input
+#: read by q|k|v once, the MLP's up, a vocabulary-split LM head).
+BACKWARD = {
+    "roberta": ({"all-reduce": 9}, 9),  # 5 + 2 blocks x (q|k|v, up): the minimum
+    "vit": ({"all-reduce": 8}, 8),  # 4 + 2 x 2: the minimum
+    "mistral": ({"all-reduce": 9, "all-gather": 4}, 10),  # 5 + 2 x 2 + LM head: the minimum, and GQA's gathers
+}
+
+
+@pytest.mark.parametrize("name", _params(list(BACKWARD)))
+def test_backward_collectives_of_the_zoo_tp8(name):
+    """One all-reduce per column-parallel input however many products read it (q, k and v share one)."""
+    compiled = _compiled(name, True)
+    inputs, weights = zoo_inputs(name), output_weights(name)
+
+    def loss(params):
+        return jax_loss(compiled.apply({**compiled.params, **params}, **inputs), weights)
+
+    counts, operands, _ = _backward_collectives(compiled, loss, {k: compiled.params[k] for k in compiled.trainable})
+    assert (counts, operands) == BACKWARD[name]
+
+
 def test_backward_collectives_of_tiny_llama_tp8():
     """The collectives of ``jit(grad(loss))`` on tiny Llama, TP 8, against the analytic minimum.
 
@@ -130,13 +166,11 @@ def test_backward_collectives_of_tiny_llama_tp8():
     out + MLP down) + the vocabulary-split embedding) and in the backward one
     per column-parallel input (2 blocks x (q|k|v, gate|up) + the LM head): 10
     all-reduce operands, no all-gather (the loss's own sum is not computed: the
-    gradient does not need it). Measured: 12 operands in 9 instructions (XLA's
-    combiner merges independent ones into tuple all-reduces) and 4 all-gathers.
-    Per block, the cotangents of the repeated K and V heads ([B, 8 heads, S,
-    D]: 4 KV heads for 8 devices) are all-gathered to sum each KV head's two
-    copies (a pairwise reduce would do), and the readers of the block's
-    replicated input each all-reduce their partial input gradient (the
-    transpose of each reader's own sharding constraint) where one sum would do.
+    gradient does not need it). Measured: the 10 operands in 9 instructions
+    (XLA's combiner merges independent ones into tuple all-reduces), and 4
+    all-gathers: per block, the cotangents of the repeated K and V heads ([B, 8
+    heads, S, D]: 4 KV heads for 8 devices) are all-gathered to sum each KV
+    head's two copies (a pairwise reduce would do).
     """
     compiled = onnx2jax.compile(megatron_plan(onnx.load(CASES_DATA / "tiny_llama.onnx"), 8), scan_layers=False)
     ids = np.load(CASES_DATA / "tiny_llama.inputs.npz")["input_ids"]
@@ -147,10 +181,7 @@ def test_backward_collectives_of_tiny_llama_tp8():
         return (logits * weights).sum()
 
     params = {k: compiled.params[k] for k in compiled.trainable}
-    with jax.enable_x64(True):
-        text = jax.jit(jax.grad(loss)).lower(params).compile().as_text()
-    counts = {k: v for k, v in count_collectives(text).items() if v}
-    assert counts == {"all-reduce": 9, "all-gather": 4}
+    counts, operands, text = _backward_collectives(compiled, loss, params)
+    assert (counts, operands) == ({"all-reduce": 9, "all-gather": 4}, 10)
     gathers = [line for line in text.splitlines() if " all-gather(" in line or " all-gather-start(" in line]
     assert all("f32[2,8," in line for line in gathers)  # every gather is of the 8 heads' K/V cotangent
-
