@@ -12,8 +12,10 @@ The file is a zip: ``program.bin`` (``jax.export.Exported.serialize()``),
 and ``meta.json`` (input, output and parameter names, the mesh's shape and
 axis names, whether 64-bit types are on). Inputs that set shapes are folded in
 at the exported values. The batch is fixed at the example's size: the
-per-call sharding inference and the translator's folding of ``Shape`` results
-into constants need concrete sizes, which a symbolic dimension is not.
+translator folds ``Shape`` results into numpy int64 constants (so that
+Reshape/Expand/Slice get static arguments), and a sharded model's per-call
+sharding inference runs ONNX shape inference at the call's sizes; a symbolic
+dimension (jax's ``DimExpr``) is neither.
 """
 
 from __future__ import annotations
