@@ -38,6 +38,7 @@ import math
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import onnx
@@ -134,8 +135,8 @@ class ShardingHooks:
         self.views = dict(views)
         self.copies = dict(copies or {})
         self.gathered: dict[tuple, Any] = {}
-        self.stacks: dict[tuple[int, Any], tuple[Any, Any]] = {}
-        self.placed: dict[tuple[int, Placement], tuple[Any, Any]] = {}
+        self.stacks: dict[tuple[int, Any], tuple[Any, Any, Any]] = {}
+        self.placed: dict[tuple[int, Placement], tuple[Any, Any, Any]] = {}
 
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
@@ -276,12 +277,11 @@ class ShardingHooks:
         count = math.prod(mesh.shape[a] for a in (columns if isinstance(columns, tuple) else (columns,)))
         if weight.shape[1] % count:
             return None
-        key = (id(x), columns)
-        if key not in self.stacks or self.stacks[key][0] is not x:
+        stack = _cached(self.stacks, (id(x), columns), x)
+        if stack is None:
             stack = jnp.broadcast_to(x[None], (count, *x.shape))
             stack = jax.lax.with_sharding_constraint(stack, NamedSharding(mesh, PartitionSpec(columns)))
-            self.stacks[key] = (x, stack)  # x kept alive: its id stays unique while the entry lives
-        stack = self.stacks[key][1]
+            _store(self.stacks, (id(x), columns), x, stack)
         view = jnp.reshape(weight, (weight.shape[0], count, weight.shape[1] // count))
         view = jax.lax.with_sharding_constraint(view, NamedSharding(mesh, PartitionSpec(None, columns, None)))
         product = jnp.einsum("n...d,dnf->...nf", stack, view, precision=jax.lax.Precision.HIGHEST)
@@ -299,12 +299,11 @@ class ShardingHooks:
         if placement is None or value is None or is_static(value) or isinstance(value, (list, tuple)):
             return value
         if not placement.fused:
-            cached = self.placed.get((id(value), placement))
-            if cached is not None and cached[0] is value:
-                return cached[1]
-            placed = jax.lax.with_sharding_constraint(value, placement.sharding)
-            self.placed[(id(value), placement)] = (value, placed)  # value kept alive: its id stays unique
-            self.placed[(id(placed), placement)] = (placed, placed)  # a reader of the placed output: already there
+            placed = _cached(self.placed, (id(value), placement), value)
+            if placed is None:
+                placed = jax.lax.with_sharding_constraint(value, placement.sharding)
+                _store(self.placed, (id(value), placement), value, placed)
+                _store(self.placed, (id(placed), placement), placed, placed)  # a reader of the placed output
             return placed
         if len(placement.fused) > 1:  # no unfused view to keep: constrain through a reshape
             expanded = jax.lax.with_sharding_constraint(jnp.reshape(value, placement.expand(value.shape)), placement.sharding)
@@ -345,6 +344,23 @@ def _normalised_axes(op_type: str, attrs: Mapping[str, Any], rank: int) -> list[
     if op_type in ("Softmax", "LogSoftmax", "Hardmax"):
         return [int(attrs.get("axis", -1)) % rank]  # opset >= 13: the translator targets these
     return list(range(int(attrs.get("axis", -1)) % rank, rank))
+
+
+def _cached(cache: dict, key: tuple, value: Any) -> Any | None:
+    """What ``cache`` holds for ``value`` under ``key``, if made in the current trace.
+
+    A scan or control-flow body is traced with the same hooks: what was made
+    in one trace must not be read from another (a leaked tracer).
+    """
+    entry = cache.get(key)
+    if entry is None or entry[0] is not value or entry[2] != jax.extend.core.get_opaque_trace_state():
+        return None
+    return entry[1]
+
+
+def _store(cache: dict, key: tuple, value: Any, made: Any) -> None:
+    """Remember ``made`` for ``value`` (kept alive by the entry, so that its id stays unique) in this trace."""
+    cache[key] = (value, made, jax.extend.core.get_opaque_trace_state())
 
 
 def _cut_axes(op_type: str, inputs: list, attrs: Mapping[str, Any], rank: int) -> set[int]:

@@ -143,6 +143,11 @@ BACKWARD = {
     "roberta": ({"all-reduce": 9}, 9),  # 5 + 2 blocks x (q|k|v, up): the minimum
     "vit": ({"all-reduce": 8}, 8),  # 4 + 2 x 2: the minimum
     "mistral": ({"all-reduce": 9, "all-gather": 4}, 10),  # 5 + 2 x 2 + LM head: the minimum, and GQA's gathers
+    "qwen2": ({"all-reduce": 9, "all-gather": 4}, 10),  # as mistral
+    "gpt2": ({"all-reduce": 9}, 10),  # 5 + 2 x 2 + the tied LM head: the minimum
+    "wav2vec2": ({"all-reduce": 8}, 8),  # 4 + 2 x 2: the minimum
+    "convnext": ({"all-reduce": 4}, 4),  # 2 + 2 x 1: the minimum
+    "t5": ({"all-reduce": 21, "all-gather": 2}, 24),  # the minimum of all-reduce operands (README)
 }
 
 
@@ -168,9 +173,11 @@ def test_backward_collectives_of_tiny_llama_tp8():
     all-reduce operands, no all-gather (the loss's own sum is not computed: the
     gradient does not need it). Measured: the 10 operands in 9 instructions
     (XLA's combiner merges independent ones into tuple all-reduces), and 4
-    all-gathers: per block, the cotangents of the repeated K and V heads ([B, 8
-    heads, S, D]: 4 KV heads for 8 devices) are all-gathered to sum each KV
-    head's two copies (a pairwise reduce would do).
+    all-gathers: with 4 KV heads for 8 devices the plan keeps K and V
+    replicated, and per block the cotangents of their repeated heads ([B, 8
+    heads, S, D], one head per device) are gathered to sum each KV head's two
+    copies. The layout needs one collective per K or V per block (all-reducing
+    the K/V weight gradients instead would cost as many).
     """
     compiled = onnx2jax.compile(megatron_plan(onnx.load(CASES_DATA / "tiny_llama.onnx"), 8), scan_layers=False)
     ids = np.load(CASES_DATA / "tiny_llama.inputs.npz")["input_ids"]
