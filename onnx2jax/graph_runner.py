@@ -4,9 +4,11 @@
 keeping a name -> value environment. A value is either *static* (a numpy
 array, known while tracing: constants, shapes, anything computed only from
 them) or *traced* (a jax array). A node whose inputs are all static is
-evaluated at trace time under ``jax.ensure_compile_time_eval`` so that
-Shape -> Gather -> Concat -> Reshape chains fold into numpy and
-Reshape/Expand/Slice/Tile get static arguments.
+evaluated at trace time, with numpy where :mod:`onnx2jax.host_fold` gives
+jax's exact result (integer and boolean shape and mask arithmetic: no small
+XLA program compiled per op), under ``jax.ensure_compile_time_eval``
+otherwise, so that Shape -> Gather -> Concat -> Reshape chains fold into
+numpy and Reshape/Expand/Slice/Tile get static arguments.
 
 Also here, what the translator asks of a graph before running it: its opsets
 (:func:`opsets_of`), the ops it lacks (:func:`unsupported_ops`), the names
@@ -30,6 +32,7 @@ import onnx.helper
 import onnx.numpy_helper
 
 from onnx2jax import ops as _ops  # noqa: F401  (fills the registry)
+from onnx2jax import host_fold
 from onnx2jax import scan as _scan
 from onnx2jax.errors import NodeError, UnsupportedOpError
 from onnx2jax.hostvalues import is_host_value
@@ -353,8 +356,10 @@ class GraphRunner:
         )
         try:
             if all_static:
-                with jax.ensure_compile_time_eval():
-                    result = impl.fn(*args, **attrs)
+                result = _host_fold(node, args, attrs, impl)
+                if result is None:
+                    with jax.ensure_compile_time_eval():
+                        result = impl.fn(*args, **attrs)
                 result = _as_static(result)
             else:
                 result = impl.fn(*args, **attrs)
@@ -368,6 +373,18 @@ class GraphRunner:
         if len(outputs) < len([o for o in node.output if o]):
             raise NodeError(f"{where}: produced {len(outputs)} outputs, the node names {len(node.output)}")
         return outputs[: len(node.output)]
+
+
+def _host_fold(node: onnx.NodeProto, args: list, attrs: dict[str, Any], impl: OpImpl) -> Any:
+    """The node's result computed with numpy (:mod:`onnx2jax.host_fold`), or None.
+
+    Skipped where jax would narrow 64-bit values (x64 off), so that both ways give one dtype.
+    """
+    if impl.needs_context or (
+        not jax.config.jax_enable_x64 and any(v is not None and np.asarray(v).dtype.itemsize == 8 for v in args)
+    ):
+        return None
+    return host_fold.fold("" if node.domain == "ai.onnx" else node.domain, node.op_type, args, attrs)
 
 
 def _as_static(result: Any) -> Any:
