@@ -53,3 +53,16 @@ def test_the_bound_waits_for_the_call_bound_back_and_only_on_several_cpu_devices
         assert idle == [] and not free.active
     with pytest.raises(ValueError, match="at least 1"):
         InFlight([Device("cpu")] * 2, bound=0)
+
+
+def test_a_result_dropped_by_its_caller_keeps_one_device_buffer_alive_not_every_copy():
+    """The bound waits on one device's buffer: a replicated output's other copies are freed with the caller's."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    replicated = jax.device_put(np.ones((4, 4), np.float32), NamedSharding(mesh, PartitionSpec()))
+    bound = InFlight(mesh.devices.flat)
+    assert bound.admit((replicated,))[0] is replicated
+    (held,) = bound._queued
+    assert len(held.devices()) == 1 and held.shape == (4, 4)
