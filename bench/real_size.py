@@ -16,7 +16,7 @@ imports (python, jax, onnx2jax or onnxruntime), the devices made and one tiny
 jit; peak RSS (``VmHWM``, reset through ``/proc/self/clear_refs``) minus that
 baseline is reported over W, the model's weight bytes. "first" is the wall
 time from the process's start to its first result, imports included (no
-persistent compilation cache; this checkout's bytecode compiled beforehand, as
+persistent compilation cache unless ``--compilation-cache``; this checkout's bytecode compiled beforehand, as
 an installed package's is: ``_bytecode_env``).
 
     python bench/real_size.py --models gpt2 --folder /tmp/models --runs ort,jax1,annotate
@@ -178,6 +178,11 @@ def _child(run: str, path: str, kind: str, folder: str) -> dict:
         else:
             import onnx2jax
 
+            if os.environ.get("REAL_SIZE_CACHE"):
+                from onnx2jax.runtime import compilation_cache
+
+                compilation_cache.enable(os.environ["REAL_SIZE_CACHE"])
+                result["compilation_cache"] = os.environ["REAL_SIZE_CACHE"]
             target = path
             if run == "tp8":
                 target = os.path.join(folder, f"{kind}.tp8.onnx")
@@ -266,7 +271,11 @@ def main() -> None:
     parser.add_argument("--folder", default=str(mt.MODELS / "real_size"))
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--mmap-threshold", type=int, default=0, help="MALLOC_MMAP_THRESHOLD_ of the measured processes")
+    parser.add_argument("--compilation-cache", metavar="DIR",
+                        help="onnx2jax's runs use JAX's persistent compilation cache in DIR (run twice: cold, then warm)")
     args = parser.parse_args()
+    if args.compilation_cache:
+        os.environ["REAL_SIZE_CACHE"] = args.compilation_cache
     if args.child:
         _child(*args.child)
         return
