@@ -378,13 +378,15 @@ class GraphRunner:
 def _host_fold(node: onnx.NodeProto, args: list, attrs: dict[str, Any], impl: OpImpl) -> Any:
     """The node's result computed with numpy (:mod:`onnx2jax.host_fold`), or None.
 
-    Skipped where jax would narrow 64-bit values (x64 off), so that both ways give one dtype.
+    Skipped where jax would narrow 64-bit values (x64 off: a 64-bit input, or a Cast to a 64-bit
+    type), so that both ways give one dtype.
     """
-    if impl.needs_context or (
-        not jax.config.jax_enable_x64 and any(v is not None and np.asarray(v).dtype.itemsize == 8 for v in args)
-    ):
+    wide = lambda v: v is not None and np.asarray(v).dtype.itemsize == 8  # noqa: E731
+    narrowing = not jax.config.jax_enable_x64
+    if impl.needs_context or (narrowing and any(wide(v) for v in args)):
         return None
-    return host_fold.fold("" if node.domain == "ai.onnx" else node.domain, node.op_type, args, attrs)
+    result = host_fold.fold("" if node.domain == "ai.onnx" else node.domain, node.op_type, args, attrs)
+    return None if narrowing and wide(result) else result
 
 
 def _as_static(result: Any) -> Any:

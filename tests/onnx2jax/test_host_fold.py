@@ -72,6 +72,19 @@ def test_floats_out_of_range_and_legacy_forms_are_left_to_jax():
     assert host_fold.fold("com.microsoft", "Add", [np.ones(2, np.int64)] * 2, {}) is None
 
 
+@pytest.mark.filterwarnings("ignore:Explicitly requested dtype int64")  # jax's own narrowing, the point here
+def test_without_x64_a_cast_to_int64_folds_through_jax_as_before():
+    """jax narrows 64-bit results when x64 is off; the host fold must not give a wider dtype than jax."""
+    from onnx2jax.graph_runner import GraphRunner
+
+    node = helper.make_node("Cast", ["x"], ["y"], to=TensorProto.INT64)
+    graph = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.INT64, [3])])
+    env = {"x": np.arange(3, dtype=np.int32)}
+    with jax.enable_x64(False):
+        (y,) = GraphRunner({"": 18}).run(graph, env)
+    assert isinstance(y, np.ndarray) and y.dtype == np.int32 and y.tolist() == [0, 1, 2]
+
+
 def test_causal_mask_folds_without_eager_compiles(tmp_path):
     """A torch-style mask (CumSum of ones, LessOrEqual, GatherND, Not, Where) compiles one program."""
     n = 8
