@@ -24,89 +24,31 @@ JAX (0.10) has no public jit across meshes, so a model with
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import time
 from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import onnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
 from onnx2jax.errors import DeviceCountError, NodeError
-from onnx2jax.input_checks import IndexCheck
-from onnx2jax.runtime.constraints import SpecKey
 from onnx2jax.runtime.executable import merged_params, part_params, x64_scope
 from onnx2jax.runtime.parameters import holdable_sharding
+from onnx2jax.runtime.pipeline_report import PipelineReport, StageReport
+from onnx2jax.runtime.pipeline_stages import PipelineModel, Stage, local_stage_model, stage_input_shardings
 from onnx2jax.runtime.plan import Plan, program_plan
 from onnx2jax.runtime.report import count_collectives, example_inputs, param_bytes_per_device
 from onnx2jax.runtime.schedule import GPipe, Schedule, check_order
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
 from onnx2jax.runtime.spmd import Compiled
-from onnx2jax.binding import InputInfo, bind_inputs, input_info
+from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic
 from sharding.partition import Partition
 from sharding.segments import cut_reason, data_dependent_nodes
-from sharding.model_configs import NodeConfig, device_configurations
-from sharding.spec import remap_spec
-from sharding.stage_infer import stage_model
+from sharding.model_configs import device_configurations
 from sharding.stages import model_partition, stage_devices
-
-
-@dataclasses.dataclass
-class Stage:
-    """One pipeline stage.
-
-    Attributes:
-      stage: its ``pipeline_stage`` id.
-      nodes: its nodes, in graph order (recomputed shape-only nodes excluded).
-      devices: the configuration devices it runs on.
-      compiled: its SPMD program (a :class:`~onnx2jax.runtime.spmd.Compiled`).
-      inputs: tensors it receives (graph inputs and earlier stages' outputs).
-      outputs: tensors it produces for later stages or the graph's outputs.
-    """
-
-    stage: int
-    nodes: tuple[str, ...]
-    devices: tuple[int, ...]
-    compiled: Compiled
-    inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
-    input_shardings: dict[str, NamedSharding] = dataclasses.field(default_factory=dict)
-
-
-@dataclasses.dataclass(frozen=True)
-class PipelineModel:
-    """The whole model's interface (what the stages together take and give), without parameters.
-
-    Attributes:
-      proto: the whole ModelProto.
-      inputs: its runtime inputs (name, dtype, shape), in order.
-      output_names: its outputs, in order.
-      stage_layers: per stage, its program's ``layers_report()`` (whether its
-        repeated layers run as one ``lax.scan``).
-    """
-
-    proto: onnx.ModelProto
-    inputs: tuple[InputInfo, ...]
-    output_names: tuple[str, ...]
-    stage_layers: tuple[tuple[int, str], ...] = ()
-
-    @property
-    def input_names(self) -> list[str]:
-        return [i.name for i in self.inputs]
-
-    @functools.cached_property
-    def index_check(self) -> IndexCheck:
-        """The whole model's check of index inputs (:mod:`onnx2jax.input_checks`), as ``JaxModel`` holds one."""
-        return IndexCheck(self.proto, self.input_names)
-
-    def layers_report(self) -> str:
-        """One line per stage, as ``JaxModel.layers_report`` says it for one program."""
-        return "\n".join(f"stage {stage}: {line}" for stage, line in self.stage_layers)
 
 
 class PipelineCompiled:
@@ -320,72 +262,6 @@ class PipelineCompiled:
         )
 
 
-@dataclasses.dataclass
-class StageReport:
-    """One stage's line of :meth:`PipelineCompiled.report`.
-
-    ``param_bytes_per_device`` is keyed by jax device id; ``sent_bytes`` is
-    what one micro-batch sends to later stages; ``seconds`` one micro-batch
-    of the stage alone.
-    """
-
-    stage: int
-    nodes: int
-    first_node: str
-    last_node: str
-    devices: tuple[int, ...]
-    param_bytes_per_device: dict[int, int]
-    sent_bytes: int
-    collectives: dict[str, int]
-    seconds: float
-
-
-@dataclasses.dataclass
-class PipelineReport:
-    """What :meth:`PipelineCompiled.report` measured."""
-
-    stages: list[StageReport]
-    microbatches: int
-    seconds: float
-    bubble: float
-    bound: float
-
-    def render(self, console=None) -> None:
-        """Prints the report as a table (rich)."""
-        from rich.console import Console
-        from rich.table import Table
-
-        if console is None:
-            console = Console()
-            console = Console(width=max(console.width, 150))  # rows stay one line
-        table = Table(title=f"pipeline: {len(self.stages)} stages, {self.microbatches} micro-batches", box=None)
-        for column in ("stage", "nodes", "devices", "param B/device", "sent B/mb", "collectives", "ms/mb"):
-            table.add_column(column, overflow="fold")
-        for row in self.stages:
-            per_device = sorted(row.param_bytes_per_device.values()) or [0]
-            collectives = ", ".join(f"{k} {v}" for k, v in row.collectives.items() if v) or "none"
-            table.add_row(
-                str(row.stage),
-                f"{row.nodes} ({row.first_node}..{row.last_node})",
-                _devices(row.devices),
-                f"{per_device[-1]:,}",
-                f"{row.sent_bytes:,}",
-                collectives,
-                f"{row.seconds * 1e3:.2f}",
-            )
-        console.print(table)
-        console.print("(mb: one micro-batch; ms/mb: the stage alone on one micro-batch)")
-        console.print(
-            f"pipelined call {self.seconds * 1e3:.2f} ms; bubble fraction {self.bubble:.3f} "
-            f"(fill-drain bound (S-1)/(M+S-1) = {self.bound:.3f})"
-        )
-
-
-def _devices(devices: Sequence[int]) -> str:
-    if len(devices) > 2 and list(devices) == list(range(devices[0], devices[0] + len(devices))):
-        return f"{devices[0]}..{devices[-1]}"
-    return ",".join(map(str, devices))
-
 
 # ---------------------------------------------------------------------------
 # Compiling
@@ -426,7 +302,7 @@ def compile_pipeline(plan: Plan, schedule: Schedule | None = None) -> PipelineCo
     groups = stage_devices(proto, configuration, part.parts, num_devices)
     types = plan.inferred.value_types(proto)  # one shape inference types every stage's inputs
     models = {
-        stage_id: _stage_model(proto, part, stage_id, configuration, groups[stage_id], types) for stage_id in part.parts
+        stage_id: local_stage_model(proto, part, stage_id, configuration, groups[stage_id], types) for stage_id in part.parts
     }
     for stage_id, (sub, _) in models.items():
         cuts = data_dependent_nodes(sub)
@@ -448,7 +324,7 @@ def compile_pipeline(plan: Plan, schedule: Schedule | None = None) -> PipelineCo
         # check_indices=False: the pipeline's call checks the whole model's inputs (input_checks)
         compiled = Compiled(JaxModel(sub, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False), program)
         stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
-        stage.input_shardings = _input_shardings(sub, program.placements, compiled.mesh, stage.inputs)
+        stage.input_shardings = stage_input_shardings(sub, program.placements, compiled.mesh, stage.inputs)
         stages.append(stage)
     initialized = {t.name for t in proto.graph.initializer}
     model = PipelineModel(
@@ -460,61 +336,4 @@ def compile_pipeline(plan: Plan, schedule: Schedule | None = None) -> PipelineCo
     return PipelineCompiled(stages, part, model, microbatches, configuration, plan.structural, schedule)
 
 
-def _stage_model(
-    proto: onnx.ModelProto,
-    part: Partition,
-    stage: int,
-    configuration: str,
-    group: Sequence[int],
-    types: Mapping[str, onnx.ValueInfoProto],
-) -> tuple[onnx.ModelProto, bool]:
-    """The stage as a model whose specs use the group's own numbering 0..len(group)-1.
-
-    Returns the model and whether it keeps any spec.
-    """
-    sub = stage_model(proto, part, stage, configuration, types)
-    local = {d: i for i, d in enumerate(group)}
-    annotated = False
-    for node in sub.graph.node:
-        kept = []
-        for config_proto in node.device_configurations:
-            if config_proto.configuration_id != configuration:
-                continue
-            specs = []
-            for spec in NodeConfig.from_proto(config_proto).specs:
-                outside = sorted(set(spec.all_devices()) - set(local))
-                if outside:
-                    raise ValueError(
-                        f"node {node.name!r} (stage {stage}, devices {list(group)}): the spec of "
-                        f"{spec.tensor_name!r} names devices {outside} outside its stage's group"
-                    )
-                specs.append(remap_spec(spec, local))
-            annotated = True
-            kept.append(NodeConfig(configuration, tuple(specs)).to_proto())
-        del node.device_configurations[:]
-        node.device_configurations.extend(kept)
-    del sub.configuration[:]
-    if annotated:
-        sub.configuration.append(onnx.DeviceConfigurationProto(name=configuration, num_devices=len(group)))
-    return sub, annotated
-
-
-def _input_shardings(
-    sub: onnx.ModelProto, placements: Mapping[SpecKey, Any], mesh: Mesh, names: Sequence[str]
-) -> dict[str, NamedSharding]:
-    """Where each stage input goes: the spec of its first reader in the stage, else replicated."""
-    replicated = NamedSharding(mesh, PartitionSpec())
-    result = {}
-    for name in names:
-        result[name] = replicated
-        for node in sub.graph.node:
-            if name not in node.input:
-                continue
-            placement = placements.get(SpecKey(node.name, "in", list(node.input).index(name), name))
-            if placement is not None and not placement.fused:
-                result[name] = placement.sharding
-            break
-    return result
-
-
-__all__ = ["PipelineCompiled", "PipelineModel", "PipelineReport", "Stage", "StageReport", "compile_pipeline"]
+__all__ = ["PipelineCompiled", "compile_pipeline"]
