@@ -24,7 +24,8 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.placing import place
-from onnx2jax.runtime.constraints import Placement, SpecKey, View
+from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.views import View
 
 
 @dataclasses.dataclass(frozen=True)
