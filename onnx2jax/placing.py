@@ -9,7 +9,8 @@ only its own shards.
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+from typing import ContextManager, Sequence
 
 import jax
 import numpy as np
@@ -49,7 +50,8 @@ def place(array: np.ndarray, sharding: jax.sharding.Sharding, shape: tuple[int, 
             made[bounds] = found
         return found
 
-    result = jax.make_array_from_callback(shape, sharding, slice_of)
+    with holding(array.dtype):
+        result = jax.make_array_from_callback(shape, sharding, slice_of)
     drop_pages(array)
     return result
 
@@ -77,10 +79,24 @@ def place_stacked(layers: Sequence[np.ndarray], sharding: jax.sharding.Sharding)
             made[bounds] = freeze(found)
         return found
 
-    result = jax.make_array_from_callback(shape, sharding, slice_of)
+    with holding(first.dtype):
+        result = jax.make_array_from_callback(shape, sharding, slice_of)
     for layer in layers:
         drop_pages(layer)
     return result
+
+
+def holding(dtype: np.dtype) -> ContextManager:
+    """JAX's x64 mode for placing an array of ``dtype`` when it is 64-bit, so it stays 64-bit.
+
+    Outside x64, ``device_put`` of a float64 weight gives a float32 array: a
+    float64 model would then compute with rounded weights while its inputs and
+    outputs stay float64, silently. The scope is entered for 64-bit arrays only
+    (and never turns x64 off where the caller has it on).
+    """
+    if np.dtype(dtype).itemsize == 8 and np.dtype(dtype).kind in "iuf" or np.dtype(dtype) == np.complex128:
+        return jax.enable_x64(True)
+    return contextlib.nullcontext()
 
 
 def _holdable(part: np.ndarray) -> bool:
@@ -97,4 +113,4 @@ def stack_on_host(layers: Sequence[np.ndarray]) -> np.ndarray:
     return freeze(stacked)
 
 
-__all__ = ["place", "place_stacked", "stack_on_host"]
+__all__ = ["holding", "place", "place_stacked", "stack_on_host"]

@@ -44,6 +44,7 @@ from onnx2jax.graph_runner import (
 from onnx2jax.hostvalues import to_host
 from onnx2jax.input_checks import IndexCheck
 from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
+from onnx2jax.placing import holding
 from onnx2jax.runtime.xla_options import compiler_options
 
 STATIC_INITIALIZER_LIMIT = 4096
@@ -368,10 +369,9 @@ class JaxModel:
         if self._device_runtime_params is None:
             # Uncommitted (jax.device_put without a device), so that a jit under a context mesh may move
             # them; on CPU an aligned read-only array (a mapped weight, a built stack) is held without a copy.
-            self._device_runtime_params = tuple(
-                jax.device_put(self._stacked[k].host() if k in self._stacked else self.params[k])
-                for k in self._runtime_names
-            )
+            self._device_runtime_params = tuple(map(_uncommitted, (
+                self._stacked[k].host() if k in self._stacked else self.params[k] for k in self._runtime_names
+            )))
             for name in self._runtime_names:
                 if name in self.params:
                     drop_pages(self.params[name])
@@ -443,3 +443,9 @@ def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", chec
       >>> (logits,) = m(np.zeros((1, 8), np.int64))     # doctest: +SKIP
     """
     return JaxModel(*open_model(model), scan_layers=scan_layers, check_indices=check_indices)
+
+
+def _uncommitted(array: np.ndarray) -> jax.Array:
+    """``array`` on the default device, uncommitted, keeping a 64-bit dtype (:func:`onnx2jax.placing.holding`)."""
+    with holding(array.dtype):
+        return jax.device_put(array)
