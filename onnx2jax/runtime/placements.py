@@ -12,6 +12,7 @@ and each graph output's sharding (its producer's: :func:`output_placements`,
 
 from __future__ import annotations
 
+import math
 import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -25,7 +26,7 @@ from onnx2jax.errors import DeviceCountError
 from sharding import codes
 from sharding.mesh.layout import Layout, MeshPlan, layout_of
 from sharding.mesh.mapping import MeshMapping, map_specs
-from onnx2jax.runtime.parameters import holdable_sharding, padded_shape
+from onnx2jax.runtime.parameters import holdable_sharding
 from sharding.diagnostics import Diagnostic, ShardingError
 
 if TYPE_CHECKING:
@@ -176,28 +177,84 @@ def output_shardings(
     """The sharding each of the outputs ``names`` comes back with: never left to XLA.
 
     An output whose producer has a spec comes back in it; one without a
-    spec comes back replicated on the mesh. A spec JAX cannot hold (its
-    sharded axes do not divide the shape, or it fuses an axis, which is
-    not a tile of the ONNX tensor) comes back replicated, with a warning
-    naming the output.
+    spec comes back replicated on the mesh. A spec JAX cannot hold comes
+    back as :func:`holdable_output` makes it (split on another axis, or
+    replicated only where no axis divides), with a warning naming the
+    output and what it became.
     """
     replicated = NamedSharding(mesh, PartitionSpec())
     shardings = []
     for name, placement, output in zip(names, wanted, outputs):
-        why = None
-        if placement is None:
-            named = replicated
-        elif placement.fused:
-            why = "its sharding spec fuses an axis, so its shards are not tiles of the ONNX tensor"
-        elif padded_shape(output.shape, placement.sharding) != tuple(output.shape):
-            why = "its sharding spec does not divide its shape evenly, and JAX cannot hold an unevenly sharded array"
-        else:
-            named = placement.sharding
-        if why is not None:  # stacklevel 4: past this, Compiled._program and the Compiled method called
-            warnings.warn(f"output {name!r} {list(output.shape)}: {why}, so it comes back replicated", stacklevel=4)
-            named = replicated
+        named = replicated
+        if placement is not None:
+            named, why = holdable_output(tuple(output.shape), placement)
+            if why is not None:  # stacklevel 4: past this, Compiled._program and the Compiled method called
+                warnings.warn(f"output {name!r} {list(output.shape)}: {why}", stacklevel=4)
         shardings.append(named)
     return tuple(shardings)
+
+
+def holdable_output(shape: tuple[int, ...], placement: Placement) -> tuple[NamedSharding, str | None]:
+    """The sharding an output of ``shape`` placed as ``placement`` comes back with, and why, if not as placed.
+
+    JAX holds no unevenly sharded array, and a fused axis's shards are not
+    tiles of the ONNX tensor. The mesh axes on such an axis move, together,
+    to the first other axis that they (with the mesh axes already there)
+    divide evenly: GPT-2's logits [1, 128, 50257] with the vocabulary split
+    8 ways come back split 8 ways on the sequence (an all-to-all of each
+    device's 1/8, where replicating them all-gathers the whole logits onto
+    every device). Only where no axis divides (a one-token decode step) do
+    they replicate. The other axes keep their spec. A fused axis whose only
+    split sub-axis is its leading one is a plain split of the axis.
+    """
+    named = placement.sharding
+    sizes = dict(named.mesh.shape)
+    fused = dict(placement.fused)
+    expanded = tuple(named.spec) + (None,) * (len(placement.expand(shape)) - len(named.spec))
+    entries: list[tuple[str, ...]] = []
+    bad: list[int] = []
+    position = 0
+    for axis, size in enumerate(shape):
+        parts = expanded[position : position + len(fused.get(axis, (size,)))]
+        position += len(parts)
+        split = [i for i, entry in enumerate(parts) if entry is not None]
+        entries.append(tuple(a for entry in parts for a in _mesh_axes(entry)))
+        if entries[axis] and (split != [0] if axis in fused else size % _ways(entries[axis], sizes)):
+            bad.append(axis)
+    if not bad:
+        return (named if not fused else NamedSharding(named.mesh, _pspec(entries))), None
+    moving = tuple(a for axis in bad for a in entries[axis])
+    for axis in bad:
+        entries[axis] = ()
+    target = next(
+        (a for a, size in enumerate(shape) if a not in bad and size % _ways(entries[a] + moving, sizes) == 0), None
+    )
+    if target is not None:
+        entries[target] += moving
+    result = NamedSharding(named.mesh, _pspec(entries))
+    axes = ", ".join(f"axis {a} ({shape[a]})" for a in bad)
+    why = (
+        f"its spec splits {axes} over mesh axes {list(moving)}, "
+        + ("which do not divide it evenly (JAX holds no unevenly sharded array)" if any(a not in fused for a in bad)
+           else "fused, so that its shards are not tiles of the ONNX tensor")
+    )
+    if target is not None:
+        return result, f"{why}, so it comes back split on axis {target} instead"
+    if any(entries):
+        return result, f"{why}, and no other axis divides evenly, so it comes back replicated over those mesh axes"
+    return result, f"{why}, and no other axis divides evenly, so it comes back replicated"
+
+
+def _mesh_axes(entry: Any) -> tuple[str, ...]:
+    return () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+
+
+def _ways(axes: tuple[str, ...], sizes: Mapping[str, int]) -> int:
+    return math.prod(sizes[a] for a in axes)
+
+
+def _pspec(entries: Sequence[tuple[str, ...]]) -> PartitionSpec:
+    return PartitionSpec(*(None if not e else e[0] if len(e) == 1 else e for e in entries))
 
 
 def _fused_axis_error(node: str, op_type: str, tensor: str, axis: int | None, why: str) -> Diagnostic:
