@@ -187,9 +187,18 @@ def read_only_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     so a buffer built on the host once (a stacked layer weight, a padded
     shard) is the device's copy, not a second one.
     """
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return aligned_view(np.empty(nbytes + 64, np.uint8), shape, dtype)
+
+
+def aligned_view(raw: np.ndarray, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """The array of ``shape`` at the first 64-byte-aligned address of the bytes ``raw``.
+
+    jax on CPU keeps ``raw`` (the view's base) alive, not the view: this makes
+    the view again from a buffer a device already holds.
+    """
     dtype = np.dtype(dtype)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    raw = np.empty(nbytes + 64, np.uint8)
     start = -raw.ctypes.data % 64
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
@@ -241,8 +250,19 @@ def _mapped(location: str, dtype: np.dtype, offset: int, shape: tuple[int, ...])
     found = _MAPS.get(key)
     if found is None:
         found = np.memmap(location, dtype=dtype, mode="r", offset=offset, shape=shape)
+        found.file_identity = key
         _MAPS[key] = found
     return found
+
+
+def file_identity(array: np.ndarray) -> tuple | None:
+    """Which file bytes ``array`` views: its map's identity and the view's offset and layout (None: not a map)."""
+    base = array
+    while base is not None and getattr(base, "file_identity", None) is None:
+        base = getattr(base, "base", None)
+    if base is None:
+        return None
+    return (base.file_identity, array.ctypes.data - base.ctypes.data, array.shape, array.strides, array.dtype.str)
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:

@@ -10,12 +10,19 @@ only its own shards.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import ContextManager, Sequence
 
 import jax
 import numpy as np
 
-from onnx2jax.loading import drop_pages, freeze, read_only_buffer
+from onnx2jax.loading import aligned_view, drop_pages, file_identity, freeze, read_only_buffer
+
+_COPIES: "weakref.WeakValueDictionary[tuple, np.ndarray]" = weakref.WeakValueDictionary()
+"""The buffer of each slice of a mapped file copied for the devices (not contiguous, or padded), while a
+device holds it (jax on CPU keeps the buffer, not the view). Placed again (a pipeline's stages each hold
+GPT-2's tied embedding, split alike) the slice is the same buffer, which jax on CPU aliases again, so the
+process holds one copy of it."""
 
 
 def place(array: np.ndarray, sharding: jax.sharding.Sharding, shape: tuple[int, ...] | None = None) -> jax.Array:
@@ -31,10 +38,15 @@ def place(array: np.ndarray, sharding: jax.sharding.Sharding, shape: tuple[int, 
     """
     shape = tuple(array.shape) if shape is None else tuple(shape)
     made: dict[tuple, np.ndarray] = {}
+    source = file_identity(array)
 
     def slice_of(index: tuple) -> np.ndarray:
         bounds = tuple(i.indices(n)[:2] for i, n in zip(index, shape))
         found = made.get(bounds)
+        shared = None if source is None else (source, bounds, shape)
+        held = None if shared is None else _COPIES.get(shared)
+        if found is None and held is not None:
+            found = freeze(aligned_view(held, tuple(b - a for a, b in bounds), array.dtype))
         if found is None:
             inside = tuple(slice(min(a, n), min(b, n)) for (a, b), n in zip(bounds, array.shape))
             part = array[inside] if inside else np.asarray(array)
@@ -47,6 +59,8 @@ def place(array: np.ndarray, sharding: jax.sharding.Sharding, shape: tuple[int, 
                     found[...] = 0
                 found[tuple(slice(0, n) for n in part.shape)] = part
                 freeze(found)
+                if shared is not None:
+                    _COPIES[shared] = found.base
             made[bounds] = found
         return found
 

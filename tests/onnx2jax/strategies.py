@@ -24,8 +24,9 @@ The check (:func:`run_case`): compile and call; the values must equal the
 unsharded run and onnxruntime; each output must be placed as its spec (given
 or inferred by ``sharding.infer``) says, per device, from
 ``sharding.tiles.device_regions`` (not from sharding.mesh.layout); outputs warned
-"comes back replicated" must be replicated, and only those whose spec JAX
-cannot hold may be; each parameter with a spec is placed as it says.
+"comes back replicated" must be replicated, those warned "comes back split
+on axis k" split on axis k, and only those whose spec JAX cannot hold may be
+warned; each parameter with a spec is placed as it says.
 ShardingError and MeshMappingError are refusals by name.
 """
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 import warnings
 
 import jax
@@ -354,6 +356,12 @@ def _is_replicated(array: jax.Array) -> bool:
     return all(tuple(s.data.shape) == tuple(array.shape) for s in array.addressable_shards)
 
 
+def _split_on(array: jax.Array, axis: int) -> bool:
+    """Whether every device holds an even part of ``array``'s ``axis``, less than the whole."""
+    return all(s.data.shape[axis] * len({t.index[axis].start for t in array.addressable_shards}) == array.shape[axis]
+               and s.data.shape[axis] < array.shape[axis] for s in array.addressable_shards)
+
+
 def run_case(case: Case, *, unsharded: bool = True) -> Outcome:
     """Compiles and runs ``case``; classifies what happened (see the module docstring).
 
@@ -416,10 +424,13 @@ def _check_placements(case: Case, compiled, outputs, warned: list[str]) -> Outco
                 return Outcome("misplaced", f"output {name!r} has no spec but comes back {array.sharding}")
             continue
         if warned_here:
-            if not _is_replicated(array):
-                return Outcome("lying-warning", f"output {name!r} warned replicated, is {array.sharding}")
             if _holdable(spec, tuple(array.shape)):
-                return Outcome("lying-warning", f"output {name!r} warned replicated although JAX can hold its spec")
+                return Outcome("lying-warning", f"output {name!r} warned although JAX can hold its spec")
+            moved = re.search(r"comes back split on axis (\d+) instead", warned_here[0])
+            if moved and not _split_on(array, int(moved.group(1))):
+                return Outcome("lying-warning", f"output {name!r} warned split on axis {moved.group(1)}, is {array.sharding}")
+            if warned_here[0].endswith("comes back replicated") and not _is_replicated(array):
+                return Outcome("lying-warning", f"output {name!r} warned replicated, is {array.sharding}")
             continue
         if not _holdable(spec, tuple(array.shape)):
             return Outcome("misplaced", f"output {name!r}: spec JAX cannot hold, and no warning")

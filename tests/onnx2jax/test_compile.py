@@ -275,9 +275,12 @@ def test_uneven_output_spec_warns_instead_of_replicating_silently():
     b.node("Relu", ["x"], ["y"], [ShardingSpec.split("y", {0: 4}, range(4))])
     x = b.rng.standard_normal((10, 3)).astype(np.float32)
     compiled = compile_model(b.model())
-    with pytest.warns(UserWarning, match="does not divide its shape evenly"):
+    # 10 rows over 4 devices, and 3 columns: no axis divides, so it comes back replicated, and says so
+    with pytest.warns(UserWarning, match=r"'y' \[10, 3\]: its spec splits axis 0 \(10\) .* do not divide it evenly"
+                      r".* no other axis divides evenly, so it comes back replicated$"):
         (y,) = compiled(x)
     np.testing.assert_array_equal(np.asarray(y), np.maximum(x, 0))
+    assert all(s.data.shape == (10, 3) for s in y.addressable_shards)
 
 
 def test_inexpressible_specs_are_named():

@@ -56,7 +56,7 @@ def _sliced_model(shape, starts, ends, axes, steps, *specs):
     return model
 
 
-@pytest.mark.filterwarnings("ignore:output 'y'.*does not divide")
+@pytest.mark.filterwarnings("ignore:output 'y'.*do not divide")
 def test_strided_slices_on_sharded_axes_take_the_right_elements():
     """Each case was wrong (or an XLA verifier crash) before slices were canonical."""
     cols2, cols8 = (ShardingSpec.split(t, {1: 2}, [0, 1]) for t in "xy"), (ShardingSpec.split(t, {1: 8}, range(8)) for t in "xy")

@@ -10,6 +10,7 @@ placing a weight or a stack of layer weights never makes a whole host copy
 from __future__ import annotations
 
 import os
+import re
 import tracemalloc
 from pathlib import Path
 
@@ -224,8 +225,15 @@ def test_drop_pages_keeps_the_values(tmp_path: Path):
 
 
 def test_a_vocabulary_the_devices_do_not_divide_is_split_unevenly_not_replicated(tmp_path: Path, capsys):
-    """GPT-2's 50,257 on 8 in small: a vocabulary of 251 (prime) split over 8, held padded; values as unsharded."""
+    """GPT-2's 50,257 on 8 in small: a vocabulary of 251 (prime) split over 8, held padded; values as unsharded.
+
+    The logits [2, 16, 251] cannot come back split on the vocabulary (JAX holds no uneven array): they come
+    back split 8 ways on the sequence, one all-to-all of each device's 1/8 of the padded logits (8 pieces of
+    [2, 2, 32] floats, 4,096 bytes), where replicating them all-gathered the whole [2, 16, 256] onto every
+    device (32 kB each, and 8 copies of the logits in the process)."""
     import sys
+
+    from onnx2jax.runtime.report import count_collectives
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import medium_transformers as mt
@@ -243,10 +251,22 @@ def test_a_vocabulary_the_devices_do_not_divide_is_split_unevenly_not_replicated
     assert {s.data.shape for s in table.addressable_shards} == {(32, 64)}
     feeds = mt.inputs("gpt2", 2, 16, config)
     (expected,) = onnx2jax.translate(str(path))(**feeds)
-    with pytest.warns(UserWarning, match="comes back replicated"):  # JAX holds no uneven array: logits replicated
+    with pytest.warns(UserWarning, match=r"'logits' \[2, 16, 251\]: its spec splits axis 2 \(251\) over mesh axes "
+                      r"\['d0'\], which do not divide it evenly .* so it comes back split on axis 1 instead"):
         (logits,) = compiled(**feeds)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), rtol=1e-4, atol=1e-4)
-
+    shards = sorted(logits.addressable_shards, key=lambda s: s.index[1].start)
+    assert len(shards) == 8 and [s.index[1] for s in shards] == [slice(2 * k, 2 * k + 2) for k in range(8)]
+    assert all(s.data.shape == (2, 2, 251) for s in shards)
+    for shard in shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), np.asarray(logits)[shard.index])
+    text = compiled.compiled_text(**feeds)
+    counts = count_collectives(text)
+    assert (counts["all-to-all"], counts["all-gather"], counts["all-reduce"]) == (1, 0, 5)  # 1 lookup + 4 row-parallel
+    (line,) = [line for line in text.splitlines() if " all-to-all(" in line]
+    pieces = re.findall(r"f32\[([0-9,]+)\]", line.split(" all-to-all(")[0])
+    assert pieces == ["2,1,2,32"] * 8  # each device's [2, 16, 32] block of the padded logits, cut 8 ways
+    assert sum(4 * int(np.prod([int(d) for d in p.split(",")])) for p in pieces) == 4096
 
 
 class _Reads:
@@ -271,3 +291,54 @@ def test_placing_reads_each_devices_slice_once_and_nothing_else(spec, reads):
     placed = place(weight, NamedSharding(mesh, spec))
     assert len(weight.read) == reads and sum(weight.read) == weight.array.nbytes
     np.testing.assert_array_equal(np.asarray(placed), weight.array)
+
+
+def test_a_tied_embedding_in_two_pipeline_stages_is_held_once(tmp_path: Path, capsys):
+    """GPT-2's tied table in both stages of ``auto:2`` (the lookup, the head), 4 devices each: each stage's
+    device k holds the same host bytes as the other's (one map of the file per process; a padded or
+    copied slice placed once and aliased by both), so the process holds the table once, not twice.
+    The logits (vocabulary 251 over 4) come back split on the sequence; values equal the unsharded run."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import medium_transformers as mt
+
+    config = mt.Config(layers=2, width=64, heads=8, kv_heads=8, ffn=128, vocab=251, positions=64)
+    path = tmp_path / "gpt2.onnx"
+    onnx.save(mt.build("gpt2", config), path, save_as_external_data=True, location="gpt2.data", size_threshold=0)
+    out = tmp_path / "gpt2.pp.onnx"
+    argv = ["annotate", str(path), "--name-nodes", "--stages", "auto:2", "--plan", "megatron", "--devices", "8"]
+    assert main(argv + ["-o", str(out)]) == 0
+    capsys.readouterr()
+    pipeline = onnx2jax.compile(str(out))
+    tables = [stage.compiled.params["wte"] for stage in pipeline.stages]
+    assert [t.shape for t in tables] == [(252, 64), (252, 64)]  # 251 rows over 4, held padded
+    pointers = [
+        [s.data.unsafe_buffer_pointer() for s in sorted(t.addressable_shards, key=lambda s: s.index[0].start)]
+        for t in tables
+    ]
+    assert len(set(pointers[0])) == 4 and pointers[0] == pointers[1]  # the padded last slice too
+    assert {s.device.id for s in tables[0].addressable_shards}.isdisjoint(s.device.id for s in tables[1].addressable_shards)
+    feeds = mt.inputs("gpt2", 2, 16, config)
+    (expected,) = onnx2jax.translate(str(path))(**feeds)
+    with pytest.warns(UserWarning, match="'logits' .* comes back split on axis 1 instead"):
+        (logits,) = pipeline(**feeds)
+    np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), rtol=1e-4, atol=1e-4)
+    assert {s.data.shape for s in logits.addressable_shards} == {(2, 4, 251)}
+
+
+def test_a_tensor_is_mapped_once_per_process_until_its_file_changes(tmp_path: Path):
+    """Two reads of one external tensor share one map (its pages count once); a rewritten file is mapped anew."""
+    from onnx2jax.loading import initializer_array
+
+    rng = np.random.default_rng(1)
+    path = _two_matmuls(tmp_path, 16, [rng.standard_normal((16, 16)) for _ in range(2)])
+    tensor = onnx.load(str(path), load_external_data=False).graph.initializer[0]
+    first, again = initializer_array(tensor, str(tmp_path)), initializer_array(tensor, str(tmp_path))
+    assert first is again
+    new = np.arange(2 * 16 * 16, dtype=np.float32)
+    (tmp_path / "weights.bin").unlink()
+    (tmp_path / "weights.bin").write_bytes(new.tobytes())  # a new file: another inode
+    changed = initializer_array(tensor, str(tmp_path))
+    assert changed is not first
+    np.testing.assert_array_equal(changed, new[:256].reshape(16, 16))
