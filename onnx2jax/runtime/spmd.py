@@ -219,9 +219,10 @@ class Compiled:
         """The jitted program for these inputs and its runtime arguments.
 
         Inputs that set shapes are folded in as constants (one program per
-        value). An output whose spec does not divide its shape cannot come
-        back sharded (JAX holds no unevenly sharded array): it comes back
-        replicated, with a warning, once per input signature.
+        value). An output whose spec JAX cannot hold (uneven, or fused) comes
+        back split on another axis its mesh axes divide, or replicated where
+        none does (``placements.holdable_output``), with a warning, once per
+        input signature.
         """
         placed, static, key, shapes, signature = self._prepare(inputs, named)
         args = ((self.params, self.param_copies), placed)
