@@ -300,6 +300,8 @@ def test_a_tied_embedding_in_two_pipeline_stages_is_held_once(tmp_path: Path, ca
     The logits (vocabulary 251 over 4) come back split on the sequence; values equal the unsharded run."""
     import sys
 
+    from onnx2jax.runtime.report import count_collectives
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     import medium_transformers as mt
 
@@ -325,6 +327,8 @@ def test_a_tied_embedding_in_two_pipeline_stages_is_held_once(tmp_path: Path, ca
         (logits,) = pipeline(**feeds)
     np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), rtol=1e-4, atol=1e-4)
     assert {s.data.shape for s in logits.addressable_shards} == {(2, 4, 251)}
+    last = count_collectives(pipeline.lower(**feeds)[-1].compile().as_text())
+    assert (last["all-to-all"], last["all-gather"]) == (1, 0)  # the logits' move; nothing gathers them whole
 
 
 def test_a_tensor_is_mapped_once_per_process_until_its_file_changes(tmp_path: Path):
