@@ -66,3 +66,18 @@ def test_a_result_dropped_by_its_caller_keeps_one_device_buffer_alive_not_every_
     assert bound.admit((replicated,))[0] is replicated
     (held,) = bound._queued
     assert len(held.devices()) == 1 and held.shape == (4, 4)
+
+
+def test_finished_executions_are_not_held():
+    """A caller that reads each result (a benchmark, a decode loop) has waited already: the bound then
+    holds only the newest call's buffer, not ``bound`` of them (their memory goes with the caller's)."""
+    import jax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    mesh = Mesh(np.array(jax.devices()[:8]), ("d",))
+    bound = InFlight(mesh.devices.flat, bound=4)
+    for k in range(6):
+        result = jax.device_put(np.full((8, 4), k, np.float32), NamedSharding(mesh, PartitionSpec("d")))
+        bound.admit((result,)).__getitem__(0).block_until_ready()
+    (held,) = bound._queued
+    np.testing.assert_array_equal(np.asarray(held), np.full((1, 4), 5, np.float32))
