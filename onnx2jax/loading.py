@@ -231,7 +231,7 @@ def initializer_array(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndar
     return _mapped(os.path.join(base_dir, info.location), dtype, info.offset or 0, shape)
 
 
-_MAPS: "weakref.WeakValueDictionary[tuple, np.memmap]" = weakref.WeakValueDictionary()
+_MAPS: weakref.WeakValueDictionary[tuple, np.memmap] = weakref.WeakValueDictionary()
 
 
 def _mapped(location: str, dtype: np.dtype, offset: int, shape: tuple[int, ...]) -> np.memmap:

@@ -18,7 +18,7 @@ import numpy as np
 
 from onnx2jax.loading import aligned_view, drop_pages, file_identity, freeze, read_only_buffer
 
-_COPIES: "weakref.WeakValueDictionary[tuple, np.ndarray]" = weakref.WeakValueDictionary()
+_COPIES: weakref.WeakValueDictionary[tuple, np.ndarray] = weakref.WeakValueDictionary()
 """The buffer of each slice of a mapped file copied for the devices (not contiguous, or padded), while a
 device holds it (jax on CPU keeps the buffer, not the view). Placed again (a pipeline's stages each hold
 GPT-2's tied embedding, split alike) the slice is the same buffer, which jax on CPU aliases again, so the
