@@ -120,7 +120,13 @@ def _split(graph, tensor: str, node, width: int) -> list[Part] | None:
 
 
 def _heads(graph, tensor: str, width: int) -> int | None:
-    """Heads of the first Reshape after ``tensor`` that ends in ``[heads, head_dim]`` from its last axis (width)."""
+    """Heads of the first Reshape after ``tensor`` that views its last axis (width) as ``[heads, head_dim]``.
+
+    The head count is read from the Reshape's inferred output shape; where ONNX's shape inference left it
+    symbolic (a dynamo export's target ``Concat(batch, seq, [-1], [head_dim])``: only the head size is a
+    constant), it is ``width // head_dim`` when the Reshape keeps every leading axis, by name, and splits only
+    the last one.
+    """
     frontier = [tensor]
     for _ in range(3):
         following = []
@@ -129,22 +135,25 @@ def _heads(graph, tensor: str, width: int) -> int | None:
             for index in graph.consumers.get(name, []):
                 node = graph.nodes[index]
                 out = graph.shapes.get(node.output[0]) if node.output else None
-                if (
-                    node.op_type == "Reshape"
-                    and out
-                    and shape
-                    and shape[-1] == width
-                    and len(out) >= 2
-                    and isinstance(out[-1], int)
-                    and isinstance(out[-2], int)
-                    and out[-1] > 0
-                    and out[-2] * out[-1] == width
-                ):
-                    return out[-2]
+                if node.op_type == "Reshape" and out and shape and shape[-1] == width:
+                    heads = _split_heads(tuple(shape), tuple(out), width)
+                    if heads is not None:
+                        return heads
                 if node.op_type in ("Add", "Mul", "Cast", "Identity") and node.output:
                     following.append(node.output[0])
         frontier = following
     return None
+
+
+def _split_heads(shape: tuple, out: tuple, width: int) -> int | None:
+    """Heads when a Reshape from ``shape`` (last axis ``width``) to ``out`` ends in ``[heads, head_dim]``."""
+    if len(out) < 2 or not isinstance(out[-1], int) or out[-1] <= 0 or width % out[-1]:
+        return None
+    heads = width // out[-1]
+    if isinstance(out[-2], int):
+        return heads if out[-2] == heads else None
+    # A symbolic head count: sure only when the leading axes are the input's own (the same names or sizes).
+    return heads if out[:-2] == shape[:-1] and None not in out[:-2] else None
 
 
 def _stacked(graph, tensor: str, node, width: int) -> FeatureCut | None:
