@@ -38,6 +38,7 @@ has the layout of a [H, 2, F] tensor split 2 ways on its last axis.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Sequence
@@ -126,14 +127,21 @@ def layout_of(spec: ShardingSpec, shape: Sequence[int]) -> Layout:
         axis = sd.axis % rank if rank else sd.axis
         for offset, part in enumerate(sd.parts):
             grid.append((first_sub_dim[axis] + offset, part.num_shards))
-    count = math.prod(n for _, n in grid)
-    shard_devices = tuple(frozenset(spec.devices_of_shard(k)) for k in range(count))
+    shard_devices = _shard_devices(spec.devices, spec.groups, math.prod(n for _, n in grid))
     fused = tuple(
         (axis, tuple(expanded[first_sub_dim[axis] : first_sub_dim[axis] + len(sd.parts)]))
         for axis, sd in sorted(by_axis.items())
         if len(sd.parts) > 1
     )
     return Layout(grid=tuple(grid), shard_devices=shard_devices, rank=len(expanded), fused=fused)
+
+
+@functools.lru_cache(maxsize=4096)
+def _shard_devices(devices: tuple[int, ...], groups: tuple, count: int) -> tuple[frozenset[int], ...]:
+    """Each shard's device set, from a spec's device entries and groups (one per distinct spec geometry: a
+    model's thousands of specs share a few, and each call's layouts recompute them)."""
+    members = dict(groups)
+    return tuple(frozenset((devices[k],) if devices[k] >= 0 else members[devices[k]]) for k in range(count))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,18 +166,12 @@ PSpec = tuple  # one entry per (expanded) tensor dim: None or a tuple of mesh ax
 def _devices_for(plan: MeshPlan, assignment: dict[int, tuple[int, ...]], grid_sizes: Sequence[int]) -> list[frozenset[int]]:
     """Device set of every shard when grid axis g is mapped to mesh axes ``assignment[g]``."""
     array = plan.device_array()
-    result = []
-    for index in itertools.product(*[range(n) for n in grid_sizes]):
-        coords: list[object] = [slice(None)] * len(plan.axis_sizes)
-        for g, i in enumerate(index):
-            axes = assignment.get(g, ())
-            sizes = [plan.axis_sizes[a] for a in axes]
-            digits = np.unravel_index(i, sizes) if sizes else ()
-            for a, d in zip(axes, digits):
-                coords[a] = int(d)
-        block = array[tuple(coords)]
-        result.append(frozenset(int(d) for d in np.ravel(block)))  # free axes: replicas
-    return result
+    # Move each grid axis's mesh axes to the front, in grid order, the free (replica) axes last: shard k of
+    # the row-major grid is then row k of the reshaped array.
+    used = [a for g in range(len(grid_sizes)) for a in assignment.get(g, ())]
+    free = [a for a in range(array.ndim) if a not in used]
+    rows = array.transpose(used + free).reshape(math.prod(grid_sizes), -1)
+    return [frozenset(row.tolist()) for row in rows]
 
 
 def assignments(sizes: Sequence[int], axis_sizes: Sequence[int]):
@@ -205,19 +207,30 @@ def find_pspec(layout: Layout, plan: MeshPlan, *, exact: bool) -> PSpec | None:
         that uses only some of the mesh's devices), each spec device set must
         be contained in the mesh's: the other devices hold replicas.
     """
-    sizes = [n for _, n in layout.grid]
+    assignment = _assignment(tuple(n for _, n in layout.grid), layout.shard_devices, plan, exact)
+    if assignment is None:
+        return None
+    entries: list[tuple[str, ...] | None] = [None] * layout.rank
+    for (dim, _), axes in zip(layout.grid, assignment):
+        if axes:
+            entries[dim] = tuple(plan.axis_names[a] for a in axes)
+    return tuple(entries)
+
+
+@functools.lru_cache(maxsize=4096)
+def _assignment(
+    sizes: tuple[int, ...], shard_devices: tuple[frozenset[int], ...], plan: MeshPlan, exact: bool
+) -> tuple[tuple[int, ...], ...] | None:
+    """The first assignment of mesh axes to the grid axes that puts each shard on its devices, or None.
+
+    It depends on the grid and the device sets only, not on the tensor: the many specs of a model that
+    share a layout (every column-split activation, say) are searched once per mesh, and again at no cost
+    when a call's shapes map the specs anew.
+    """
     for assignment in assignments(sizes, plan.axis_sizes):
         got = _devices_for(plan, assignment, sizes)
-        ok = all(
-            (want == have) if exact else want <= have for want, have in zip(layout.shard_devices, got)
-        )
-        if ok:
-            entries: list[tuple[str, ...] | None] = [None] * layout.rank
-            for g, (dim, _) in enumerate(layout.grid):
-                axes = tuple(plan.axis_names[a] for a in assignment[g])
-                if axes:
-                    entries[dim] = axes
-            return tuple(entries)
+        if all((want == have) if exact else want <= have for want, have in zip(shard_devices, got)):
+            return tuple(assignment[g] for g in range(len(sizes)))
     return None
 
 

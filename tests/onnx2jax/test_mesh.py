@@ -34,6 +34,28 @@ def test_megatron_specs_merge_into_one_axis():
     assert mapping.pspecs == {"col": (None, ("d0",)), "row": (("d0",), None), "rep": (None, None)}
 
 
+def test_specs_sharing_a_layout_are_searched_once(monkeypatch):
+    # A model's thousands of specs share a few layouts (every column-split activation, whatever its rank), and a
+    # call's shapes map them all again: the search of mesh axes runs once per distinct layout and mesh.
+    from sharding.mesh import layout as layout_module
+
+    searched = []
+    real = layout_module._devices_for
+    monkeypatch.setattr(layout_module, "_devices_for", lambda *a: searched.append(a) or real(*a))
+    layout_module._assignment.cache_clear()
+    devices = [3, 1, 2, 0, 7, 5, 6, 4]
+    layouts = {
+        f"t{rank}": layout_of(ShardingSpec.split(f"t{rank}", {rank - 1: 8}, devices), (4,) * (rank - 1) + (64,))
+        for rank in range(1, 6)
+    }
+    alone = map_specs({"t1": layouts["t1"]}, 8)
+    once = len(searched)
+    together = map_specs(layouts, 8)
+    assert map_specs(layouts, 8) == together and len(searched) == once > 0
+    assert together.plan == alone.plan and together.plan.device_order == tuple(devices)
+    assert together.pspecs == {key: (None,) * (int(key[1:]) - 1) + (("d0",),) for key in layouts}
+
+
 def test_permuted_devices_become_the_mesh_order():
     mapping = map_specs({"p": layout_of(ShardingSpec.split("p", {0: 4}, [3, 1, 2, 0]), (8,))}, 4)
     assert mapping.plan.device_order == (3, 1, 2, 0)
