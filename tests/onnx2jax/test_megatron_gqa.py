@@ -49,6 +49,26 @@ def test_plan_finds_query_and_key_value_heads_through_a_runtime_reshape_target(g
     assert [heads[c] for p in attention for c in p.columns] == [16, 4, 4] * 2
 
 
+def test_a_reshape_that_merges_leading_axes_gives_no_heads():
+    # [batch, seq, 128] -> [-1, 8] with the head count symbolic: 8 is not known to be a head size (the Reshape
+    # does not keep batch and seq), so the projection is split by features, as before.
+    import onnx
+    from onnx import TensorProto, helper
+
+    from sharding.megatron.graph import PlanGraph
+    from sharding.megatron.parts import feature_parts
+
+    weight = onnx.numpy_helper.from_array(np.zeros((128, 128), np.float32), "w")
+    target = onnx.numpy_helper.from_array(np.array([-1, 8], np.int64), "target")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+             helper.make_node("Reshape", ["y", "target"], ["z"], name="view")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 128])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], [weight, target])
+    plan_graph = PlanGraph(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
+    assert plan_graph.shapes["z"][-1] == 8 and not isinstance(plan_graph.shapes["z"][0], int)
+    assert feature_parts(plan_graph, "y", 128).heads is None
+
+
 @functools.lru_cache(maxsize=None)
 def _session():
     return ort.InferenceSession(_model().SerializeToString(), providers=["CPUExecutionProvider"])
