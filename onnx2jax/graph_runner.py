@@ -34,6 +34,7 @@ import onnx.numpy_helper
 from onnx2jax import ops as _ops  # noqa: F401  (fills the registry)
 from onnx2jax import host_fold
 from onnx2jax import scan as _scan
+from onnx2jax import symbolic
 from onnx2jax.errors import NodeError, UnsupportedOpError
 from onnx2jax.hostvalues import is_host_value
 from onnx2jax.ops.registry import OpImpl, lookup
@@ -341,6 +342,13 @@ class GraphRunner:
                         f"{where}: input {name!r} is {value.describe()}; its values exist only after the "
                         "run (JAX has no strings or maps), so only a graph output or Identity can take it"
                     )
+        all_static = not any(True for _ in subgraphs(node)) and all(
+            v is None or is_static(v) for v in inputs
+        )
+        symbolic_inputs = any(symbolic.is_symbolic(v) for v in inputs)
+        if symbolic_inputs and not (all_static and node.op_type in symbolic.STRUCTURAL | symbolic.FOLDED):
+            inputs = symbolic.as_jax_inputs(inputs, impl.static_inputs)
+            all_static = False
         args: list[Any] = list(inputs)
         if impl.needs_context:
             ctx = OpContext(
@@ -351,11 +359,10 @@ class GraphRunner:
                 output_count=len(node.output),
             )
             args = [ctx, *args]
-        all_static = not any(True for _ in subgraphs(node)) and all(
-            v is None or is_static(v) for v in inputs
-        )
         try:
-            if all_static:
+            if all_static and symbolic_inputs:
+                result = _symbolic_step(node, impl, args, inputs, attrs)
+            elif all_static:
                 result = _host_fold(node, args, attrs, impl)
                 if result is None:
                     with jax.ensure_compile_time_eval():
@@ -373,6 +380,29 @@ class GraphRunner:
         if len(outputs) < len([o for o in node.output if o]):
             raise NodeError(f"{where}: produced {len(outputs)} outputs, the node names {len(node.output)}")
         return outputs[: len(node.output)]
+
+
+def _symbolic_step(node: onnx.NodeProto, impl: OpImpl, args: list, inputs: list, attrs: dict[str, Any]) -> Any:
+    """A node on symbolic shape values (:mod:`onnx2jax.symbolic`): folded on the objects, or its
+    implementation on them (a structural op, numpy moving the objects; or jax where the result is a
+    tensor of symbolic shape, which the implementation decides)."""
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    result = symbolic.fold(node.op_type, inputs, attrs) if domain == "" else None
+    if result is None and node.op_type not in symbolic.STRUCTURAL:
+        head = args[: len(args) - len(inputs)]  # the context, for ops that take one
+        result = impl.fn(*head, *symbolic.as_jax_inputs(inputs, impl.static_inputs), **attrs)
+    elif result is None:
+        result = impl.fn(*args, **attrs)
+    if isinstance(result, (tuple, list)):
+        return type(result)(_symbolic_static(r) for r in result)
+    return _symbolic_static(result)
+
+
+def _symbolic_static(result: Any) -> Any:
+    """An object result with no symbolic element left is an int64 array again; others are kept."""
+    if isinstance(result, np.ndarray) and result.dtype == object:
+        return symbolic.value(result)
+    return result
 
 
 def _host_fold(node: onnx.NodeProto, args: list, attrs: dict[str, Any], impl: OpImpl) -> Any:

@@ -22,6 +22,8 @@ from typing import Any, Sequence
 import numpy as np
 from jax import lax
 
+from onnx2jax import symbolic
+
 
 def take(x: Any, index: Sequence[slice]) -> Any:
     """``x[index]`` for a tuple of static slices (one per leading axis), as canonical ``lax.slice``s.
@@ -33,6 +35,10 @@ def take(x: Any, index: Sequence[slice]) -> Any:
         return x[index]
     starts, limits, strides, reverse = [], [], [], []
     for axis, (s, size) in enumerate(zip(index, x.shape)):
+        if symbolic.is_dim(size) or symbolic.is_dim(s.start) or symbolic.is_dim(s.stop):
+            start, limit = _symbolic_bounds(s, size, axis)
+            starts.append(start), limits.append(limit), strides.append(1)
+            continue
         start, stop, step = s.indices(size)
         count = len(range(start, stop, step))
         if count == 0:
@@ -47,3 +53,13 @@ def take(x: Any, index: Sequence[slice]) -> Any:
         strides.append(stride)
     out = lax.slice(x, starts, limits, strides)
     return lax.rev(out, reverse) if reverse else out
+
+
+def _symbolic_bounds(s: slice, size: Any, axis: int) -> tuple[Any, Any]:
+    """Start and limit of a step-1 slice whose axis or bounds hold a symbolic dimension (jax.export),
+    already clamped into the axis by the caller (:func:`onnx2jax.ops.shapes` does)."""
+    if s.step not in (None, 1):
+        raise ValueError(f"a slice of step {s.step} on axis {axis} of symbolic size {size} is not supported")
+    start = 0 if s.start is None else s.start
+    limit = size if s.stop is None else s.stop
+    return start, limit

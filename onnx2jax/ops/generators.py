@@ -1,7 +1,9 @@
 """Tensors made from attributes or shapes: Constant, ConstantOfShape, Range, EyeLike, Random*, Bernoulli, Multinomial.
 
 Constant, ConstantOfShape, Range and EyeLike return numpy arrays: their values
-are known while tracing, so they fold into shape computations.
+are known while tracing, so they fold into shape computations; where a size
+holds a symbolic dimension (``jax.export``), ConstantOfShape and Range return
+jax arrays of that size (:mod:`onnx2jax.symbolic`).
 
 Random ops draw from ``jax.random`` with a key made from the node's ``seed``
 attribute, or from the fixed key 0 when it has none. The key is a constant of
@@ -20,7 +22,9 @@ import numpy as np
 import onnx
 import onnx.helper
 import onnx.numpy_helper
+from jax import lax
 
+from onnx2jax import symbolic
 from onnx2jax.ops.registry import register
 
 
@@ -85,14 +89,29 @@ def constant(
 @register("ConstantOfShape", 9, 20, 21, 23, 24, 25, static_inputs=(0,))
 def constant_of_shape(shape, *, value=None):
     fill = np.zeros((1,), np.float32) if value is None else np.asarray(value)
-    dims = tuple(int(d) for d in np.asarray(shape).reshape(-1))
-    return np.full(dims, fill.reshape(-1)[0], dtype=fill.dtype)
+    dims = tuple(symbolic.dims(shape))
+    xp = jnp if symbolic.has_dims(dims) else np  # a symbolic size (jax.export): only jax has that shape
+    return xp.full(dims, fill.reshape(-1)[0], dtype=fill.dtype)
 
 
 @register("Range", 11, static_inputs=(0, 1, 2))
 def range_11(start, limit, delta):
+    if any(symbolic.is_symbolic(v) for v in (start, limit, delta)):
+        return _symbolic_range(start, limit, delta)
     start, limit, delta = (np.asarray(v) for v in (start, limit, delta))
     return np.arange(start.item(), limit.item(), delta.item()).astype(start.dtype)
+
+
+def _symbolic_range(start, limit, delta):
+    """Range whose bounds hold a symbolic dimension (jax.export): ``start + i * delta`` for i < its length,
+    the length ``max(ceil((limit - start) / delta), 0)`` as a size jax can take."""
+    start, limit, delta = (symbolic.dims(v)[0] for v in (start, limit, delta))
+    if symbolic.is_dim(delta) or int(delta) == 0:
+        raise ValueError(f"Range: delta {delta} must be a nonzero constant to size the output")
+    count = (limit - start + delta - 1) // delta if delta > 0 else (start - limit - delta - 1) // -delta
+    count = jax.core.max_dim(count, 0)
+    dtype = jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
+    return jnp.asarray(start).astype(dtype) + lax.iota(dtype, count) * delta
 
 
 _STASH_DTYPES = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.DOUBLE: np.float64}

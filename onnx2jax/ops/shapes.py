@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from onnx2jax import symbolic
 from onnx2jax.ops import _slices
 from onnx2jax.ops.registry import register
 
@@ -29,8 +31,17 @@ def _xp(*values):
     return np if _is_static(*values) else jnp
 
 
-def _ints(values) -> list[int]:
-    return [int(v) for v in np.asarray(values).reshape(-1)]
+def _ints(values) -> list:
+    """A static input's values: ints, or jax's symbolic dimensions where a shape under jax.export holds them."""
+    return symbolic.dims(values)
+
+
+def _xp_to(x, shape):
+    """numpy and ``x`` where the result of shape ``shape`` can be a numpy array; jax.numpy and ``x`` as jax
+    where ``shape`` holds a symbolic dimension (no numpy array has that shape)."""
+    if not symbolic.has_dims(shape):
+        return _xp(x), x
+    return jnp, symbolic.as_jax(x) if symbolic.is_symbolic(x) else x
 
 
 def _axis(axis: int, rank: int) -> int:
@@ -45,14 +56,22 @@ def _reshape_target(in_shape, shape, allowzero: int) -> tuple[int, ...]:
     # -> 0 copies in_shape[0] = 2, then -1 takes 24 / 2 = 12: (2, 12).
     out = _ints(shape)
     if not allowzero:
-        out = [in_shape[i] if s == 0 else s for i, s in enumerate(out)]
-    if out.count(-1) > 1:
+        out = [in_shape[i] if _is_zero(s) else s for i, s in enumerate(out)]
+    if sum(map(_is_minus_one, out)) > 1:
         raise ValueError(f"reshape target {out} has more than one -1")
-    if -1 in out:
-        known = math.prod(s for s in out if s != -1)
+    if any(map(_is_minus_one, out)):
+        known = math.prod(s for s in out if not _is_minus_one(s))
         size = math.prod(in_shape)
-        out[out.index(-1)] = size // known if known else 0
+        out[next(i for i, s in enumerate(out) if _is_minus_one(s))] = size // known if not _is_zero(known) else 0
     return tuple(out)
+
+
+def _is_minus_one(size) -> bool:
+    return not symbolic.is_dim(size) and size == -1
+
+
+def _is_zero(size) -> bool:
+    return not symbolic.is_dim(size) and size == 0
 
 
 def _slice_index(shape, starts, ends, axes, steps) -> tuple[slice, ...]:
@@ -68,6 +87,9 @@ def _slice_index(shape, starts, ends, axes, steps) -> tuple[slice, ...]:
         dim = shape[axis]
         if step == 0:
             raise ValueError("Slice step cannot be 0")
+        if symbolic.has_dims((dim, start, end)):
+            index[axis] = _symbolic_slice(dim, start, end, step, axis)
+            continue
         if start < 0:
             start += dim
         if end < 0:
@@ -81,6 +103,29 @@ def _slice_index(shape, starts, ends, axes, steps) -> tuple[slice, ...]:
             start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
             index[axis] = slice(start, None if end < 0 else end, step)
     return tuple(index)
+
+
+_WHOLE = 2**62  # an end at least this large is "to the end" (torch writes INT64_MAX)
+
+
+def _symbolic_slice(dim, start, end, step: int, axis: int) -> slice:
+    """A step-1 slice where the axis size or a bound holds a symbolic dimension (jax.export).
+
+    The clamping that ONNX asks for is decided where jax can decide it (``0``
+    and ``INT64_MAX`` against ``batch``), with ``min``/``max`` of dimensions
+    otherwise; a negative bound counts from the end.
+    """
+    if step != 1:
+        raise ValueError(f"a Slice of step {step} on axis {axis} of size {dim} (symbolic) is not supported")
+
+    def clamp(bound):
+        if not symbolic.is_dim(bound) and bound >= _WHOLE:
+            return dim
+        if not symbolic.is_dim(bound) and bound < 0:
+            bound = bound + dim
+        return jax.core.min_dim(jax.core.max_dim(bound, 0), dim)
+
+    return slice(clamp(start), clamp(end), 1)
 
 
 def _pad(x, pads, mode: str, value, axes):
@@ -112,17 +157,22 @@ def _pad(x, pads, mode: str, value, axes):
 
 @register("Reshape", 1)
 def reshape_1(x, *, shape, consumed_inputs=None):
-    return _xp(x).reshape(x, _reshape_target(x.shape, shape, 0))
+    return _reshaped(x, _reshape_target(x.shape, shape, 0))
 
 
 @register("Reshape", 5, 13, static_inputs=(1,))
 def reshape_5(x, shape):
-    return _xp(x).reshape(x, _reshape_target(x.shape, shape, 0))
+    return _reshaped(x, _reshape_target(x.shape, shape, 0))
 
 
 @register("Reshape", 14, 19, 21, 23, 24, 25, static_inputs=(1,))
 def reshape(x, shape, *, allowzero):
-    return _xp(x).reshape(x, _reshape_target(x.shape, shape, allowzero))
+    return _reshaped(x, _reshape_target(x.shape, shape, allowzero))
+
+
+def _reshaped(x, target):
+    xp, x = _xp_to(x, target)
+    return xp.reshape(x, target)
 
 
 @register("Transpose", 1, 13, 21, 23, 24, 25)
@@ -173,7 +223,7 @@ def flatten(x, *, axis):
 
 @register("Shape", 1, 13)
 def shape_1(x):
-    return np.asarray(x.shape, dtype=np.int64)
+    return symbolic.value(tuple(x.shape))
 
 
 @register("Shape", 15, 19, 21, 23, 24, 25)
@@ -182,18 +232,23 @@ def shape(x, *, start, end=None):
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = rank if end is None else end
     end = min(max(end + rank if end < 0 else end, 0), rank)
-    return np.asarray(x.shape[start:end], dtype=np.int64)
+    return symbolic.value(tuple(x.shape[start:end]))
 
 
 @register("Size", 1, 13, 19, 21, 23, 24, 25)
 def size(x):
-    return np.asarray(math.prod(x.shape), dtype=np.int64)
+    return symbolic.value(math.prod(x.shape))
 
 
 @register("Expand", 8, 13, static_inputs=(1,))
 def expand(x, shape):
-    out = np.broadcast_shapes(tuple(x.shape), tuple(_ints(shape)))
-    return _xp(x).broadcast_to(x, out)
+    target = tuple(_ints(shape))
+    if symbolic.has_dims(target) or symbolic.has_dims(x.shape):
+        out = symbolic.broadcast_shapes(tuple(x.shape), target)
+    else:
+        out = np.broadcast_shapes(tuple(x.shape), target)
+    xp, x = _xp_to(x, out)
+    return xp.broadcast_to(x, out)
 
 
 @register("Tile", 1, static_inputs=(1, 2))
