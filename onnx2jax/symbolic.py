@@ -52,6 +52,12 @@ def has_dims(shape: Sequence[Any]) -> bool:
     return any(is_dim(d) for d in shape)
 
 
+def named_shape(shape: Sequence[Any]) -> tuple:
+    """A shape for the jax-free sharding analyses: ints, and each symbolic dimension as its name
+    (``str(DimExpr)``: ``batch``, ``2*batch``), which shape inference writes as a dim_param."""
+    return tuple(str(d) if is_dim(d) else int(d) for d in shape)
+
+
 def value(items: Any, dtype: Any = np.int64) -> np.ndarray:
     """A shape value from ints and ``DimExpr``s: ``dtype`` when all are ints, an object array otherwise.
 
@@ -230,4 +236,4 @@ def _onnx_dtype(to: int) -> Any:
 
 
 __all__ = ["FOLDED", "STRUCTURAL", "as_jax", "as_jax_inputs", "broadcast_shapes", "dims", "fold", "has_dims", "is_dim",
-           "is_symbolic", "value"]
+           "is_symbolic", "named_shape", "value"]

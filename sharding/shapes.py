@@ -50,7 +50,7 @@ def _dim(d: onnx.TensorShapeProto.Dimension) -> int | str | None:
 
 def _light_copy(
     model: onnx.ModelProto,
-    input_shapes: Mapping[str, Sequence[int]] | None,
+    input_shapes: Mapping[str, Sequence[int | str]] | None,
     order: Sequence[int] | None = None,
 ) -> onnx.ModelProto:
     """A copy for shape inference: large initializers become typed graph inputs."""
@@ -86,7 +86,10 @@ def _light_copy(
                 shape = info.type.tensor_type.shape
                 shape.ClearField("dim")
                 for d in dims:
-                    shape.dim.add().dim_value = int(d)
+                    if isinstance(d, str):
+                        shape.dim.add().dim_param = d  # a symbolic size (jax.export's batch): a name
+                    else:
+                        shape.dim.add().dim_value = int(d)
     return light
 
 
@@ -125,14 +128,15 @@ class InferredModel:
 
 def infer_model(
     model: onnx.ModelProto,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_shapes: Mapping[str, Sequence[int | str]] | None = None,
     order: Sequence[int] | None = None,
 ) -> InferredModel:
     """ONNX shape inference (``data_prop=True``) of the main graph, on a light copy.
 
     Args:
         model: The model; not modified.
-        input_shapes: Concrete dims for model inputs, replacing symbolic ones.
+        input_shapes: Dims for model inputs, replacing the declared ones: ints, or names (dim_params)
+            for sizes a call leaves symbolic (a batch under jax.export).
         order: The nodes' topological order, if already known.
 
     Raises:
@@ -169,7 +173,7 @@ def infer_model(
 
 def tensor_shapes(
     model: onnx.ModelProto,
-    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    input_shapes: Mapping[str, Sequence[int | str]] | None = None,
     order: Sequence[int] | None = None,
 ) -> tuple[dict[str, Shape], list[Diagnostic]]:
     """Shapes of the main graph's tensors after ONNX shape inference (:func:`infer_model`).

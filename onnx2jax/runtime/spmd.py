@@ -29,6 +29,7 @@ import jax
 import numpy as np
 import onnx
 
+from onnx2jax import symbolic
 from onnx2jax.errors import NodeError
 from onnx2jax.runtime.executable import x64_scope
 from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
@@ -241,7 +242,7 @@ class Compiled:
         dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
         dynamic = {k: auto_input(v) for k, v in dynamic.items()}
         shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
-        input_shapes = {k: tuple(np.shape(v)) for k, v in {**dynamic, **static}.items()}
+        input_shapes = {k: symbolic.named_shape(np.shape(v)) for k, v in {**dynamic, **static}.items()}
         signature = self._signature((key, shapes), input_shapes)
         return place_on_mesh(dynamic, signature.in_placements, self.mesh), static, key, shapes, signature
 
