@@ -56,9 +56,19 @@ def _element_index(indices, axis: int):
     For indices of shape (2, 3) and axis 1, element [i, j] addresses
     data[i, indices[i, j]]: the index is (iota_0, indices).
     """
-    grid = list(jnp.indices(indices.shape, sparse=True))
+    grid = _sparse_grid(indices.shape)
     grid[axis] = indices
     return tuple(grid)
+
+
+def _sparse_grid(shape) -> list:
+    """``jnp.indices(shape, sparse=True)`` from ``broadcasted_iota``, which also takes the symbolic
+    sizes of a shape under jax.export (``jnp.indices`` needs ints)."""
+    rank = len(shape)
+    return [
+        jax.lax.broadcasted_iota(jnp.int32, tuple(d if j == i else 1 for j, d in enumerate(shape)), i)
+        for i in range(rank)
+    ]
 
 
 _SCATTER = {
@@ -151,7 +161,7 @@ def tensor_scatter(past_cache, update, write_indices=None, *, mode, axis):
     axis = _axis(axis, past_cache.ndim)
     if axis == 0:
         raise ValueError("TensorScatter: axis cannot be the batch axis 0")
-    grid = list(jnp.indices(update.shape, sparse=True))
+    grid = _sparse_grid(update.shape)
     if write_indices is not None:
         start = jnp.reshape(jnp.asarray(write_indices), (-1,) + (1,) * (update.ndim - 1))
         grid[axis] = grid[axis] + start.astype(grid[axis].dtype)
