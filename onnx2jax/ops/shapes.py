@@ -51,7 +51,11 @@ def _axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
-def _reshape_target(in_shape, shape, allowzero: int) -> tuple[int, ...]:
+def reshape_target(in_shape, shape, allowzero: int) -> tuple:
+    """ONNX Reshape's target: 0 copies the input's size (unless ``allowzero``), -1 takes the rest.
+
+    Sizes may be jax's symbolic dimensions (jax.export): a 0 or -1 is always a constant.
+    """
     # Worked example: in_shape (2, 3, 4), shape [0, -1], allowzero 0
     # -> 0 copies in_shape[0] = 2, then -1 takes 24 / 2 = 12: (2, 12).
     out = _ints(shape)
@@ -157,17 +161,17 @@ def _pad(x, pads, mode: str, value, axes):
 
 @register("Reshape", 1)
 def reshape_1(x, *, shape, consumed_inputs=None):
-    return _reshaped(x, _reshape_target(x.shape, shape, 0))
+    return _reshaped(x, reshape_target(x.shape, shape, 0))
 
 
 @register("Reshape", 5, 13, static_inputs=(1,))
 def reshape_5(x, shape):
-    return _reshaped(x, _reshape_target(x.shape, shape, 0))
+    return _reshaped(x, reshape_target(x.shape, shape, 0))
 
 
 @register("Reshape", 14, 19, 21, 23, 24, 25, static_inputs=(1,))
 def reshape(x, shape, *, allowzero):
-    return _reshaped(x, _reshape_target(x.shape, shape, allowzero))
+    return _reshaped(x, reshape_target(x.shape, shape, allowzero))
 
 
 def _reshaped(x, target):

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx2jax.graph_runner import is_static
+from onnx2jax.ops.shapes import reshape_target
 from sharding import op_facts
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ def _reshape_leading(inputs: list, views: list) -> list | None:
     target = inputs[1]
     if view is None or not is_static(target) or view.axis != len(view.shape) - 1:
         return None
-    new_shape = tuple(int(d) for d in _resolve_reshape(view.shape, np.asarray(target)))
+    new_shape = reshape_target(view.shape, target, 0)
     if not new_shape or new_shape[-1] != view.shape[-1]:
         return None
     subs = tuple(view.array.shape[view.axis :])
@@ -318,16 +319,9 @@ def _reshape_from_view(inputs: list, views: list) -> list | None:
     view, target = views[0], inputs[1]
     if view is None or not is_static(target):
         return None
-    return [jnp.reshape(view.array, tuple(int(d) for d in _resolve_reshape(view.shape, np.asarray(target))))]
+    return [jnp.reshape(view.array, reshape_target(view.shape, target, 0))]
 
 
-def _resolve_reshape(shape: tuple[int, ...], target: np.ndarray) -> list[int]:
-    """ONNX Reshape's 0 (copy) and -1 (infer) rules, without allowzero."""
-    dims = [shape[i] if d == 0 else int(d) for i, d in enumerate(target)]
-    if -1 in dims:
-        known = math.prod(d for d in dims if d != -1)
-        dims[dims.index(-1)] = math.prod(shape) // known if known else 0
-    return dims
 
 
 def _split_sizes(inputs: list, attrs: Mapping[str, Any], length: int, count: int) -> list[int] | None:
