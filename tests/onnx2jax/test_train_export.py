@@ -3,11 +3,14 @@
 The artifact of tiny Llama TP 8 is written by the CLI, then loaded and called
 in a fresh Python in which ``import onnx`` and the translator's modules fail;
 its outputs equal onnxruntime's stored logits and the compiled model's, and
-its parameters and outputs keep the compiled shardings.
+its parameters and outputs keep the compiled shardings. Exported with a
+symbolic batch (unsharded and TP 8), one artifact serves batches 1 and 3
+(tests/onnx2jax/test_export_symbolic.py: the zoo, the shape ops, the refusals).
 """
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -16,13 +19,11 @@ import textwrap
 import jax
 import numpy as np
 import onnx
-import pytest
-from jax._src.export.shape_poly import InconclusiveDimensionOperation  # not re-exported by jax.export
+import onnxruntime
 from zoo_cases import ZOO
 
 import onnx2jax
 from onnx2jax.cli import main
-from onnx2jax.errors import NodeError
 from onnx2jax.export import export, load
 from sharding.megatron import megatron_plan
 
@@ -71,26 +72,30 @@ def test_exported_artifact_runs_without_onnx_or_the_translator(tmp_path) -> None
         assert array.sharding.is_equivalent_to(compiled.params[name].sharding, array.ndim), name
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NodeError,
-    reason="the translator folds Shape into numpy int64 constants at trace time (graph_runner's static "
-    "evaluation, which makes Reshape/Expand/Slice arguments static): a symbolic dimension is no int64, "
-    "so tiny Llama's first Shape node fails; a symbolic batch needs Shape chains carrying jax's DimExpr",
-)
+def _symbolic_batch_case(model: onnx.ModelProto) -> None:
+    """Exported once with a symbolic batch, the artifact runs at batch 1 and 3: its logits equal
+    onnxruntime's and the compiled model's at that batch, placed as the compiled model places them."""
+    compiled = onnx2jax.compile(model, scan_layers=False)
+    (batch,) = jax.export.symbolic_shape("batch")
+    artifact = load(io.BytesIO(export(compiled, jax.ShapeDtypeStruct((batch, 16), np.int64))))
+    session = onnxruntime.InferenceSession(str(DATA / "tiny_llama.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.load(DATA / "tiny_llama.inputs.npz")["input_ids"]
+    for size in (1, 3):
+        batch_ids = np.concatenate([ids, ids[::-1, ::-1]])[:size]
+        (logits,) = artifact(batch_ids)
+        assert logits.shape == (size, 16, 256)
+        (reference,) = session.run(None, {"input_ids": batch_ids})
+        np.testing.assert_allclose(np.asarray(logits), reference, rtol=1e-4, atol=1e-4)
+        (expected,) = compiled(batch_ids)
+        np.testing.assert_allclose(np.asarray(logits), np.asarray(expected), rtol=1e-5, atol=1e-5)
+        assert logits.sharding.is_equivalent_to(expected.sharding, logits.ndim)
+    for array, name in zip(artifact.params, compiled.params):
+        assert array.sharding.is_equivalent_to(compiled.params[name].sharding, array.ndim), name
+
+
 def test_a_symbolic_batch_is_kept_unsharded() -> None:
-    compiled = onnx2jax.compile(onnx.load(DATA / "tiny_llama.onnx"), scan_layers=False)
-    (batch,) = jax.export.symbolic_shape("batch")
-    export(compiled, jax.ShapeDtypeStruct((batch, 8), np.int64))
+    _symbolic_batch_case(onnx.load(DATA / "tiny_llama.onnx"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=InconclusiveDimensionOperation,
-    reason="sharded, the per-call sharding inference runs ONNX shape inference at the call's sizes "
-    "(sharding/shapes.py writes them into the model as ints) before the translator's Shape folding is reached",
-)
 def test_a_symbolic_batch_is_kept_sharded() -> None:
-    compiled = onnx2jax.compile(megatron_plan(onnx.load(DATA / "tiny_llama.onnx"), 8), scan_layers=False)
-    (batch,) = jax.export.symbolic_shape("batch")
-    export(compiled, jax.ShapeDtypeStruct((batch, 8), np.int64))
+    _symbolic_batch_case(megatron_plan(onnx.load(DATA / "tiny_llama.onnx"), 8))
