@@ -399,10 +399,11 @@ def _symbolic_step(node: onnx.NodeProto, impl: OpImpl, args: list, inputs: list,
 
 
 def _symbolic_static(result: Any) -> Any:
-    """An object result with no symbolic element left is an int64 array again; others are kept."""
-    if isinstance(result, np.ndarray) and result.dtype == object:
+    """An object result is a shape value again (int64 when no symbolic element is left; numpy hands an
+    element picked from an object array back bare, a ``DimExpr``); numpy scalars are arrays; jax is kept."""
+    if (isinstance(result, np.ndarray) and result.dtype == object) or symbolic.is_dim(result):
         return symbolic.value(result)
-    return result
+    return np.asarray(result) if isinstance(result, np.generic) else result
 
 
 def _host_fold(node: onnx.NodeProto, args: list, attrs: dict[str, Any], impl: OpImpl) -> Any:
