@@ -11,11 +11,17 @@ The file is a zip: ``program.bin`` (``jax.export.Exported.serialize()``),
 ``params.npz`` (the parameters as ``Compiled.params`` holds them, by position)
 and ``meta.json`` (input, output and parameter names, the mesh's shape and
 axis names, whether 64-bit types are on). Inputs that set shapes are folded in
-at the exported values. The batch is fixed at the example's size: the
-translator folds ``Shape`` results into numpy int64 constants (so that
-Reshape/Expand/Slice get static arguments), and a sharded model's per-call
-sharding inference runs ONNX shape inference at the call's sizes; a symbolic
-dimension (jax's ``DimExpr``) is neither.
+at the exported values.
+
+An example input may be a ``jax.ShapeDtypeStruct`` whose shape holds jax's
+symbolic dimensions (``jax.export.symbolic_shape("batch")``): the artifact then
+takes every size of them. The translator carries them through the model's
+shape chains (:mod:`onnx2jax.symbolic`), and a sharded model's per-call
+sharding inference sees each as a named dim (a dim_param), as it sees the
+model's own symbolic dims at compile time: a split its specs write on such an
+axis is kept (XLA pads an uneven last shard inside the program), and no split
+is inferred that needs the size. A shape computation whose result depends on
+the value of a symbolic dimension (``Equal(batch, 1)``) is refused, naming the node.
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ def export(compiled: Any, *inputs: Any, path: str | os.PathLike | None = None, *
     Args:
       compiled: the compiled model.
       inputs, named: example inputs (positional in ONNX order, or by name; arrays or
-        ``jax.ShapeDtypeStruct``): their shapes and dtypes are the artifact's.
+        ``jax.ShapeDtypeStruct``): their shapes and dtypes are the artifact's; a shape may hold
+        symbolic dims (one ``jax.export.symbolic_shape`` scope for all inputs).
       path: where to write it too.
 
     Returns:

@@ -4,19 +4,27 @@ The artifact (``onnx2jax.export``) holds the sharded program at one input
 signature and its parameters; ``onnx2jax.export.load(path)(inputs)`` runs it
 with jax alone. The example inputs come from ``--input`` files or are drawn
 at random as ``onnx2jax run`` draws them (``--dim`` sizes symbolic dims).
+``--dim NAME=symbolic`` keeps one of the model's symbolic dims symbolic in the
+artifact (jax.export shape polymorphism): one artifact then serves every size
+of it, e.g. every batch.
 
 Examples::
 
-    onnx2jax export llama_tp8.onnx -o llama.jaxexport --dim batch=4 --dim sequence=128
+    onnx2jax export llama_tp8.onnx -o llama.jaxexport --dim batch=4 --dim seq=128
+    onnx2jax export llama_tp8.onnx -o llama.jaxexport --dim batch=symbolic --dim seq=128
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+from typing import Any, Mapping, Sequence
 
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time, as run does
+from onnx2jax.cli.errors import UsageError
 from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
+
+SYMBOLIC = "symbolic"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -25,10 +33,53 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("-o", "--output", required=True, metavar="OUT.jaxexport", help="the artifact to write")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="an example input from a file (the others are drawn at random)")
-    parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT",
-                        help="size of a symbolic dim (default 2)")
+    parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT|symbolic",
+                        help="size of a symbolic dim (default 2), or 'symbolic' to keep it symbolic in the artifact")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     return parser
+
+
+def split_symbolic(items: Sequence[str], known: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``--dim`` options as (the NAME=INT ones, the names set to ``symbolic``).
+
+    Raises:
+      UsageError: a name set to ``symbolic`` that is no symbolic dim of the model.
+    """
+    sized, symbolic = [], []
+    for item in items:
+        name, _, value = item.partition("=")
+        if value != SYMBOLIC:
+            sized.append(item)
+        elif name not in known:
+            listed = ", ".join(known) if known else "none: every dim is fixed"
+            raise UsageError(f"--dim {name}: the model has no symbolic dim {name!r} (its symbolic dims: {listed})")
+        else:
+            symbolic.append(name)
+    return sized, symbolic
+
+
+def symbolic_examples(values: Mapping[str, Any], model, names: Sequence[str]) -> dict[str, Any]:
+    """``values`` with each axis the model declares as one of ``names`` made jax's symbolic dim of that name.
+
+    An input with such an axis becomes a ``jax.ShapeDtypeStruct`` (its dtype kept); the others stay arrays.
+    All share one symbolic scope, so that two inputs' ``batch`` is one dim.
+    """
+    import jax
+    import numpy as np
+
+    if not names:
+        return dict(values)
+    dims = dict(zip(names, jax.export.symbolic_shape(",".join(names))))
+    declared = {info.name: tuple(info.shape or ()) for info in model.inputs}
+    out = {}
+    for name, value in values.items():
+        axes = declared.get(name, ())
+        shape = tuple(dims.get(d, size) if isinstance(d, str) else size for d, size in zip(axes, np.shape(value)))
+        if any(isinstance(d, str) and d in dims for d in axes) and len(axes) == np.ndim(value):
+            out[name] = jax.ShapeDtypeStruct(shape, np.asarray(value).dtype)
+        else:
+            out[name] = value
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -38,13 +89,16 @@ def run(args: argparse.Namespace) -> int:
     console = terminal.make_console()
     compiled = onnx2jax.compile(args.model)
     model = compiled.model
-    dims = parse_dims(args.dim, symbolic_dims(model))
+    known = symbolic_dims(model)
+    sized, symbolic = split_symbolic(args.dim, known)
+    dims = parse_dims(sized, known)
     given = conform(read_input_files(args.input, model.input_names), model)
-    drawn = random_inputs(model, args.seed, dims, skip=list(given.values))
+    drawn = random_inputs(model, args.seed, {**{n: 2 for n in symbolic}, **dims}, skip=list(given.values))
     for note in given.notes + drawn.notes:
         console.print(note, markup=False)
-    data = export(compiled, path=args.output, **given.values, **drawn.values)
-    shapes = ", ".join(f"{k} {list(v.shape)}" for k, v in {**given.values, **drawn.values}.items())
+    examples = symbolic_examples({**given.values, **drawn.values}, model, symbolic)
+    data = export(compiled, path=args.output, **examples)
+    shapes = ", ".join(f"{k} [{', '.join(map(str, v.shape))}]" for k, v in examples.items())
     size = f"{len(data) / 1e6:.1f} MB"
     console.print(f"wrote {os.fspath(args.output)} ({size}): {shapes} on mesh {dict(compiled.mesh.shape)}", markup=False)
     return 0

@@ -99,3 +99,24 @@ def test_a_symbolic_batch_is_kept_unsharded() -> None:
 
 def test_a_symbolic_batch_is_kept_sharded() -> None:
     _symbolic_batch_case(megatron_plan(onnx.load(DATA / "tiny_llama.onnx"), 8))
+
+
+def test_the_cli_keeps_a_dim_symbolic(tmp_path, capsys) -> None:
+    """``--dim batch=symbolic``: the artifact of tiny Llama TP 8 runs at batch 1 and 3, equal to onnxruntime."""
+    annotated = tmp_path / "llama_tp8.onnx"
+    onnx.save(megatron_plan(onnx.load(DATA / "tiny_llama.onnx"), 8), annotated)
+    artifact = tmp_path / "llama.jaxexport"
+    assert main(["export", str(annotated), "-o", str(artifact), "--dim", "batch=symbolic", "--dim", "seq=16"]) == 0
+    assert "input_ids [batch, 16]" in capsys.readouterr().out
+    loaded = load(artifact)
+    session = onnxruntime.InferenceSession(str(DATA / "tiny_llama.onnx"), providers=["CPUExecutionProvider"])
+    ids = np.load(DATA / "tiny_llama.inputs.npz")["input_ids"]
+    for size in (1, 3):
+        batch_ids = np.concatenate([ids, ids[::-1]])[:size]
+        (logits,) = loaded(batch_ids)
+        np.testing.assert_allclose(np.asarray(logits), session.run(None, {"input_ids": batch_ids})[0], rtol=1e-4, atol=1e-4)
+
+
+def test_the_cli_refuses_an_unknown_symbolic_dim(tmp_path, capsys) -> None:
+    assert main(["export", str(DATA / "tiny_llama.onnx"), "-o", str(tmp_path / "x.jaxexport"), "--dim", "width=symbolic"]) != 0
+    assert "no symbolic dim 'width'" in capsys.readouterr().err
