@@ -237,12 +237,15 @@ def _all_nodes(graph: onnx.GraphProto):
 
 
 def to_jax(value: Any) -> Any:
-    """A graph output as jax: static arrays converted, sequences (lists) element-wise, None kept.
+    """A graph output as jax: static arrays converted (a shape holding symbolic dims too), sequences
+    (lists) element-wise, None kept.
 
     Strings have no jax dtype: a string output stays a numpy array.
     """
     if isinstance(value, list):
         return [to_jax(v) for v in value]
+    if symbolic.is_symbolic(value):
+        return symbolic.as_jax(value)
     if is_static(value) and np.asarray(value).dtype.kind not in "OSU":
         return jnp.asarray(value)
     return value

@@ -67,6 +67,7 @@ def value(items: Any, dtype: Any = np.int64) -> np.ndarray:
     """
     array = np.empty(np.shape(items), dtype=object)
     array[...] = items  # keeps DimExprs as objects (np.asarray would try to make them arrays)
+    dtype = np.int64 if np.dtype(dtype) == object else dtype
     if not any(is_dim(v) for v in array.flat):
         return np.asarray(array.tolist() if array.ndim else array.item(), dtype=dtype)
     flat = [v if is_dim(v) else int(v) for v in array.flat]

@@ -192,6 +192,9 @@ def squeeze_1(x, *, axes=None):
 @register("Squeeze", 13, 21, 23, 24, 25, static_inputs=(1,))
 def squeeze(x, axes=None):
     if axes is None:
+        if symbolic.has_dims(x.shape):
+            raise ValueError(f"Squeeze without axes on shape {tuple(x.shape)}: whether a symbolic size is 1 "
+                             "depends on its value; onnx2jax does not guess it")
         axes = tuple(i for i, d in enumerate(x.shape) if d == 1)
     else:
         axes = tuple(_axis(a, x.ndim) for a in _ints(axes))

@@ -103,7 +103,7 @@ def test_zoo_exports_with_a_symbolic_batch_sharded(name) -> None:
 
 
 def _shape_chain_model() -> onnx.ModelProto:
-    """x [batch, 6] through the shape ops of a torch export, each result an output."""
+    """x [batch, 6] through the shape ops of a torch export, each result an output (the shape itself too)."""
     i64 = lambda name, values: oh.make_tensor(name, onnx.TensorProto.INT64, [len(values)], values)  # noqa: E731
     nodes = [
         oh.make_node("Shape", ["x"], ["shape"], name="shape"),
@@ -139,10 +139,10 @@ def _shape_chain_model() -> onnx.ModelProto:
         oh.make_tensor("two_scalar", onnx.TensorProto.INT64, [], [2]),
         oh.make_tensor("four_scalar", onnx.TensorProto.INT64, [], [4]),
     ]
-    outputs = ["reshaped", "halves", "kept", "expanded", "filled", "positions", "sliced", "whole", "scaled"]
+    outputs = ["shape", "reshaped", "halves", "kept", "expanded", "filled", "positions", "sliced", "whole", "scaled"]
     graph = oh.make_graph(
         nodes, "shape_chain", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 6])],
-        [oh.make_tensor_value_info(o, onnx.TensorProto.INT64 if o == "positions" else onnx.TensorProto.FLOAT, None)
+        [oh.make_tensor_value_info(o, onnx.TensorProto.INT64 if o in ("shape", "positions") else onnx.TensorProto.FLOAT, None)
          for o in outputs], inits,
     )
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9)
@@ -191,8 +191,8 @@ def test_a_comparison_on_the_symbolic_batch_is_refused_by_node(op) -> None:
 
 
 def test_a_decidable_comparison_on_the_symbolic_batch_is_folded() -> None:
-    """batch >= 1 holds for every batch (jax's default constraint): Less(0, batch)... here
-    GreaterOrEqual(batch, 1) via a model comparing with 1 instead of 4 is decided, not refused."""
+    """batch >= 1 holds for every batch (jax's default constraint on a symbolic dim), so
+    GreaterOrEqual(batch, 1) is decided (true: the factor is 2), not refused."""
     model = _comparing_model("GreaterOrEqual")
     model.graph.initializer[0].CopyFrom(oh.make_tensor("four", onnx.TensorProto.INT64, [1], [1]))
     compiled = onnx2jax.compile(model)
@@ -221,3 +221,15 @@ def test_a_spec_splitting_the_symbolic_batch_is_kept() -> None:
         (logits,) = artifact(batch_ids)
         np.testing.assert_allclose(np.asarray(logits), session.run(None, {"input_ids": batch_ids})[0], rtol=1e-4, atol=1e-4)
         assert tuple(logits.sharding.spec) + (None,) * (3 - len(logits.sharding.spec)) == spec, size
+
+
+def test_a_squeeze_of_every_unit_axis_is_refused_on_a_symbolic_batch() -> None:
+    """Squeeze without axes drops every axis of size 1: the batch too where it is 1, so it is refused."""
+    graph = oh.make_graph(
+        [oh.make_node("Squeeze", ["x"], ["y"], name="squeeze_all")], "squeeze",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["batch", 1, 4])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
+    compiled = onnx2jax.compile(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9))
+    with pytest.raises(NodeError, match=r"squeeze_all.*depends on its value"):
+        export(compiled, jax.ShapeDtypeStruct((_batch(), 1, 4), np.float32))
