@@ -57,7 +57,7 @@ def take(x: Any, index: Sequence[slice]) -> Any:
 
 def _symbolic_bounds(s: slice, size: Any, axis: int) -> tuple[Any, Any]:
     """Start and limit of a step-1 slice whose axis or bounds hold a symbolic dimension (jax.export),
-    already clamped into the axis by the caller (:func:`onnx2jax.ops.shapes` does)."""
+    already clamped into the axis by the caller (as :mod:`onnx2jax.ops.shapes` does)."""
     if s.step not in (None, 1):
         raise ValueError(f"a slice of step {s.step} on axis {axis} of symbolic size {size} is not supported")
     start = 0 if s.start is None else s.start
