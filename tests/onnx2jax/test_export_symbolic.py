@@ -4,8 +4,8 @@ One artifact, exported once with ``batch`` symbolic, is called at several
 batch sizes and compared with onnxruntime (the independent reference) and
 with the compiled model at that size, whose shardings it must keep:
 
-- the zoo LMs and encoders and the BERT fixture, unsharded and under
-  ``megatron_plan(model, TP)``;
+- the zoo (LMs, encoders, T5, vision and audio models) and the BERT fixture,
+  unsharded and under ``megatron_plan(model, TP)``;
 - a graph of the shape ops a torch export chains (Shape, Gather, Unsqueeze,
   Concat, Reshape with 0 and -1, Expand, ConstantOfShape, Range, Slice, Size,
   arithmetic, Max, Cast of a size to float);
@@ -37,8 +37,9 @@ from sharding.megatron import megatron_plan
 
 DATA = ZOO.parent
 ROOT = DATA.parents[1]
-MODELS = {name: ZOO / f"{name}.onnx" for name in ("gpt2", "mistral", "qwen2", "roberta", "t5")}
+MODELS = {name: ZOO / f"{name}.onnx" for name in CASES}
 MODELS["tiny_bert"] = DATA / "tiny_bert.onnx"
+QUICK = ("gpt2", "roberta", "t5", "tiny_bert")  # the others run with -m slow
 
 
 def _batch():
@@ -80,8 +81,9 @@ def _check_artifact(compiled, path: pathlib.Path, sizes=(1, 3)) -> None:
 
 
 def _params() -> list:
-    """Mistral and Qwen2 are marked slow: Llama's family, which tiny Llama's export tests already run."""
-    return [pytest.param(n, marks=[pytest.mark.slow] if n in ("mistral", "qwen2") else []) for n in MODELS]
+    """The whole zoo; all but a decoder, two encoders and an encoder-decoder marked slow (Mistral and
+    Qwen2 are Llama's family, which tiny Llama's export tests run)."""
+    return [pytest.param(n, marks=[] if n in QUICK else [pytest.mark.slow]) for n in MODELS]
 
 
 @functools.lru_cache(maxsize=None)
