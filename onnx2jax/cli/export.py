@@ -6,12 +6,15 @@ with jax alone. The example inputs come from ``--input`` files or are drawn
 at random as ``onnx2jax run`` draws them (``--dim`` sizes symbolic dims).
 ``--dim NAME=symbolic`` keeps one of the model's symbolic dims symbolic in the
 artifact (jax.export shape polymorphism): one artifact then serves every size
-of it, e.g. every batch.
+of it, e.g. every batch. A shape computation whose result depends on a symbolic
+dim's value is refused, naming the node; ``--constraint`` says what holds
+(BERT's positions, sliced from a 512-row table, need ``seq <= 512``).
 
 Examples::
 
     onnx2jax export llama_tp8.onnx -o llama.jaxexport --dim batch=4 --dim seq=128
     onnx2jax export llama_tp8.onnx -o llama.jaxexport --dim batch=symbolic --dim seq=128
+    onnx2jax export bert.onnx -o bert.jaxexport --dim batch=symbolic --dim seq=symbolic --constraint "seq <= 512"
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="an example input from a file (the others are drawn at random)")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT|symbolic",
                         help="size of a symbolic dim (default 2), or 'symbolic' to keep it symbolic in the artifact")
+    parser.add_argument("--constraint", action="append", default=[], metavar="EXPR",
+                        help="what holds for the symbolic dims, as jax.export reads it (e.g. 'seq <= 512'): "
+                        "decides the shape comparisons that depend on them")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     return parser
 
@@ -58,18 +64,26 @@ def split_symbolic(items: Sequence[str], known: Sequence[str]) -> tuple[list[str
     return sized, symbolic
 
 
-def symbolic_examples(values: Mapping[str, Any], model, names: Sequence[str]) -> dict[str, Any]:
+def symbolic_examples(
+    values: Mapping[str, Any], model, names: Sequence[str], constraints: Sequence[str] = ()
+) -> dict[str, Any]:
     """``values`` with each axis the model declares as one of ``names`` made jax's symbolic dim of that name.
 
     An input with such an axis becomes a ``jax.ShapeDtypeStruct`` (its dtype kept); the others stay arrays.
-    All share one symbolic scope, so that two inputs' ``batch`` is one dim.
+    All share one symbolic scope (with ``constraints``), so that two inputs' ``batch`` is one dim.
+
+    Raises:
+      UsageError: a constraint jax cannot read.
     """
     import jax
     import numpy as np
 
     if not names:
         return dict(values)
-    dims = dict(zip(names, jax.export.symbolic_shape(",".join(names))))
+    try:
+        dims = dict(zip(names, jax.export.symbolic_shape(",".join(names), constraints=tuple(constraints))))
+    except ValueError as e:
+        raise UsageError(f"--constraint: {e}") from e
     declared = {info.name: tuple(info.shape or ()) for info in model.inputs}
     out = {}
     for name, value in values.items():
@@ -96,7 +110,9 @@ def run(args: argparse.Namespace) -> int:
     drawn = random_inputs(model, args.seed, {**{n: 2 for n in symbolic}, **dims}, skip=list(given.values))
     for note in given.notes + drawn.notes:
         console.print(note, markup=False)
-    examples = symbolic_examples({**given.values, **drawn.values}, model, symbolic)
+    if args.constraint and not symbolic:
+        raise UsageError("--constraint constrains symbolic dims: keep one with --dim NAME=symbolic")
+    examples = symbolic_examples({**given.values, **drawn.values}, model, symbolic, args.constraint)
     data = export(compiled, path=args.output, **examples)
     shapes = ", ".join(f"{k} [{', '.join(map(str, v.shape))}]" for k, v in examples.items())
     size = f"{len(data) / 1e6:.1f} MB"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
@@ -28,11 +29,14 @@ from onnx2jax import symbolic
 def take(x: Any, index: Sequence[slice]) -> Any:
     """``x[index]`` for a tuple of static slices (one per leading axis), as canonical ``lax.slice``s.
 
-    numpy inputs (values known while tracing) are sliced with numpy.
+    numpy inputs (values known while tracing) are sliced with numpy, unless a bound is a
+    symbolic dimension (jax.export): no numpy array has that size, so jax slices them.
     """
     index = tuple(index) + (slice(None),) * (x.ndim - len(index))
     if isinstance(x, (np.ndarray, np.generic)):
-        return x[index]
+        if not any(symbolic.is_dim(s.start) or symbolic.is_dim(s.stop) for s in index):
+            return x[index]
+        x = symbolic.as_jax(x) if symbolic.is_symbolic(x) else jnp.asarray(x)
     starts, limits, strides, reverse = [], [], [], []
     for axis, (s, size) in enumerate(zip(index, x.shape)):
         if symbolic.is_dim(size) or symbolic.is_dim(s.start) or symbolic.is_dim(s.stop):

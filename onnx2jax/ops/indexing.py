@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from onnx2jax import symbolic
 from onnx2jax.ops.registry import register
 
 
@@ -38,7 +39,10 @@ def _axis(axis: int, rank: int) -> int:
 
 
 def _wrap(indices, dims):
-    """Negative indices count from the end: -1 on a dim of 5 is 4."""
+    """Negative indices count from the end: -1 on a dim of 5 is 4 (on a symbolic dim, its runtime value)."""
+    if symbolic.has_dims(dims if isinstance(dims, tuple) else (dims,)):
+        bound = symbolic.as_jax(symbolic.value(dims)).astype(indices.dtype)
+        return jnp.where(indices < 0, indices + bound, indices)
     xp = _xp(indices)
     return xp.where(indices < 0, indices + xp.asarray(dims, dtype=indices.dtype), indices)
 

@@ -11,7 +11,10 @@ with the compiled model at that size, whose shardings it must keep:
   arithmetic, Max, Cast of a size to float);
 - data x tensor parallel, whose spec splits the symbolic batch itself: the
   split is kept, batch 2 comes back split and an uneven batch (3) is still right;
-- a comparison that depends on the batch's value is refused, naming the node.
+- a comparison that depends on the batch's value is refused, naming the node;
+- batch and sequence both symbolic: BERT's position ids, sliced from a 64-row
+  buffer, broadcast against the sequence only where ``seq <= 64`` is given
+  (refused without it, naming the node; decided with it).
 """
 
 from __future__ import annotations
@@ -235,3 +238,32 @@ def test_a_squeeze_of_every_unit_axis_is_refused_on_a_symbolic_batch() -> None:
     compiled = onnx2jax.compile(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)], ir_version=9))
     with pytest.raises(NodeError, match=r"squeeze_all.*depends on its value"):
         export(compiled, jax.ShapeDtypeStruct((_batch(), 1, 4), np.float32))
+
+
+SEQUENCE_MODELS = {"tiny_llama": DATA / "tiny_llama.onnx", "gpt2": MODELS["gpt2"], "t5": MODELS["t5"],
+                   "tiny_bert": MODELS["tiny_bert"]}
+
+
+@pytest.mark.parametrize("name", list(SEQUENCE_MODELS))
+def test_batch_and_sequence_symbolic_sharded(name) -> None:
+    """One artifact of the TP 8 model serves (batch, seq) (1, 5) and (3, 16), equal to onnxruntime."""
+    path = SEQUENCE_MODELS[name]
+    compiled = onnx2jax.compile(megatron_plan(onnx.load(path), 8))
+    batch, seq = jax.export.symbolic_shape("batch, seq", constraints=["seq <= 64"])
+    stored = dict(np.load(path.with_suffix(".inputs.npz")))
+    artifact = load(io.BytesIO(export(compiled, **{k: jax.ShapeDtypeStruct((batch, seq), v.dtype) for k, v in stored.items()})))
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for size, length in ((1, 5), (3, 16)):
+        feeds = {k: v[:, :length] for k, v in _feeds(path, size).items()}
+        for out, ref in zip(artifact(**feeds), session.run(None, feeds)):
+            assert out.shape == ref.shape
+            np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_an_undecided_sequence_bound_is_refused_by_node() -> None:
+    """Without ``seq <= 64`` BERT's positions (``min(seq, 64)`` rows) may not broadcast against ``seq``."""
+    compiled = onnx2jax.compile(_model("tiny_bert"))
+    batch, seq = jax.export.symbolic_shape("batch, seq")
+    specs = {k: jax.ShapeDtypeStruct((batch, seq), np.int64) for k in ("input_ids", "attention_mask")}
+    with pytest.raises(NodeError, match=r"node_expand_1.*min\(seq, 64\) == seq depends on the value"):
+        export(compiled, **specs)

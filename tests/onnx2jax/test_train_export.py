@@ -120,3 +120,16 @@ def test_the_cli_keeps_a_dim_symbolic(tmp_path, capsys) -> None:
 def test_the_cli_refuses_an_unknown_symbolic_dim(tmp_path, capsys) -> None:
     assert main(["export", str(DATA / "tiny_llama.onnx"), "-o", str(tmp_path / "x.jaxexport"), "--dim", "width=symbolic"]) != 0
     assert "no symbolic dim 'width'" in capsys.readouterr().err
+
+
+def test_the_cli_takes_constraints_on_symbolic_dims(tmp_path) -> None:
+    """tiny BERT with batch and seq symbolic needs ``seq <= 64`` (its 64 positions): refused without it."""
+    bert = DATA / "tiny_bert.onnx"
+    artifact = tmp_path / "bert.jaxexport"
+    symbolic = ["--dim", "batch=symbolic", "--dim", "seq=symbolic"]
+    assert main(["export", str(bert), "-o", str(artifact), *symbolic]) != 0
+    assert main(["export", str(bert), "-o", str(artifact), *symbolic, "--constraint", "seq <= 64"]) == 0
+    session = onnxruntime.InferenceSession(str(bert), providers=["CPUExecutionProvider"])
+    feeds = {k: v[:1, :5] for k, v in np.load(DATA / "tiny_bert.inputs.npz").items()}
+    for out, ref in zip(load(artifact)(**feeds), session.run(None, feeds)):
+        np.testing.assert_allclose(np.asarray(out), ref, rtol=1e-4, atol=1e-4)
