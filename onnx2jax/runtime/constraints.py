@@ -259,6 +259,13 @@ class ShardingHooks:
             stack = jnp.broadcast_to(x[None], (count, *x.shape))
             stack = jax.lax.with_sharding_constraint(stack, NamedSharding(mesh, PartitionSpec(columns)))
             _store(self.stacks, (id(x), columns), x, stack)
+        if not all(isinstance(d, int) for d in np.shape(x)):
+            # A symbolic dimension (jax.export): jax 0.10.2 crashes (segfault in refine_polymorphic_shapes) calling
+            # an exported shard_map, so the same product is written as a dot batched over the stack's axis.
+            view = jnp.reshape(weight, (weight.shape[0], count, weight.shape[1] // count))
+            view = jax.lax.with_sharding_constraint(view, NamedSharding(mesh, PartitionSpec(None, columns, None)))
+            product = jnp.einsum("n...d,dnf->...nf", stack, view, precision=jax.lax.Precision.HIGHEST)
+            return [jnp.reshape(product, (*x.shape[:-1], weight.shape[1]))]
         product = jax.shard_map(
             _local_product, mesh=mesh, in_specs=(PartitionSpec(columns), PartitionSpec(None, columns)),
             out_specs=PartitionSpec(columns),
