@@ -22,18 +22,15 @@ of the unfused model.
 A Split or Slice whose pieces must come out whole along a sharded axis
 gathers its input once before the cut (`ShardingHooks._gather_before_cut`).
 
-A column-parallel MatMul (a replicated input times a weight whose output axis
-is split over n devices) reads its input through one per-device stack of it,
-[n, ...] split over the same devices and shared by every such reader of that
-input (`ShardingHooks._column_parallel`). The forward is the same local product;
-in the backward the readers' partial input gradients (q, k and v of a block)
-add up locally in the stack and the stack's transpose, a sum over its sharded
-axis, reduces them with one all-reduce where one per reader would follow each
-product's sharded contraction otherwise. Each device's product is a plain 2-D
-matmul of its stack entry by its weight columns (`jax.shard_map`): written as a
-dot batched over the stack's axis, XLA on CPU copied every column weight,
-transposed, on every call (98 MB of temporaries per device on a 336M Llama at
-TP 8, 1 MB now).
+A column-parallel MatMul or Gemm (a replicated input times a weight whose
+output axis is split over n devices) reads its input through a per-device
+stack [n, ...] split over the same devices, shared by every such product
+whose input fans out from the same tensor (`onnx2jax.runtime.stacks`). The
+forward is the same local product; in the backward the readers' partial
+input gradients (q, k and v of a block; GPT-NeoX's attention and MLP, through
+their LayerNorms) add up locally in the stack and its transpose reduces them
+with one all-reduce, where one per reader would follow each product's sharded
+contraction otherwise.
 """
 
 from __future__ import annotations
@@ -51,6 +48,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.conv import conv_by_groups
+from onnx2jax.runtime.stacks import Reader, column_parallel, on_stack, plan_readers, stack_of
 from onnx2jax.runtime.views import View, run_on_views, view_of
 from sharding.mesh.layout import expand_shape
 
@@ -100,6 +98,9 @@ class ShardingHooks:
         filled further as fused outputs are produced.
       copies: node inputs that read their own copy of a parameter, already
         placed as that input's spec asks (an array, or a View when fused).
+      graph, params: the traced graph and the values of its initializers, for
+        planning where column-parallel products take their stacks
+        (`onnx2jax.runtime.stacks`); without them each product stacks its own input.
     """
 
     def __init__(
@@ -107,6 +108,8 @@ class ShardingHooks:
         placements: Mapping[SpecKey, Placement],
         views: Mapping[str, View],
         copies: Mapping[SpecKey, Any] | None = None,
+        graph: onnx.GraphProto | None = None,
+        params: Mapping[str, Any] | None = None,
     ):
         self.placements = placements
         self.views = dict(views)
@@ -114,6 +117,11 @@ class ShardingHooks:
         self.gathered: dict[tuple, Any] = {}
         self.stacks: dict[tuple[int, Any], tuple[Any, Any, Any]] = {}
         self.placed: dict[tuple[int, Placement], tuple[Any, Any, Any]] = {}
+        self.params = dict(params or {})
+        self.readers = plan_readers(graph, placements, self.params) if graph is not None else {}
+        self.leaves = {r.leaf for r in self.readers.values() if r.chain or r.bundle}
+        self.chain_nodes = {name for r in self.readers.values() for name, _ in r.chain}
+        self.recorded: dict[tuple[str, str], tuple] = {}
 
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
@@ -141,8 +149,8 @@ class ShardingHooks:
         if node.op_type in NORMALIZATIONS and views and views[0] is None:
             inputs = self._gather_before_norm(node, inputs, attrs)
         out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
-        if out_views is None and node.op_type == "MatMul" and not any(views):
-            out_views = self._column_parallel(node, inputs)
+        if out_views is None and node.op_type in ("MatMul", "Gemm") and not any(views):
+            out_views = self._column_parallel(node, inputs, attrs)
         if out_views is None and self._groups_split(node, inputs, attrs):
             outputs = [conv_by_groups(*inputs, **attrs)]
         elif out_views is None:
@@ -154,9 +162,20 @@ class ShardingHooks:
                     self.views[name] = out
                     out = out.fold()
                 outputs.append(out)
-        return [
+        outputs = [
             self._constrain(SpecKey(node.name, "out", i, name), v) for i, (name, v) in enumerate(zip(node.output, outputs))
         ]
+        self._record(node, inputs, outputs, compute if out_views is None else None)
+        return outputs
+
+    def _record(self, node: onnx.NodeProto, inputs: list, outputs: list, compute: Callable | None) -> None:
+        """Keeps what a planned stack needs later: a leaf's value, a chain node's inputs, output and computation."""
+        trace = jax.extend.core.get_opaque_trace_state()
+        if node.name in self.chain_nodes and compute is not None and len(outputs) == 1:
+            self.recorded[("node", node.name)] = (trace, list(inputs), outputs[0], compute)
+        for name, value in zip(node.output, outputs):
+            if name in self.leaves:
+                self.recorded[("tensor", name)] = (trace, value)
 
     def _gather_before_cut(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list:
         """Split/Slice whose pieces come out whole along a sharded axis: gather the input once, first.
@@ -230,48 +249,56 @@ class ShardingHooks:
         entries = tuple(source.sharding.spec)
         return len(entries) > 1 and entries[1] is not None
 
-    def _column_parallel(self, node: onnx.NodeProto, inputs: list) -> list | None:
-        """x @ W with x replicated and W [D, F] split along F over n devices: through x's shared [n, ...] stack.
+    def _column_parallel(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list | None:
+        """A column-parallel MatMul or Gemm through a shared per-device stack (`onnx2jax.runtime.stacks`)."""
+        return column_parallel(node, inputs, attrs, self.placements, lambda *a: self._stack(node.name, *a))
 
-        Each device multiplies its copy of x by its columns of W (viewed
-        [D, n, F/n]), as the plain product would; only the backward differs
-        (see the module docstring). None where the node is not such a product.
-        """
-        places = [self.placements.get(SpecKey(node.name, "in", i, name)) for i, name in enumerate(node.input)]
-        out = self.placements.get(SpecKey(node.name, "out", 0, node.output[0]))
-        if len(places) != 2 or None in places or out is None or any(p.fused for p in (*places, out)):
+    def _stack(self, product: str, x: Any, count: int, columns: Any, mesh: Any) -> Any:
+        """The stack [count, ...] of ``x`` that ``product`` reads: of its planned leaf, through its chain, if the trace matches."""
+        reader = self.readers.get(product)
+        if reader is not None:
+            stacked = self._chain_stack(reader, x, count, columns, mesh)
+            if stacked is not None:
+                return stacked
+        stacked = _cached(self.stacks, (id(x), columns), x)
+        if stacked is None:
+            (stacked,) = stack_of([x], count, columns, mesh)
+            _store(self.stacks, (id(x), columns), x, stacked)
+        return stacked
+
+    def _chain_stack(self, reader: Reader, x: Any, count: int, columns: Any, mesh: Any) -> Any | None:
+        """``x``'s stack computed from the stack of ``reader.leaf`` (and of its bundled parameters); None on a mismatch."""
+        leaf = self.recorded.get(("tensor", reader.leaf))
+        if leaf is None or not _current(leaf) or is_static(leaf[1]):
             return None
-        x, weight = inputs
-        if any(v is None or is_static(v) for v in inputs) or np.ndim(weight) != 2 or np.ndim(x) < 2:
-            return None
-        x_spec, w_spec, out_spec = (tuple(p.sharding.spec) for p in (*places, out))
-        columns = w_spec[1] if len(w_spec) == 2 else None
-        if any(e is not None for e in x_spec) or columns is None or w_spec[0] is not None:
-            return None
-        if len(out_spec) != np.ndim(x) or out_spec[-1] != columns or any(e is not None for e in out_spec[:-1]):
-            return None
-        mesh = places[1].sharding.mesh
-        count = math.prod(mesh.shape[a] for a in (columns if isinstance(columns, tuple) else (columns,)))
-        if weight.shape[1] % count:
-            return None
-        stack = _cached(self.stacks, (id(x), columns), x)
-        if stack is None:
-            stack = jnp.broadcast_to(x[None], (count, *x.shape))
-            stack = jax.lax.with_sharding_constraint(stack, NamedSharding(mesh, PartitionSpec(columns)))
-            _store(self.stacks, (id(x), columns), x, stack)
-        if not all(isinstance(d, int) for d in np.shape(x)):
-            # A symbolic dimension (jax.export): jax 0.10.2 crashes (segfault in refine_polymorphic_shapes) calling
-            # an exported shard_map, so the same product is written as a dot batched over the stack's axis.
-            view = jnp.reshape(weight, (weight.shape[0], count, weight.shape[1] // count))
-            view = jax.lax.with_sharding_constraint(view, NamedSharding(mesh, PartitionSpec(None, columns, None)))
-            product = jnp.einsum("n...d,dnf->...nf", stack, view, precision=jax.lax.Precision.HIGHEST)
-            return [jnp.reshape(product, (*x.shape[:-1], weight.shape[1]))]
-        product = jax.shard_map(
-            _local_product, mesh=mesh, in_specs=(PartitionSpec(columns), PartitionSpec(None, columns)),
-            out_specs=PartitionSpec(columns),
-        )(stack, weight)  # [n, ..., F/n]
-        product = jnp.moveaxis(jnp.reshape(product, (count, *x.shape[:-1], weight.shape[1] // count)), 0, -2)
-        return [jnp.reshape(product, (*x.shape[:-1], weight.shape[1]))]
+        leaf_value = leaf[1]
+        bundle = _cached(self.stacks, ("bundle", reader.leaf, columns), leaf_value)
+        if bundle is None:
+            values, names = [leaf_value], [None]
+            for name, node_name, position in reader.bundle:
+                value = self.params.get(name)
+                if value is None or is_static(value) or jnp.result_type(value) != jnp.result_type(leaf_value):
+                    continue
+                values.append(self._constrain(SpecKey(node_name, "in", position, name), value))
+                names.append(values[-1])
+            bundle = (names, stack_of(values, count, columns, mesh))
+            _store(self.stacks, ("bundle", reader.leaf, columns), leaf_value, bundle)
+        placed, stacks = bundle
+        plain, stacked = leaf_value, stacks[0]
+        sharding = NamedSharding(mesh, PartitionSpec(columns))
+        for node_name, active in reader.chain:
+            record = self.recorded.get(("node", node_name))
+            if record is None or not _current(record) or record[1][active] is not plain:
+                return None
+            _, inputs, output, compute = record
+            twin = _cached(self.stacks, ("twin", node_name, columns), output)
+            if twin is None:
+                on = {active: stacked}
+                on.update({i: s for i, v in enumerate(inputs) for p, s in zip(placed[1:], stacks[1:]) if v is p})
+                twin = on_stack(compute, inputs, on, sharding)
+                _store(self.stacks, ("twin", node_name, columns), output, twin)
+            plain, stacked = output, twin
+        return stacked if plain is x else None
 
     def _constrain(self, key: SpecKey, value: Any) -> Any:
         """``value`` placed as ``key``'s spec asks.
@@ -306,13 +333,6 @@ class ShardingHooks:
         return run_on_views(node.op_type, inputs, views, attrs, compute, len(node.output))
 
 
-def _local_product(stack: jax.Array, weight: jax.Array) -> jax.Array:
-    """One device's columns: its copy of x ([1, ..., D]) times its [D, F/n] slice of the weight, a plain 2-D
-    product (a dot batched over the stack's axis had XLA on CPU copy every column weight, transposed, on every
-    call)."""
-    return jnp.matmul(stack[0], weight, precision=jax.lax.Precision.HIGHEST)[None]
-
-
 def _normalised_axes(op_type: str, attrs: Mapping[str, Any], rank: int) -> list[int]:
     """The axes a normalisation op reduces over (as `sharding.rules.normalization` reads them)."""
     if op_type in ("Softmax", "LogSoftmax", "Hardmax"):
@@ -330,6 +350,11 @@ def _cached(cache: dict, key: tuple, value: Any) -> Any | None:
     if entry is None or entry[0] is not value or entry[2] != jax.extend.core.get_opaque_trace_state():
         return None
     return entry[1]
+
+
+def _current(entry: tuple) -> bool:
+    """Whether a recorded entry (its trace state first) was made in the current trace."""
+    return entry[0] == jax.extend.core.get_opaque_trace_state()
 
 
 def _store(cache: dict, key: tuple, value: Any, made: Any) -> None:

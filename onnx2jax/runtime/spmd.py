@@ -213,8 +213,9 @@ class Compiled:
                     f"at these input shapes the layers' specs differ ({why}), but the layers were compiled as one "
                     "lax.scan; compile with scan_layers=False"
                 )
-        hooks = ShardingHooks(signature.placements, views, consumer_values)
-        return self.model.evaluate(self._logical_params(params), inputs, hooks)
+        logical = self._logical_params(params)
+        hooks = ShardingHooks(signature.placements, views, consumer_values, self.model.proto.graph, logical)
+        return self.model.evaluate(logical, inputs, hooks)
 
     def _program(self, inputs: Sequence[Any], named: Mapping[str, Any]):
         """The jitted program for these inputs and its runtime arguments.
