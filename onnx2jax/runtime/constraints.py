@@ -48,7 +48,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.conv import conv_by_groups
-from onnx2jax.runtime.stacks import Reader, column_parallel, on_stack, plan_readers, stack_of
+from onnx2jax.runtime.stacks import (
+    Reader, column_parallel, on_stack, plan_readers, row_parallel, row_parallel_partials, stack_of,
+)
 from onnx2jax.runtime.views import View, run_on_views, view_of
 from sharding.mesh.layout import expand_shape
 
@@ -122,6 +124,10 @@ class ShardingHooks:
         self.leaves = {r.leaf for r in self.readers.values() if r.chain or r.bundle}
         self.chain_nodes = {name for r in self.readers.values() for name, _ in r.chain}
         self.recorded: dict[tuple[str, str], tuple] = {}
+        self.sources: dict[int, tuple[Any, Any]] = {}
+        self.row_products = {n.name for n in graph.node if row_parallel(n, placements)} if graph is not None else set()
+        self.partials: dict[tuple[int], tuple[Any, Any, Any]] = {}
+        self.readers_of = _readers(graph) if graph is not None else {}
 
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
@@ -151,7 +157,10 @@ class ShardingHooks:
         out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
         if out_views is None and node.op_type in ("MatMul", "Gemm") and not any(views):
             out_views = self._column_parallel(node, inputs, attrs)
-        if out_views is None and self._groups_split(node, inputs, attrs):
+        partial = self._add_partials(node, inputs) if out_views is None and node.op_type == "Add" else None
+        if partial is not None:
+            outputs = [partial[2]]
+        elif out_views is None and self._groups_split(node, inputs, attrs):
             outputs = [conv_by_groups(*inputs, **attrs)]
         elif out_views is None:
             outputs = compute(inputs)
@@ -166,7 +175,48 @@ class ShardingHooks:
             self._constrain(SpecKey(node.name, "out", i, name), v) for i, (name, v) in enumerate(zip(node.output, outputs))
         ]
         self._record(node, inputs, outputs, compute if out_views is None else None)
+        if partial is not None:
+            _store(self.partials, (id(outputs[0]),), outputs[0], partial[:2])
+        elif node.name in self.row_products and len(outputs) == 1:
+            _store(self.partials, (id(outputs[0]),), outputs[0], (node, inputs, attrs))
         return outputs
+
+    def _partials(self, value: Any) -> tuple[Any, Any] | None:
+        """``value`` as (partial sums [n, ...] split over n devices, replicated addend or None), if it is a pending sum."""
+        entry = _cached(self.partials, (id(value),), value)
+        if entry is None or len(entry) == 2:
+            return entry
+        found = row_parallel_partials(*entry, self.placements)
+        _store(self.partials, (id(value),), value, found)
+        return found
+
+    def _add_partials(self, node: onnx.NodeProto, inputs: list) -> tuple[Any, Any, Any] | None:
+        """An Add of pending sums (row-parallel products, plus replicated terms): (partials, addend, value).
+
+        Two products' partial sums are added before they are reduced, so
+        that one all-reduce serves both (GPT-NeoX's parallel residual,
+        attn + mlp + x); a replicated term joins the addend. The value is
+        the reduced sum; None where no input is a pending sum.
+        """
+        out = self.placements.get(SpecKey(node.name, "out", 0, node.output[0]))
+        if out is None or out.fused or any(e is not None for e in out.sharding.spec) or len(inputs) != 2:
+            return None
+        if any(v is None or is_static(v) for v in inputs):
+            return None
+        # A pending sum read elsewhere too is reduced there anyway: adding its partials here would reduce them twice.
+        terms = [self._partials(v) if self.readers_of.get(name) == 1 else None for name, v in zip(node.input, inputs)]
+        stacks = [t[0] for t in terms if t is not None]
+        if not stacks or any(s.shape != stacks[0].shape for s in stacks):
+            return None
+        if tuple(np.broadcast_shapes(*(np.shape(v) for v in inputs))) != tuple(stacks[0].shape[1:]):
+            return None
+        addends = [t[1] for t in terms if t is not None and t[1] is not None]
+        addends += [v for v, t in zip(inputs, terms) if t is None]
+        partials = stacks[0] if len(stacks) == 1 else stacks[0] + stacks[1]
+        addend = None if not addends else addends[0] if len(addends) == 1 else addends[0] + addends[1]
+        value = jnp.sum(partials, axis=0)
+        value = value if addend is None else value + addend
+        return partials, addend, value.astype(jnp.result_type(*inputs))
 
     def _record(self, node: onnx.NodeProto, inputs: list, outputs: list, compute: Callable | None) -> None:
         """Keeps what a planned stack needs later: a leaf's value, a chain node's inputs, output and computation."""
@@ -175,6 +225,10 @@ class ShardingHooks:
             self.recorded[("node", node.name)] = (trace, list(inputs), outputs[0], compute)
         for name, value in zip(node.output, outputs):
             if name in self.leaves:
+                self.recorded[("tensor", name)] = (trace, value)
+        for name, value in zip(node.input, inputs):  # a leaf no node produces (a graph input): as its first reader sees it
+            known = self.recorded.get(("tensor", name))
+            if name in self.leaves and (known is None or known[0] != trace):
                 self.recorded[("tensor", name)] = (trace, value)
 
     def _gather_before_cut(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list:
@@ -288,7 +342,7 @@ class ShardingHooks:
         sharding = NamedSharding(mesh, PartitionSpec(columns))
         for node_name, active in reader.chain:
             record = self.recorded.get(("node", node_name))
-            if record is None or not _current(record) or record[1][active] is not plain:
+            if record is None or not _current(record) or not self._reads(record[1][active], plain):
                 return None
             _, inputs, output, compute = record
             twin = _cached(self.stacks, ("twin", node_name, columns), output)
@@ -298,7 +352,12 @@ class ShardingHooks:
                 twin = on_stack(compute, inputs, on, sharding)
                 _store(self.stacks, ("twin", node_name, columns), output, twin)
             plain, stacked = output, twin
-        return stacked if plain is x else None
+        return stacked if self._reads(x, plain) else None
+
+    def _reads(self, value: Any, source: Any) -> bool:
+        """Whether ``value`` is ``source``, or ``source`` placed for a reader (a constraint: the same values)."""
+        made = self.sources.get(id(value))
+        return value is source or (made is not None and made[1] is value and made[0] is source)
 
     def _constrain(self, key: SpecKey, value: Any) -> Any:
         """``value`` placed as ``key``'s spec asks.
@@ -315,6 +374,7 @@ class ShardingHooks:
             placed = _cached(self.placed, (id(value), placement), value)
             if placed is None:
                 placed = jax.lax.with_sharding_constraint(value, placement.sharding)
+                self.sources[id(placed)] = (value, placed)
                 _store(self.placed, (id(value), placement), value, placed)
                 _store(self.placed, (id(placed), placement), placed, placed)  # a reader of the placed output
             return placed
@@ -350,6 +410,14 @@ def _cached(cache: dict, key: tuple, value: Any) -> Any | None:
     if entry is None or entry[0] is not value or entry[2] != jax.extend.core.get_opaque_trace_state():
         return None
     return entry[1]
+
+
+def _readers(graph: onnx.GraphProto) -> dict[str, int]:
+    """How many node inputs and graph outputs read each tensor."""
+    counts: dict[str, int] = {}
+    for name in [i for node in graph.node for i in node.input] + [o.name for o in graph.output]:
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _current(entry: tuple) -> bool:

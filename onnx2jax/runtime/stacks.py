@@ -252,3 +252,83 @@ def _dynamic(graph: onnx.GraphProto, params: Mapping[str, Any]) -> set[str]:
         elif any(name in dynamic for name in node.input):
             dynamic.update(o for o in node.output if o)
     return dynamic
+
+
+def row_parallel_partials(
+    node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any], placements: Mapping[Any, Any]
+) -> tuple[Any, Any] | None:
+    """A row-parallel MatMul or Gemm as (partial products [n, ...] split over n devices, replicated addend).
+
+    x's last axis and W's input axis are split over the same n devices and
+    the output is replicated: the output is the partials' sum over their
+    first axis (one all-reduce) plus the addend (Gemm's bias, or None). None
+    where the node is not such a product.
+    """
+    from onnx2jax.runtime.constraints import SpecKey
+
+    places = {(kind, i, t): placements.get(SpecKey(node.name, kind, i, t)) for kind, i, t in _keys(node)}
+    rows = _rows(node, lambda kind, i, t: places.get((kind, i, t)))
+    if rows is None or any(v is None or is_static(v) for v in inputs[:2]):
+        return None
+    x, weight = inputs[0], inputs[1]
+    if node.op_type == "Gemm":
+        if int(attrs.get("transA", 0)) or np.ndim(x) != 2:
+            return None
+        weight = weight.T if int(attrs.get("transB", 0)) else weight
+    if np.ndim(weight) != 2 or np.ndim(x) < 2:
+        return None
+    if len(tuple(places[("in", 0, node.input[0])].sharding.spec)) != np.ndim(x):
+        return None
+    mesh = places[("in", 1, node.input[1])].sharding.mesh
+    count = math.prod(mesh.shape[a] for a in (rows if isinstance(rows, tuple) else (rows,)))
+    depth = weight.shape[0]
+    if depth % count or x.shape[-1] != depth:
+        return None
+    lead = (None,) * (np.ndim(x) - 1)
+    x_view = jnp.reshape(x, (*x.shape[:-1], count, depth // count))
+    x_view = jax.lax.with_sharding_constraint(x_view, NamedSharding(mesh, PartitionSpec(*lead, rows, None)))
+    w_view = jnp.reshape(weight, (count, depth // count, weight.shape[1]))
+    w_view = jax.lax.with_sharding_constraint(w_view, NamedSharding(mesh, PartitionSpec(rows)))
+    partials = jnp.einsum("...nd,ndf->n...f", x_view, w_view, precision=jax.lax.Precision.HIGHEST)
+    partials = jax.lax.with_sharding_constraint(partials, NamedSharding(mesh, PartitionSpec(rows)))
+    addend = None
+    if node.op_type == "Gemm":
+        if float(attrs.get("alpha", 1.0)) != 1.0:
+            partials = partials * jnp.asarray(attrs["alpha"], x.dtype)
+        if len(inputs) > 2 and inputs[2] is not None:
+            bias, beta = jnp.asarray(inputs[2]), float(attrs.get("beta", 1.0))
+            addend = bias if beta == 1.0 else bias * jnp.asarray(beta, x.dtype)
+    return partials, addend
+
+
+def _rows(node: onnx.NodeProto, place: Callable) -> Any:
+    """The mesh axes a row-parallel product's contraction is split over (output replicated), or None."""
+    if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or not node.output:
+        return None
+    x, weight, out = (place(k, i, t) for k, i, t in (("in", 0, node.input[0]), ("in", 1, node.input[1]), ("out", 0, node.output[0])))
+    if None in (x, weight, out) or any(p.fused for p in (x, weight, out)):
+        return None
+    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] and not _replicated(place("in", 2, node.input[2])):
+        return None
+    w_spec = tuple(weight.sharding.spec) + (None,) * (2 - len(tuple(weight.sharding.spec)))
+    if len(w_spec) != 2:
+        return None
+    if node.op_type == "Gemm":
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        if int(attrs.get("transA", 0)):
+            return None
+        if int(attrs.get("transB", 0)):
+            w_spec = w_spec[::-1]
+    rows, x_spec = w_spec[0], tuple(x.sharding.spec)
+    if rows is None or w_spec[1] is not None or not _replicated(out):
+        return None
+    if not x_spec or x_spec[-1] != rows or any(e is not None for e in x_spec[:-1]):
+        return None
+    return rows
+
+
+def row_parallel(node: onnx.NodeProto, placements: Mapping[Any, Any]) -> bool:
+    """Whether ``placements`` make ``node`` a row-parallel product (see `row_parallel_partials`)."""
+    from onnx2jax.runtime.constraints import SpecKey
+
+    return _rows(node, lambda kind, i, t: placements.get(SpecKey(node.name, kind, i, t))) is not None

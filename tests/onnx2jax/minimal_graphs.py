@@ -294,3 +294,55 @@ def view_op(op: str, extra_inputs: list[tuple[str, list[int]]] = (), **attrs) ->
     b.node(op, [q, *(n for n, _ in extra_inputs)], "y", **attrs)
     out = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
     return b.model([_x()], [out])
+
+
+def parallel_residual(blocks: int = 2) -> onnx.ModelProto:
+    """GPT-NeoX's block shape without attention: x + mlp_a(ln_a(x)) + mlp_b(ln_b(x)), ``blocks`` times.
+
+    Each branch is a column-parallel MatMul, ReLU, a row-parallel MatMul with a
+    bias. Minimum: forward one all-reduce per block (the branches' partial
+    sums added first), backward one per block (x's gradient from both
+    LayerNorms, and their scale and bias gradients, reduced together).
+    """
+    b = _Builder()
+    x = "x"
+    for k in range(blocks):
+        branches = []
+        for side in "ab":
+            p = f"{side}{k}"
+            b.inits += [_weight(f"w_{p}_up", EMBED, 2 * EMBED), _weight(f"w_{p}_down", 2 * EMBED, EMBED)]
+            b.inits += [numpy_helper.from_array((1 + 0.1 * RNG.standard_normal(EMBED)).astype(np.float32), f"g_{p}"),
+                        numpy_helper.from_array((0.1 * RNG.standard_normal(EMBED)).astype(np.float32), f"b_{p}"),
+                        numpy_helper.from_array((0.1 * RNG.standard_normal(EMBED)).astype(np.float32), f"bias_{p}")]
+            b.node("LayerNormalization", [x, f"g_{p}", f"b_{p}"], f"ln_{p}", axis=-1)
+            b.column(f"ln_{p}", f"w_{p}_up", f"up_{p}")
+            b.node("Relu", [f"up_{p}"], f"act_{p}")
+            b.row(f"act_{p}", f"w_{p}_down", f"down_{p}")
+            branches.append(b.node("Add", [f"down_{p}", f"bias_{p}"], f"out_{p}"))
+        b.node("Add", branches, f"branches{k}")
+        x = b.node("Add", [f"branches{k}", x], f"x{k + 1}" if k + 1 < blocks else "y")
+    return b.model([_x()], [_y()])
+
+
+def gemm_gate_up() -> onnx.ModelProto:
+    """A gated MLP on flattened tokens [T, D] as Gemms with transB: gate and up read x * scale, down is row-parallel.
+
+    Minimum: forward one all-reduce (down), backward one (the gradient of
+    scale, from gate's and up's partial input gradients together).
+    """
+    b = _Builder()
+    b.inits += [_weight("w_gate", 2 * EMBED, EMBED), _weight("w_up", 2 * EMBED, EMBED), _weight("w_down", EMBED, 2 * EMBED)]
+    b.inits += [numpy_helper.from_array((1 + 0.1 * RNG.standard_normal(EMBED)).astype(np.float32), "scale")]
+    b.node("Mul", ["x", "scale"], "xs")
+    for weight, out in (("w_gate", "gate"), ("w_up", "up")):
+        b.node("Gemm", ["xs", weight], out, transB=1)
+        name = b.nodes[-1].name
+        b.specs += [(name, _rep("xs")), (name, _split(weight, 0)), (name, _split(out, 1))]
+    b.node("Sigmoid", ["gate"], "sig")
+    b.node("Mul", ["gate", "sig"], "silu")
+    b.node("Mul", ["silu", "up"], "h")
+    b.node("Gemm", ["h", "w_down"], "y", transB=1)
+    name = b.nodes[-1].name
+    b.specs += [(name, _split("w_down", 1)), (name, _rep("y"))]
+    flat = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["T", EMBED])  # noqa: E731
+    return b.model([flat("x")], [flat("y")])

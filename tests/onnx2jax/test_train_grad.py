@@ -148,6 +148,22 @@ BACKWARD = {
     "wav2vec2": ({"all-reduce": 8}, 8),  # 4 + 2 x 2: the minimum
     "convnext": ({"all-reduce": 4}, 4),  # 2 + 2 x 1: the minimum
     "t5": ({"all-reduce": 21, "all-gather": 2}, 24),  # the minimum of all-reduce operands (README)
+    # Parallel residual x + attn(ln1(x)) + mlp(ln2(x)): forward 2 blocks x 1 (the attention's and the MLP's
+    # partial sums added before one all-reduce) + embedding = 3; backward 2 x 1 (x's stack feeds both
+    # LayerNorms, so q|k|v's and up's partial gradients, and the LayerNorms' scale and bias gradients
+    # stacked with x, sum locally and reduce once) + the LM head: 6, the minimum.
+    "gpt_neox": ({"all-reduce": 5}, 6),
+    # 5 + 2 x (q|k|v, the shared expert's gate|up: Gemms reading one stack) + LM head: the minimum. The router
+    # and the routed experts stay replicated (no collective); the gathers are GQA's, as mistral.
+    "qwen2_moe": ({"all-reduce": 9, "all-gather": 4}, 10),
+    # Below the formula's 10 because the plan keeps the fused q|k|v projection (64 -> 64 + 32 + 32) replicated:
+    # no column-parallel input in attention, so 5 + 2 x (gate|up) + LM head = 8, the minimum for this plan.
+    # The cost is in the gathers: per block the query's cotangent (head-split after the replicated
+    # projection) and GQA's K/V as mistral: 3 x 2.
+    "phi3": ({"all-reduce": 7, "all-gather": 6}, 8),
+    # As phi3: the fused multi-query c_attn (64 -> 64 + 8 + 8) is replicated by the plan; 5 + 2 x up + the
+    # tied LM head = 8, and per block the query cotangent's gather and two for the one K/V head's repeats.
+    "gpt_bigcode": ({"all-reduce": 7, "all-gather": 6}, 8),
 }
 
 
