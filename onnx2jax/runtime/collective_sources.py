@@ -40,8 +40,8 @@ def compiled_collectives(hlo_text: str) -> list[tuple[str, str | None, str]]:
     for match in _LINE.finditer(hlo_text):
         op_name = _OP_NAME.search(match.group(2))
         name = op_name.group(1) if op_name else ""
-        scope = _SCOPE.search(name)
-        found.append((match.group(1), scope.group(1).replace("|", "/") if scope else None, name))
+        scopes = _SCOPE.findall(name)  # the innermost: a row-parallel sum reduced inside the Add that adds it
+        found.append((match.group(1), scopes[-1].replace("|", "/") if scopes else None, name))
     return found
 
 

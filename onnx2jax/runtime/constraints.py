@@ -49,7 +49,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.conv import conv_by_groups
 from onnx2jax.runtime.stacks import (
-    Reader, column_parallel, on_stack, plan_readers, row_parallel, row_parallel_partials, stack_of,
+    Reader, column_parallel, merging_adds, on_stack, plan_readers, row_parallel, row_parallel_partials, stack_of,
+    tensor_readers,
 )
 from onnx2jax.runtime.views import View, run_on_views, view_of
 from sharding.mesh.layout import expand_shape
@@ -125,9 +126,11 @@ class ShardingHooks:
         self.chain_nodes = {name for r in self.readers.values() for name, _ in r.chain}
         self.recorded: dict[tuple[str, str], tuple] = {}
         self.sources: dict[int, tuple[Any, Any]] = {}
+        self.top_trace = jax.extend.core.get_opaque_trace_state()
         self.row_products = {n.name for n in graph.node if row_parallel(n, placements)} if graph is not None else set()
-        self.partials: dict[tuple[int], tuple[Any, Any, Any]] = {}
-        self.readers_of = _readers(graph) if graph is not None else {}
+        self.partials: dict[tuple[int], tuple] = {}
+        self.readers_of = tensor_readers(graph) if graph is not None else {}
+        self.merging = merging_adds(graph, placements, self.readers_of) if graph is not None else set()
 
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
@@ -157,9 +160,9 @@ class ShardingHooks:
         out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
         if out_views is None and node.op_type in ("MatMul", "Gemm") and not any(views):
             out_views = self._column_parallel(node, inputs, attrs)
-        partial = self._add_partials(node, inputs) if out_views is None and node.op_type == "Add" else None
+        partial = self._add_partials(node, inputs) if out_views is None and node.name in self.merging else None
         if partial is not None:
-            outputs = [partial[2]]
+            outputs = [partial[3]]
         elif out_views is None and self._groups_split(node, inputs, attrs):
             outputs = [conv_by_groups(*inputs, **attrs)]
         elif out_views is None:
@@ -176,22 +179,24 @@ class ShardingHooks:
         ]
         self._record(node, inputs, outputs, compute if out_views is None else None)
         if partial is not None:
-            _store(self.partials, (id(outputs[0]),), outputs[0], partial[:2])
+            _store(self.partials, (id(outputs[0]),), outputs[0], partial[:3])
         elif node.name in self.row_products and len(outputs) == 1:
             _store(self.partials, (id(outputs[0]),), outputs[0], (node, inputs, attrs))
         return outputs
 
     def _partials(self, value: Any) -> tuple[Any, Any] | None:
-        """``value`` as (partial sums [n, ...] split over n devices, replicated addend or None), if it is a pending sum."""
+        """``value`` as (partial sums [n, ...] split over n devices, replicated addend or None, the products summed),
+        if it is a pending sum."""
         entry = _cached(self.partials, (id(value),), value)
-        if entry is None or len(entry) == 2:
+        if entry is None or not isinstance(entry[0], onnx.NodeProto):  # a sum, or not yet made from its product
             return entry
         found = row_parallel_partials(*entry, self.placements)
+        found = None if found is None else (*found, (entry[0].name,))
         _store(self.partials, (id(value),), value, found)
         return found
 
-    def _add_partials(self, node: onnx.NodeProto, inputs: list) -> tuple[Any, Any, Any] | None:
-        """An Add of pending sums (row-parallel products, plus replicated terms): (partials, addend, value).
+    def _add_partials(self, node: onnx.NodeProto, inputs: list) -> tuple[Any, Any, Any, Any] | None:
+        """An Add of a sum tree (`onnx2jax.runtime.stacks.merging_adds`): (partials, addend, products, value).
 
         Two products' partial sums are added before they are reduced, so
         that one all-reduce serves both (GPT-NeoX's parallel residual,
@@ -214,9 +219,11 @@ class ShardingHooks:
         addends += [v for v, t in zip(inputs, terms) if t is None]
         partials = stacks[0] if len(stacks) == 1 else stacks[0] + stacks[1]
         addend = None if not addends else addends[0] if len(addends) == 1 else addends[0] + addends[1]
-        value = jnp.sum(partials, axis=0)
+        products = tuple(p for t in terms if t is not None for p in t[2])
+        with jax.named_scope(node_scope(products[0])):  # the all-reduce of the first product, as inference predicts
+            value = jnp.sum(partials, axis=0)
         value = value if addend is None else value + addend
-        return partials, addend, value.astype(jnp.result_type(*inputs))
+        return partials, addend, products, value.astype(jnp.result_type(*inputs))
 
     def _record(self, node: onnx.NodeProto, inputs: list, outputs: list, compute: Callable | None) -> None:
         """Keeps what a planned stack needs later: a leaf's value, a chain node's inputs, output and computation."""
@@ -329,7 +336,9 @@ class ShardingHooks:
         bundle = _cached(self.stacks, ("bundle", reader.leaf, columns), leaf_value)
         if bundle is None:
             values, names = [leaf_value], [None]
-            for name, node_name, position in reader.bundle:
+            # ``params`` are the values of the top-level trace: a scan body reads its layer's slices instead.
+            bundled = reader.bundle if jax.extend.core.get_opaque_trace_state() == self.top_trace else ()
+            for name, node_name, position in bundled:
                 value = self.params.get(name)
                 if value is None or is_static(value) or jnp.result_type(value) != jnp.result_type(leaf_value):
                     continue
@@ -410,14 +419,6 @@ def _cached(cache: dict, key: tuple, value: Any) -> Any | None:
     if entry is None or entry[0] is not value or entry[2] != jax.extend.core.get_opaque_trace_state():
         return None
     return entry[1]
-
-
-def _readers(graph: onnx.GraphProto) -> dict[str, int]:
-    """How many node inputs and graph outputs read each tensor."""
-    counts: dict[str, int] = {}
-    for name in [i for node in graph.node for i in node.input] + [o.name for o in graph.output]:
-        counts[name] = counts.get(name, 0) + 1
-    return counts
 
 
 def _current(entry: tuple) -> bool:

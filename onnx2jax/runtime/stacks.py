@@ -332,3 +332,49 @@ def row_parallel(node: onnx.NodeProto, placements: Mapping[Any, Any]) -> bool:
     from onnx2jax.runtime.constraints import SpecKey
 
     return _rows(node, lambda kind, i, t: placements.get(SpecKey(node.name, kind, i, t))) is not None
+
+
+def merging_adds(graph: onnx.GraphProto, placements: Mapping[Any, Any], readers: Mapping[str, int]) -> set[str]:
+    """The Adds (replicated output) of sum trees that add two or more row-parallel products' outputs.
+
+    A tree's inner values (products, biases added to them, partial totals)
+    have one reader each: the next Add. Adding the products' partial sums
+    there and reducing once at the tree's root serves them all (GPT-NeoX:
+    attn + bias, mlp + bias, their sum, + x). Elsewhere each product keeps
+    its own all-reduce.
+    """
+    from onnx2jax.runtime.constraints import SpecKey
+
+    products: dict[str, int] = {}
+    inner: dict[str, list[str]] = {}
+    adds = {}
+    for node in graph.node:
+        if not node.output or not node.output[0]:
+            continue
+        out = node.output[0]
+        if row_parallel(node, placements):
+            products[out] = 1
+        elif node.op_type == "Add" and len(node.input) == 2:
+            if not _replicated(placements.get(SpecKey(node.name, "out", 0, out))):
+                continue
+            summed = [i for i in node.input if products.get(i) and readers.get(i) == 1]
+            if summed:
+                products[out] = sum(products[i] for i in summed)
+                inner[out] = [i for i in summed if i in adds]
+                adds[out] = node.name
+    merging: set[str] = set()
+    todo = [out for out in adds if products[out] >= 2]
+    while todo:
+        out = todo.pop()
+        if adds[out] not in merging:
+            merging.add(adds[out])
+            todo.extend(inner[out])
+    return merging
+
+
+def tensor_readers(graph: onnx.GraphProto) -> dict[str, int]:
+    """How many node inputs and graph outputs read each tensor."""
+    counts: dict[str, int] = {}
+    for name in [i for node in graph.node for i in node.input] + [o.name for o in graph.output]:
+        counts[name] = counts.get(name, 0) + 1
+    return counts
