@@ -36,7 +36,6 @@ contraction otherwise.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
@@ -48,10 +47,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.conv import conv_by_groups
-from onnx2jax.runtime.stacks import (
-    Reader, column_parallel, merging_adds, on_stack, plan_readers, row_parallel, row_parallel_partials, stack_of,
-    tensor_readers,
-)
+from onnx2jax.runtime.partial_sums import PartialSumHooks
+from onnx2jax.runtime.stacks import StackHooks, cached, store
 from onnx2jax.runtime.views import View, run_on_views, view_of
 from sharding.mesh.layout import expand_shape
 
@@ -92,7 +89,7 @@ def node_scope(name: str) -> str:
     return "onnx:" + name.replace("/", "|")
 
 
-class ShardingHooks:
+class ShardingHooks(StackHooks, PartialSumHooks):
     """The translator hook (see ``onnx2jax.graph_runner.Hooks``) of one trace of a compiled model.
 
     Args:
@@ -118,19 +115,9 @@ class ShardingHooks:
         self.views = dict(views)
         self.copies = dict(copies or {})
         self.gathered: dict[tuple, Any] = {}
-        self.stacks: dict[tuple[int, Any], tuple[Any, Any, Any]] = {}
         self.placed: dict[tuple[int, Placement], tuple[Any, Any, Any]] = {}
-        self.params = dict(params or {})
-        self.readers = plan_readers(graph, placements, self.params) if graph is not None else {}
-        self.leaves = {r.leaf for r in self.readers.values() if r.chain or r.bundle}
-        self.chain_nodes = {name for r in self.readers.values() for name, _ in r.chain}
-        self.recorded: dict[tuple[str, str], tuple] = {}
-        self.sources: dict[int, tuple[Any, Any]] = {}
-        self.top_trace = jax.extend.core.get_opaque_trace_state()
-        self.row_products = {n.name for n in graph.node if row_parallel(n, placements)} if graph is not None else set()
-        self.partials: dict[tuple[int], tuple] = {}
-        self.readers_of = tensor_readers(graph) if graph is not None else {}
-        self.merging = merging_adds(graph, placements, self.readers_of) if graph is not None else set()
+        self._init_stacks(graph, placements, params)
+        self._init_partial_sums(graph, placements)
 
     def run_node(
         self, node: onnx.NodeProto, inputs: list, attrs: dict[str, Any], compute: Callable[[list], list]
@@ -178,65 +165,8 @@ class ShardingHooks:
             self._constrain(SpecKey(node.name, "out", i, name), v) for i, (name, v) in enumerate(zip(node.output, outputs))
         ]
         self._record(node, inputs, outputs, compute if out_views is None else None)
-        if partial is not None:
-            _store(self.partials, (id(outputs[0]),), outputs[0], partial[:3])
-        elif node.name in self.row_products and len(outputs) == 1:
-            _store(self.partials, (id(outputs[0]),), outputs[0], (node, inputs, attrs))
+        self._record_partial(node, inputs, attrs, outputs, partial)
         return outputs
-
-    def _partials(self, value: Any) -> tuple[Any, Any] | None:
-        """``value`` as (partial sums [n, ...] split over n devices, replicated addend or None, the products summed),
-        if it is a pending sum."""
-        entry = _cached(self.partials, (id(value),), value)
-        if entry is None or not isinstance(entry[0], onnx.NodeProto):  # a sum, or not yet made from its product
-            return entry
-        found = row_parallel_partials(*entry, self.placements)
-        found = None if found is None else (*found, (entry[0].name,))
-        _store(self.partials, (id(value),), value, found)
-        return found
-
-    def _add_partials(self, node: onnx.NodeProto, inputs: list) -> tuple[Any, Any, Any, Any] | None:
-        """An Add of a sum tree (`onnx2jax.runtime.stacks.merging_adds`): (partials, addend, products, value).
-
-        Two products' partial sums are added before they are reduced, so
-        that one all-reduce serves both (GPT-NeoX's parallel residual,
-        attn + mlp + x); a replicated term joins the addend. The value is
-        the reduced sum; None where no input is a pending sum.
-        """
-        out = self.placements.get(SpecKey(node.name, "out", 0, node.output[0]))
-        if out is None or out.fused or any(e is not None for e in out.sharding.spec) or len(inputs) != 2:
-            return None
-        if any(v is None or is_static(v) for v in inputs):
-            return None
-        # A pending sum read elsewhere too is reduced there anyway: adding its partials here would reduce them twice.
-        terms = [self._partials(v) if self.readers_of.get(name) == 1 else None for name, v in zip(node.input, inputs)]
-        stacks = [t[0] for t in terms if t is not None]
-        if not stacks or any(s.shape != stacks[0].shape for s in stacks):
-            return None
-        if tuple(np.broadcast_shapes(*(np.shape(v) for v in inputs))) != tuple(stacks[0].shape[1:]):
-            return None
-        addends = [t[1] for t in terms if t is not None and t[1] is not None]
-        addends += [v for v, t in zip(inputs, terms) if t is None]
-        partials = stacks[0] if len(stacks) == 1 else stacks[0] + stacks[1]
-        addend = None if not addends else addends[0] if len(addends) == 1 else addends[0] + addends[1]
-        products = tuple(p for t in terms if t is not None for p in t[2])
-        with jax.named_scope(node_scope(products[0])):  # the all-reduce of the first product, as inference predicts
-            value = jnp.sum(partials, axis=0)
-        value = value if addend is None else value + addend
-        return partials, addend, products, value.astype(jnp.result_type(*inputs))
-
-    def _record(self, node: onnx.NodeProto, inputs: list, outputs: list, compute: Callable | None) -> None:
-        """Keeps what a planned stack needs later: a leaf's value, a chain node's inputs, output and computation."""
-        trace = jax.extend.core.get_opaque_trace_state()
-        if node.name in self.chain_nodes and compute is not None and len(outputs) == 1:
-            self.recorded[("node", node.name)] = (trace, list(inputs), outputs[0], compute)
-        for name, value in zip(node.output, outputs):
-            if name in self.leaves:
-                self.recorded[("tensor", name)] = (trace, value)
-        for name, value in zip(node.input, inputs):  # a leaf no node produces (a graph input): as its first reader sees it
-            known = self.recorded.get(("tensor", name))
-            if name in self.leaves and (known is None or known[0] != trace):
-                self.recorded[("tensor", name)] = (trace, value)
 
     def _gather_before_cut(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list:
         """Split/Slice whose pieces come out whole along a sharded axis: gather the input once, first.
@@ -310,64 +240,6 @@ class ShardingHooks:
         entries = tuple(source.sharding.spec)
         return len(entries) > 1 and entries[1] is not None
 
-    def _column_parallel(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list | None:
-        """A column-parallel MatMul or Gemm through a shared per-device stack (`onnx2jax.runtime.stacks`)."""
-        return column_parallel(node, inputs, attrs, self.placements, lambda *a: self._stack(node.name, *a))
-
-    def _stack(self, product: str, x: Any, count: int, columns: Any, mesh: Any) -> Any:
-        """The stack [count, ...] of ``x`` that ``product`` reads: of its planned leaf, through its chain, if the trace matches."""
-        reader = self.readers.get(product)
-        if reader is not None:
-            stacked = self._chain_stack(reader, x, count, columns, mesh)
-            if stacked is not None:
-                return stacked
-        stacked = _cached(self.stacks, (id(x), columns), x)
-        if stacked is None:
-            (stacked,) = stack_of([x], count, columns, mesh)
-            _store(self.stacks, (id(x), columns), x, stacked)
-        return stacked
-
-    def _chain_stack(self, reader: Reader, x: Any, count: int, columns: Any, mesh: Any) -> Any | None:
-        """``x``'s stack computed from the stack of ``reader.leaf`` (and of its bundled parameters); None on a mismatch."""
-        leaf = self.recorded.get(("tensor", reader.leaf))
-        if leaf is None or not _current(leaf) or is_static(leaf[1]):
-            return None
-        leaf_value = leaf[1]
-        bundle = _cached(self.stacks, ("bundle", reader.leaf, columns), leaf_value)
-        if bundle is None:
-            values, names = [leaf_value], [None]
-            # ``params`` are the values of the top-level trace: a scan body reads its layer's slices instead.
-            bundled = reader.bundle if jax.extend.core.get_opaque_trace_state() == self.top_trace else ()
-            for name, node_name, position in bundled:
-                value = self.params.get(name)
-                if value is None or is_static(value) or jnp.result_type(value) != jnp.result_type(leaf_value):
-                    continue
-                values.append(self._constrain(SpecKey(node_name, "in", position, name), value))
-                names.append(values[-1])
-            bundle = (names, stack_of(values, count, columns, mesh))
-            _store(self.stacks, ("bundle", reader.leaf, columns), leaf_value, bundle)
-        placed, stacks = bundle
-        plain, stacked = leaf_value, stacks[0]
-        sharding = NamedSharding(mesh, PartitionSpec(columns))
-        for node_name, active in reader.chain:
-            record = self.recorded.get(("node", node_name))
-            if record is None or not _current(record) or not self._reads(record[1][active], plain):
-                return None
-            _, inputs, output, compute = record
-            twin = _cached(self.stacks, ("twin", node_name, columns), output)
-            if twin is None:
-                on = {active: stacked}
-                on.update({i: s for i, v in enumerate(inputs) for p, s in zip(placed[1:], stacks[1:]) if v is p})
-                twin = on_stack(compute, inputs, on, sharding)
-                _store(self.stacks, ("twin", node_name, columns), output, twin)
-            plain, stacked = output, twin
-        return stacked if self._reads(x, plain) else None
-
-    def _reads(self, value: Any, source: Any) -> bool:
-        """Whether ``value`` is ``source``, or ``source`` placed for a reader (a constraint: the same values)."""
-        made = self.sources.get(id(value))
-        return value is source or (made is not None and made[1] is value and made[0] is source)
-
     def _constrain(self, key: SpecKey, value: Any) -> Any:
         """``value`` placed as ``key``'s spec asks.
 
@@ -380,12 +252,12 @@ class ShardingHooks:
         if placement is None or value is None or is_static(value) or isinstance(value, (list, tuple)):
             return value
         if not placement.fused:
-            placed = _cached(self.placed, (id(value), placement), value)
+            placed = cached(self.placed, (id(value), placement), value)
             if placed is None:
                 placed = jax.lax.with_sharding_constraint(value, placement.sharding)
                 self.sources[id(placed)] = (value, placed)
-                _store(self.placed, (id(value), placement), value, placed)
-                _store(self.placed, (id(placed), placement), placed, placed)  # a reader of the placed output
+                store(self.placed, (id(value), placement), value, placed)
+                store(self.placed, (id(placed), placement), placed, placed)  # a reader of the placed output
             return placed
         if len(placement.fused) > 1:  # no unfused view to keep: constrain through a reshape
             expanded = jax.lax.with_sharding_constraint(jnp.reshape(value, placement.expand(value.shape)), placement.sharding)
@@ -407,28 +279,6 @@ def _normalised_axes(op_type: str, attrs: Mapping[str, Any], rank: int) -> list[
     if op_type in ("Softmax", "LogSoftmax", "Hardmax"):
         return [int(attrs.get("axis", -1)) % rank]  # opset >= 13: the translator targets these
     return list(range(int(attrs.get("axis", -1)) % rank, rank))
-
-
-def _cached(cache: dict, key: tuple, value: Any) -> Any | None:
-    """What ``cache`` holds for ``value`` under ``key``, if made in the current trace.
-
-    A scan or control-flow body is traced with the same hooks: what was made
-    in one trace must not be read from another (a leaked tracer).
-    """
-    entry = cache.get(key)
-    if entry is None or entry[0] is not value or entry[2] != jax.extend.core.get_opaque_trace_state():
-        return None
-    return entry[1]
-
-
-def _current(entry: tuple) -> bool:
-    """Whether a recorded entry (its trace state first) was made in the current trace."""
-    return entry[0] == jax.extend.core.get_opaque_trace_state()
-
-
-def _store(cache: dict, key: tuple, value: Any, made: Any) -> None:
-    """Remember ``made`` for ``value`` (kept alive by the entry, so that its id stays unique) in this trace."""
-    cache[key] = (value, made, jax.extend.core.get_opaque_trace_state())
 
 
 def _cut_axes(op_type: str, inputs: list, attrs: Mapping[str, Any], rank: int) -> set[int]:

@@ -35,6 +35,7 @@ import math
 from typing import Any, Callable, Mapping
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import onnx
@@ -73,14 +74,12 @@ def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: 
     tensor is an activation when it depends on a graph input other than
     through its shape.
     """
-    from onnx2jax.runtime.constraints import SpecKey
-
     producers = {out: node for node in graph.node for out in node.output if out}
     dynamic = _dynamic(graph, params)
     passable = ops_with(lambda f: f.elementwise, domain="") | _NORMS | _PASSABLE
 
     def place(node: onnx.NodeProto, kind: str, position: int, tensor: str):
-        return placements.get(SpecKey(node.name, kind, position, tensor))
+        return placements.get(spec_key(node.name, kind, position, tensor))
 
     def step(tensor: str) -> tuple[onnx.NodeProto, int] | None:
         node = producers.get(tensor)
@@ -90,7 +89,7 @@ def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: 
         if len(active) != 1:
             return None
         keys = [("in", i, n) for i, n in enumerate(node.input) if n] + [("out", 0, node.output[0])]
-        if not all(_replicated(place(node, *k)) for k in keys):
+        if not all(replicated(place(node, *k)) for k in keys):
             return None
         return node, active[0]
 
@@ -141,19 +140,12 @@ def column_parallel(
     [D, n, F/n]), as the plain product would. None where the node is not
     such a product.
     """
-    from onnx2jax.runtime.constraints import SpecKey
-
-    places = {(kind, i, t): placements.get(SpecKey(node.name, kind, i, t)) for kind, i, t in _keys(node)}
+    places = {(kind, i, t): placements.get(spec_key(node.name, kind, i, t)) for kind, i, t in node_keys(node)}
     columns = _columns(node, lambda kind, i, t: places.get((kind, i, t)))
-    if columns is None or any(v is None or is_static(v) for v in inputs[:2]):
+    operands = None if columns is None else product_operands(node, inputs, attrs)
+    if operands is None:
         return None
-    x, weight = inputs[0], inputs[1]
-    if node.op_type == "Gemm":
-        if int(attrs.get("transA", 0)) or np.ndim(x) != 2:
-            return None
-        weight = weight.T if int(attrs.get("transB", 0)) else weight
-    if np.ndim(weight) != 2 or np.ndim(x) < 2:
-        return None
+    x, weight = operands
     mesh = places[("in", 1, node.input[1])].sharding.mesh
     count = math.prod(mesh.shape[a] for a in (columns if isinstance(columns, tuple) else (columns,)))
     if weight.shape[1] % count:
@@ -162,16 +154,8 @@ def column_parallel(
     view = jnp.reshape(weight, (weight.shape[0], count, weight.shape[1] // count))
     view = jax.lax.with_sharding_constraint(view, NamedSharding(mesh, PartitionSpec(None, columns, None)))
     product = jnp.einsum("n...d,dnf->...nf", stacked, view, precision=jax.lax.Precision.HIGHEST)
-    product = jnp.reshape(product, (*x.shape[:-1], weight.shape[1]))
-    if node.op_type != "Gemm":
-        return [product]
-    dtype = x.dtype
-    if float(attrs.get("alpha", 1.0)) != 1.0:
-        product = product * jnp.asarray(attrs["alpha"], dtype)
-    if len(inputs) > 2 and inputs[2] is not None:
-        bias, beta = jnp.asarray(inputs[2]), float(attrs.get("beta", 1.0))
-        product = product + (bias if beta == 1.0 else bias * jnp.asarray(beta, dtype))
-    return [product.astype(dtype)]
+    product, addend = gemm_terms(node, inputs, attrs, jnp.reshape(product, (*x.shape[:-1], weight.shape[1])))
+    return [product if addend is None else (product + addend).astype(x.dtype)]
 
 
 def stack_of(values: list, count: int, columns: Any, mesh: jax.sharding.Mesh) -> list:
@@ -179,13 +163,15 @@ def stack_of(values: list, count: int, columns: Any, mesh: jax.sharding.Mesh) ->
 
     One array, so that the stacks' gradients are reduced by one collective.
     """
-    flat = jnp.concatenate([jnp.reshape(v, (-1,)) for v in values]) if len(values) > 1 else jnp.reshape(values[0], (-1,))
+    flat = (
+        jnp.concatenate([jnp.reshape(v, (-1,)) for v in values]) if len(values) > 1 else jnp.reshape(values[0], (-1,))
+    )
     stacked = jnp.broadcast_to(flat[None], (count, flat.shape[0]))
     stacked = jax.lax.with_sharding_constraint(stacked, NamedSharding(mesh, PartitionSpec(columns)))
     out, offset = [], 0
     for value in values:
         size = math.prod(np.shape(value))
-        out.append(jnp.reshape(stacked[:, offset:offset + size], (count, *np.shape(value))))
+        out.append(jnp.reshape(stacked[:, offset : offset + size], (count, *np.shape(value))))
         offset += size
     return out
 
@@ -203,19 +189,41 @@ def on_stack(compute: Callable[[list], list], inputs: list, stacked: Mapping[int
     return jax.lax.with_sharding_constraint(jax.vmap(one)(*(stacked[p] for p in positions)), sharding)
 
 
-def _keys(node: onnx.NodeProto) -> list[tuple[str, int, str]]:
-    return [("in", i, n) for i, n in enumerate(node.input) if n] + [("out", i, n) for i, n in enumerate(node.output) if n]
+def node_keys(node: onnx.NodeProto) -> list[tuple[str, int, str]]:
+    """(kind, position, tensor) of each named input and output of ``node``, as SpecKeys spell them."""
+    return [("in", i, n) for i, n in enumerate(node.input) if n] + [
+        ("out", i, n) for i, n in enumerate(node.output) if n
+    ]
 
 
 def _columns(node: onnx.NodeProto, place: Callable) -> Any:
     """The mesh axes a column-parallel product's output columns are split over, or None where it is not one."""
+    layout = product_layout(node, place)
+    if layout is None or (
+        node.op_type == "Gemm"
+        and len(node.input) > 2
+        and node.input[2]
+        and getattr(place("in", 2, node.input[2]), "fused", False)
+    ):
+        return None
+    x, (depth, columns), out = layout
+    out_spec = tuple(out.sharding.spec)
+    if any(e is not None for e in x.sharding.spec) or columns is None or depth is not None:
+        return None
+    if not out_spec or out_spec[-1] != columns or any(e is not None for e in out_spec[:-1]):
+        return None
+    return columns
+
+
+def product_layout(node: onnx.NodeProto, place: Callable) -> tuple[Any, tuple[Any, Any], Any] | None:
+    """(x's placement, W's spec as [input axis, output axis], the output's placement) of a MatMul or Gemm.
+
+    None where it is no such product, or a placement is missing or fused.
+    """
     if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or not node.output:
         return None
-    x, weight, out = (place(k, i, t) for k, i, t in (("in", 0, node.input[0]), ("in", 1, node.input[1]), ("out", 0, node.output[0])))
-    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2]:
-        bias = place("in", 2, node.input[2])
-        if bias is not None and bias.fused:
-            return None
+    keys = (("in", 0, node.input[0]), ("in", 1, node.input[1]), ("out", 0, node.output[0]))
+    x, weight, out = (place(*key) for key in keys)
     if None in (x, weight, out) or any(p.fused for p in (x, weight, out)):
         return None
     w_spec = tuple(weight.sharding.spec) + (None,) * (2 - len(tuple(weight.sharding.spec)))
@@ -227,16 +235,38 @@ def _columns(node: onnx.NodeProto, place: Callable) -> Any:
             return None
         if int(attrs.get("transB", 0)):
             w_spec = w_spec[::-1]
-    columns = w_spec[1]
-    out_spec = tuple(out.sharding.spec)
-    if any(e is not None for e in x.sharding.spec) or columns is None or w_spec[0] is not None:
-        return None
-    if not out_spec or out_spec[-1] != columns or any(e is not None for e in out_spec[:-1]):
-        return None
-    return columns
+    return x, w_spec, out
 
 
-def _replicated(placement: Any) -> bool:
+def product_operands(node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """(x, W as [D, F]) of a traced MatMul or Gemm; None where one is static or the ranks do not fit."""
+    if any(v is None or is_static(v) for v in inputs[:2]):
+        return None
+    x, weight = inputs[0], inputs[1]
+    if node.op_type == "Gemm":
+        if int(attrs.get("transA", 0)) or np.ndim(x) != 2:
+            return None
+        weight = weight.T if int(attrs.get("transB", 0)) else weight
+    if np.ndim(weight) != 2 or np.ndim(x) < 2:
+        return None
+    return x, weight
+
+
+def gemm_terms(node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any], product: Any) -> tuple[Any, Any]:
+    """A Gemm's ``product`` scaled by alpha, and its addend beta * C (None: none, or not a Gemm)."""
+    if node.op_type != "Gemm":
+        return product, None
+    dtype = inputs[0].dtype
+    if float(attrs.get("alpha", 1.0)) != 1.0:
+        product = product * jnp.asarray(attrs["alpha"], dtype)
+    if len(inputs) < 3 or inputs[2] is None:
+        return product, None
+    bias, beta = jnp.asarray(inputs[2]), float(attrs.get("beta", 1.0))
+    return product, bias if beta == 1.0 else bias * jnp.asarray(beta, dtype)
+
+
+def replicated(placement: Any) -> bool:
+    """Whether a placement (None: none written or inferred) holds the whole tensor on every device."""
     return placement is None or (not placement.fused and all(e is None for e in placement.sharding.spec))
 
 
@@ -247,134 +277,136 @@ def _dynamic(graph: onnx.GraphProto, params: Mapping[str, Any]) -> set[str]:
     for node in graph.node:
         if node.op_type in _SHAPE_READERS:
             continue
-        if node.attribute and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
+        if node.attribute and any(
+            a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute
+        ):
             dynamic.update(o for o in node.output if o)
         elif any(name in dynamic for name in node.input):
             dynamic.update(o for o in node.output if o)
     return dynamic
 
 
-def row_parallel_partials(
-    node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any], placements: Mapping[Any, Any]
-) -> tuple[Any, Any] | None:
-    """A row-parallel MatMul or Gemm as (partial products [n, ...] split over n devices, replicated addend).
+class StackHooks:
+    """The stacks' part of `onnx2jax.runtime.constraints.ShardingHooks` (a mixin: it uses the hooks'
+    ``placements``, ``_constrain`` and ``sources``, the values each placed value was placed from)."""
 
-    x's last axis and W's input axis are split over the same n devices and
-    the output is replicated: the output is the partials' sum over their
-    first axis (one all-reduce) plus the addend (Gemm's bias, or None). None
-    where the node is not such a product.
-    """
-    from onnx2jax.runtime.constraints import SpecKey
+    def _init_stacks(
+        self, graph: onnx.GraphProto | None, placements: Mapping[Any, Any], params: Mapping[str, Any] | None
+    ):
+        self.params = dict(params or {})
+        self.stacks: dict[tuple, tuple[Any, Any, Any]] = {}
+        self.readers = plan_readers(graph, placements, self.params) if graph is not None else {}
+        self.leaves = {r.leaf for r in self.readers.values() if r.chain or r.bundle}
+        self.chain_nodes = {name for r in self.readers.values() for name, _ in r.chain}
+        self.recorded: dict[tuple[str, str], tuple] = {}
+        self.sources: dict[int, tuple[Any, Any]] = {}
+        self.top_trace = jax.extend.core.get_opaque_trace_state()
 
-    places = {(kind, i, t): placements.get(SpecKey(node.name, kind, i, t)) for kind, i, t in _keys(node)}
-    rows = _rows(node, lambda kind, i, t: places.get((kind, i, t)))
-    if rows is None or any(v is None or is_static(v) for v in inputs[:2]):
-        return None
-    x, weight = inputs[0], inputs[1]
-    if node.op_type == "Gemm":
-        if int(attrs.get("transA", 0)) or np.ndim(x) != 2:
+    def _column_parallel(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list | None:
+        """A column-parallel MatMul or Gemm through a shared per-device stack (`onnx2jax.runtime.stacks`)."""
+        return column_parallel(node, inputs, attrs, self.placements, lambda *a: self._stack(node.name, *a))
+
+    def _stack(self, product: str, x: Any, count: int, columns: Any, mesh: Any) -> Any:
+        """The stack [count, ...] of ``x`` that ``product`` reads: of its planned leaf, through its chain, if the trace matches."""
+        reader = self.readers.get(product)
+        if reader is not None:
+            stacked = self._chain_stack(reader, x, count, columns, mesh)
+            if stacked is not None:
+                return stacked
+        stacked = cached(self.stacks, (id(x), columns), x)
+        if stacked is None:
+            (stacked,) = stack_of([x], count, columns, mesh)
+            store(self.stacks, (id(x), columns), x, stacked)
+        return stacked
+
+    def _chain_stack(self, reader: Reader, x: Any, count: int, columns: Any, mesh: Any) -> Any | None:
+        """``x``'s stack computed from the stack of ``reader.leaf`` (and of its bundled parameters); None on a mismatch."""
+        leaf = self.recorded.get(("tensor", reader.leaf))
+        if leaf is None or not _current(leaf) or is_static(leaf[1]):
             return None
-        weight = weight.T if int(attrs.get("transB", 0)) else weight
-    if np.ndim(weight) != 2 or np.ndim(x) < 2:
-        return None
-    if len(tuple(places[("in", 0, node.input[0])].sharding.spec)) != np.ndim(x):
-        return None
-    mesh = places[("in", 1, node.input[1])].sharding.mesh
-    count = math.prod(mesh.shape[a] for a in (rows if isinstance(rows, tuple) else (rows,)))
-    depth = weight.shape[0]
-    if depth % count or x.shape[-1] != depth:
-        return None
-    lead = (None,) * (np.ndim(x) - 1)
-    x_view = jnp.reshape(x, (*x.shape[:-1], count, depth // count))
-    x_view = jax.lax.with_sharding_constraint(x_view, NamedSharding(mesh, PartitionSpec(*lead, rows, None)))
-    w_view = jnp.reshape(weight, (count, depth // count, weight.shape[1]))
-    w_view = jax.lax.with_sharding_constraint(w_view, NamedSharding(mesh, PartitionSpec(rows)))
-    partials = jnp.einsum("...nd,ndf->n...f", x_view, w_view, precision=jax.lax.Precision.HIGHEST)
-    partials = jax.lax.with_sharding_constraint(partials, NamedSharding(mesh, PartitionSpec(rows)))
-    addend = None
-    if node.op_type == "Gemm":
-        if float(attrs.get("alpha", 1.0)) != 1.0:
-            partials = partials * jnp.asarray(attrs["alpha"], x.dtype)
-        if len(inputs) > 2 and inputs[2] is not None:
-            bias, beta = jnp.asarray(inputs[2]), float(attrs.get("beta", 1.0))
-            addend = bias if beta == 1.0 else bias * jnp.asarray(beta, x.dtype)
-    return partials, addend
+        leaf_value = leaf[1]
+        bundle = cached(self.stacks, ("bundle", reader.leaf, columns), leaf_value)
+        if bundle is None:
+            values, names = [leaf_value], [None]
+            # ``params`` are the values of the top-level trace: a scan body reads its layer's slices instead.
+            bundled = reader.bundle if jax.extend.core.get_opaque_trace_state() == self.top_trace else ()
+            for name, node_name, position in bundled:
+                value = self.params.get(name)
+                if value is None or is_static(value) or jnp.result_type(value) != jnp.result_type(leaf_value):
+                    continue
+                values.append(self._constrain(spec_key(node_name, "in", position, name), value))
+                names.append(values[-1])
+            bundle = (names, stack_of(values, count, columns, mesh))
+            store(self.stacks, ("bundle", reader.leaf, columns), leaf_value, bundle)
+        placed, stacks = bundle
+        plain, stacked = leaf_value, stacks[0]
+        sharding = NamedSharding(mesh, PartitionSpec(columns))
+        for node_name, active in reader.chain:
+            record = self.recorded.get(("node", node_name))
+            if record is None or not _current(record) or not self._reads(record[1][active], plain):
+                return None
+            _, inputs, output, compute = record
+            twin = cached(self.stacks, ("twin", node_name, columns), output)
+            if twin is None:
+                on = {active: stacked}
+                on.update({i: s for i, v in enumerate(inputs) for p, s in zip(placed[1:], stacks[1:]) if v is p})
+                twin = on_stack(compute, inputs, on, sharding)
+                store(self.stacks, ("twin", node_name, columns), output, twin)
+            plain, stacked = output, twin
+        return stacked if self._reads(x, plain) else None
+
+    def _reads(self, value: Any, source: Any) -> bool:
+        """Whether ``value`` is ``source``, or ``source`` placed for a reader (a constraint: the same values)."""
+        made = self.sources.get(id(value))
+        return value is source or (made is not None and made[1] is value and made[0] is source)
+
+    def _record(self, node: onnx.NodeProto, inputs: list, outputs: list, compute: Callable | None) -> None:
+        """Keeps what later products need: a leaf's value, a chain node's inputs, output and computation."""
+        trace = jax.extend.core.get_opaque_trace_state()
+        if node.name in self.chain_nodes and compute is not None and len(outputs) == 1:
+            self.recorded[("node", node.name)] = (trace, list(inputs), outputs[0], compute)
+        for name, value in zip(node.output, outputs):
+            if name in self.leaves:
+                self.recorded[("tensor", name)] = (trace, value)
+        for name, value in zip(
+            node.input, inputs
+        ):  # a leaf no node produces (a graph input): as its first reader sees it
+            known = self.recorded.get(("tensor", name))
+            if name in self.leaves and (known is None or known[0] != trace):
+                self.recorded[("tensor", name)] = (trace, value)
 
 
-def _rows(node: onnx.NodeProto, place: Callable) -> Any:
-    """The mesh axes a row-parallel product's contraction is split over (output replicated), or None."""
-    if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or not node.output:
-        return None
-    x, weight, out = (place(k, i, t) for k, i, t in (("in", 0, node.input[0]), ("in", 1, node.input[1]), ("out", 0, node.output[0])))
-    if None in (x, weight, out) or any(p.fused for p in (x, weight, out)):
-        return None
-    if node.op_type == "Gemm" and len(node.input) > 2 and node.input[2] and not _replicated(place("in", 2, node.input[2])):
-        return None
-    w_spec = tuple(weight.sharding.spec) + (None,) * (2 - len(tuple(weight.sharding.spec)))
-    if len(w_spec) != 2:
-        return None
-    if node.op_type == "Gemm":
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-        if int(attrs.get("transA", 0)):
-            return None
-        if int(attrs.get("transB", 0)):
-            w_spec = w_spec[::-1]
-    rows, x_spec = w_spec[0], tuple(x.sharding.spec)
-    if rows is None or w_spec[1] is not None or not _replicated(out):
-        return None
-    if not x_spec or x_spec[-1] != rows or any(e is not None for e in x_spec[:-1]):
-        return None
-    return rows
+def cached(cache: dict, key: tuple, value: Any) -> Any | None:
+    """What ``cache`` holds for ``value`` under ``key``, if made in the current trace.
 
-
-def row_parallel(node: onnx.NodeProto, placements: Mapping[Any, Any]) -> bool:
-    """Whether ``placements`` make ``node`` a row-parallel product (see `row_parallel_partials`)."""
-    from onnx2jax.runtime.constraints import SpecKey
-
-    return _rows(node, lambda kind, i, t: placements.get(SpecKey(node.name, kind, i, t))) is not None
-
-
-def merging_adds(graph: onnx.GraphProto, placements: Mapping[Any, Any], readers: Mapping[str, int]) -> set[str]:
-    """The Adds (replicated output) of sum trees that add two or more row-parallel products' outputs.
-
-    A tree's inner values (products, biases added to them, partial totals)
-    have one reader each: the next Add. Adding the products' partial sums
-    there and reducing once at the tree's root serves them all (GPT-NeoX:
-    attn + bias, mlp + bias, their sum, + x). Elsewhere each product keeps
-    its own all-reduce.
+    A scan or control-flow body is traced with the same hooks: what was made
+    in one trace must not be read from another (a leaked tracer).
     """
-    from onnx2jax.runtime.constraints import SpecKey
-
-    products: dict[str, int] = {}
-    inner: dict[str, list[str]] = {}
-    adds = {}
-    for node in graph.node:
-        if not node.output or not node.output[0]:
-            continue
-        out = node.output[0]
-        if row_parallel(node, placements):
-            products[out] = 1
-        elif node.op_type == "Add" and len(node.input) == 2:
-            if not _replicated(placements.get(SpecKey(node.name, "out", 0, out))):
-                continue
-            summed = [i for i in node.input if products.get(i) and readers.get(i) == 1]
-            if summed:
-                products[out] = sum(products[i] for i in summed)
-                inner[out] = [i for i in summed if i in adds]
-                adds[out] = node.name
-    merging: set[str] = set()
-    todo = [out for out in adds if products[out] >= 2]
-    while todo:
-        out = todo.pop()
-        if adds[out] not in merging:
-            merging.add(adds[out])
-            todo.extend(inner[out])
-    return merging
+    entry = cache.get(key)
+    if entry is None or entry[0] is not value or entry[2] != jax.extend.core.get_opaque_trace_state():
+        return None
+    return entry[1]
 
 
-def tensor_readers(graph: onnx.GraphProto) -> dict[str, int]:
-    """How many node inputs and graph outputs read each tensor."""
-    counts: dict[str, int] = {}
-    for name in [i for node in graph.node for i in node.input] + [o.name for o in graph.output]:
-        counts[name] = counts.get(name, 0) + 1
-    return counts
+def _current(entry: tuple) -> bool:
+    """Whether a recorded entry (its trace state first) was made in the current trace."""
+    return entry[0] == jax.extend.core.get_opaque_trace_state()
+
+
+def store(cache: dict, key: tuple, value: Any, made: Any) -> None:
+    """Remember ``made`` for ``value`` (kept alive by the entry, so that its id stays unique) in this trace."""
+    cache[key] = (value, made, jax.extend.core.get_opaque_trace_state())
+
+
+def spec_key(*fields: Any) -> Any:
+    """`onnx2jax.runtime.constraints.SpecKey` (node, kind, position, tensor), imported when first used."""
+    from onnx2jax.runtime.constraints import SpecKey  # constraints imports this module
+
+    return SpecKey(*fields)
+
+
+def scope_of(name: str) -> str:
+    """`onnx2jax.runtime.constraints.node_scope`, imported when first used."""
+    from onnx2jax.runtime.constraints import node_scope
+
+    return node_scope(name)
