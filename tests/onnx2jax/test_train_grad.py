@@ -146,6 +146,7 @@ BACKWARD = {
     "qwen2": ({"all-reduce": 9, "all-gather": 4}, 10),  # as mistral
     "gpt2": ({"all-reduce": 9}, 10),  # 5 + 2 x 2 + the tied LM head: the minimum
     "wav2vec2": ({"all-reduce": 8}, 8),  # 4 + 2 x 2: the minimum
+    "whisper_encoder": ({"all-reduce": 8}, 8),  # 4 + 2 x 2: the minimum
     "convnext": ({"all-reduce": 4}, 4),  # 2 + 2 x 1: the minimum
     "t5": ({"all-reduce": 21, "all-gather": 2}, 24),  # the minimum of all-reduce operands (README)
     # Parallel residual x + attn(ln1(x)) + mlp(ln2(x)): forward 2 blocks x 1 (the attention's and the MLP's
