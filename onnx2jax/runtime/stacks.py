@@ -58,13 +58,17 @@ class Reader:
     ``leaf``: the tensor whose stack it reads; ``chain``: the nodes between
     ``leaf`` and the product's input, in run order (each reads the previous
     one's output at position ``position``); ``bundle``: the parameters
-    stacked with ``leaf``, each with the node input that reads it.
+    stacked with ``leaf``, each with the node input that reads it;
+    ``shared``: whether other products read the same stack (alone, a
+    product gains nothing from it: its input gradient is reduced once
+    either way, so it runs as the plain product).
     """
 
     leaf: str
     columns: Any
     chain: tuple[tuple[str, int], ...]
     bundle: tuple[tuple[str, str, int], ...]
+    shared: bool = True
 
 
 def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: Mapping[str, Any]) -> dict[str, Reader]:
@@ -127,7 +131,7 @@ def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: 
                     if i != active and name in params and name not in {b[0] for b in bundle}:
                         bundle.append((name, node_name, i))
         for member in members:
-            readers[member] = Reader(leaf, paths[member][0], chains[member], tuple(bundle))
+            readers[member] = Reader(leaf, paths[member][0], chains[member], tuple(bundle), len(members) > 1)
     return readers
 
 
@@ -304,6 +308,9 @@ class StackHooks:
 
     def _column_parallel(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list | None:
         """A column-parallel MatMul or Gemm through a shared per-device stack (`onnx2jax.runtime.stacks`)."""
+        reader = self.readers.get(node.name)
+        if reader is not None and not reader.shared:
+            return None
         return column_parallel(node, inputs, attrs, self.placements, lambda *a: self._stack(node.name, *a))
 
     def _stack(self, product: str, x: Any, count: int, columns: Any, mesh: Any) -> Any:
