@@ -9,7 +9,10 @@ backward's reductions happen. This times, per zoo model at TP 8 on 8 fake CPU
 devices, the forward call (``compiled(**inputs)``) and one ``jit(grad(loss))``
 step (gradients of every trainable parameter) in both modes, the callables of
 a model called in a new random order each round, and reports medians, the
-ratio stacks / plain, and the all-reduce operands of each compiled program.
+ratio stacks / plain, the all-reduce operands of each compiled program, and
+whether the two gradient programs are the same HLO (then the ratio is the
+machine's noise: no product of that model reads a shared stack or adds
+partial sums).
 
     python bench/bench_column_stack.py [--repeats 50] [--models gpt_neox,mistral] [--output bench/results/column_stack.md]
 """
@@ -58,8 +61,15 @@ def _operands(text: str) -> int:
     return sum(m.count("%") for m in re.findall(r"=\s*[^=\n]*?\ball-reduce(?:-start)?\(([^)]*)\)", text))
 
 
-def _mode(name: str, plain: bool) -> tuple[Callable[[], object], Callable[[], object], int, int]:
-    """(forward call, gradient step, forward all-reduce operands, gradient's) of ``name`` in one mode, compiled."""
+def _program(text: str) -> str:
+    """Compiled HLO's computations without metadata (source locations name the tracing code, not the program)."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(("%", "ENTRY"))), 0)
+    return re.sub(r", metadata=\{[^}]*\}", "", "\n".join(lines[start:]))
+
+
+def _mode(name: str, plain: bool) -> tuple[Callable[[], object], Callable[[], object], int, int, str]:
+    """(forward call, gradient step, forward all-reduce operands, gradient's, gradient's HLO) of ``name`` in one mode."""
     compiled = onnx2jax.compile(zoo_model(name, True))
     inputs, weights = zoo_inputs(name), output_weights(name)
     params = {k: compiled.params[k] for k in compiled.trainable}
@@ -78,6 +88,7 @@ def _mode(name: str, plain: bool) -> tuple[Callable[[], object], Callable[[], ob
         lambda: jax.block_until_ready(grad(params)),
         _operands(fwd.as_text()),
         _operands(grad.as_text()),
+        _program(grad.as_text()),
     )
 
 
@@ -107,8 +118,8 @@ def main() -> None:
         f"(load average {os.getloadavg()[0]:.1f} at start)",
         "",
         "| model | forward: stacks / plain (ms) | ratio | grad step: stacks / plain (ms) | ratio "
-        "| all-reduce operands fwd, grad: stacks / plain |",
-        "|---|---|---|---|---|---|",
+        "| all-reduce operands fwd, grad: stacks / plain | same programs |",
+        "|---|---|---|---|---|---|---|",
     ]
     for name in args.models.split(","):
         stacked, plain = _mode(name, False), _mode(name, True)
@@ -116,7 +127,7 @@ def main() -> None:
         rows.append(
             f"| {name} | {m['fs'] * 1e3:.2f} / {m['fp'] * 1e3:.2f} | {m['fs'] / m['fp']:.2f} "
             f"| {m['gs'] * 1e3:.2f} / {m['gp'] * 1e3:.2f} | {m['gs'] / m['gp']:.2f} "
-            f"| {stacked[2]}, {stacked[3]} / {plain[2]}, {plain[3]} |"
+            f"| {stacked[2]}, {stacked[3]} / {plain[2]}, {plain[3]} | {'yes' if stacked[4] == plain[4] else 'no'} |"
         )
         print(rows[-1], flush=True)
     rows.append(f"\nload average {os.getloadavg()[0]:.1f} at the end")
