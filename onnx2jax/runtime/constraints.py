@@ -30,7 +30,9 @@ forward is the same local product; in the backward the readers' partial
 input gradients (q, k and v of a block; GPT-NeoX's attention and MLP, through
 their LayerNorms) add up locally in the stack and its transpose reduces them
 with one all-reduce, where one per reader would follow each product's sharded
-contraction otherwise.
+contraction otherwise. Row-parallel products whose outputs are added (a sum
+tree: GPT-NeoX's attn + mlp + x) add their partial sums first and reduce
+once (`onnx2jax.runtime.partial_sums`).
 """
 
 from __future__ import annotations

@@ -145,7 +145,7 @@ class PartialSumHooks:
         self.merging = merging_adds(graph, placements, self.readers_of) if graph is not None else set()
 
     def _record_partial(
-        self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any], outputs: list, partial
+        self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any], outputs: list, partial: tuple | None
     ) -> None:
         """Remembers a sum tree's value as its partials, and a row-parallel product's operands (partials made on demand)."""
         if partial is not None:
@@ -153,7 +153,7 @@ class PartialSumHooks:
         elif node.name in self.row_products and len(outputs) == 1:
             store(self.partials, (id(outputs[0]),), outputs[0], (node, inputs, attrs))
 
-    def _partials(self, value: Any) -> tuple[Any, Any] | None:
+    def _partials(self, value: Any) -> tuple[Any, Any, tuple[str, ...]] | None:
         """``value`` as (partial sums [n, ...] split over n devices, replicated addend or None, the products summed),
         if it is a pending sum."""
         entry = cached(self.partials, (id(value),), value)
@@ -165,7 +165,7 @@ class PartialSumHooks:
         return found
 
     def _add_partials(self, node: onnx.NodeProto, inputs: list) -> tuple[Any, Any, Any, Any] | None:
-        """An Add of a sum tree (`onnx2jax.runtime.stacks.merging_adds`): (partials, addend, products, value).
+        """An Add of a sum tree (`merging_adds`): (partials, addend, products, value).
 
         Two products' partial sums are added before they are reduced, so
         that one all-reduce serves both (GPT-NeoX's parallel residual,

@@ -24,8 +24,14 @@ reduction each.
 
 Everything falls back to the stack of the product's own input (still
 correct, with more reductions) where the trace does not match the plan: a
-node not run through the hooks, a value placed differently for a reader
-than for its producer, a parameter of another dtype.
+node not run through the hooks, a parameter of another dtype, a scan body
+(whose parameters are its layer's slices: nothing is bundled there). A
+product that shares its stack with no other still reads one: running it as
+the plain product would save a little time (gpt2's gradient step: 1.03 to
+1.11 in `bench/bench_column_stack.py`) but moves float32 rounding enough
+that four Adam steps on tiny Llama under TP 8 leave one weight 1.4e-4 from
+the one-device run (8.6e-5 from float64 where the stacked run is 2.1e-5),
+over `test_train_steps`' 1e-4.
 """
 
 from __future__ import annotations
@@ -58,17 +64,13 @@ class Reader:
     ``leaf``: the tensor whose stack it reads; ``chain``: the nodes between
     ``leaf`` and the product's input, in run order (each reads the previous
     one's output at position ``position``); ``bundle``: the parameters
-    stacked with ``leaf``, each with the node input that reads it;
-    ``shared``: whether other products read the same stack (alone, a
-    product gains nothing from it: its input gradient is reduced once
-    either way, so it runs as the plain product).
+    stacked with ``leaf``, each with the node input that reads it.
     """
 
     leaf: str
     columns: Any
     chain: tuple[tuple[str, int], ...]
     bundle: tuple[tuple[str, str, int], ...]
-    shared: bool = True
 
 
 def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: Mapping[str, Any]) -> dict[str, Reader]:
@@ -114,7 +116,7 @@ def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: 
     groups: dict[tuple, list[str]] = {}
     for name, (columns, path) in paths.items():
         groups.setdefault((path[-1][0], str(columns)), []).append(name)
-    readers = {}
+    readers, nodes = {}, {n.name: n for n in graph.node}
     for members in groups.values():
         tensors = [[t for t, _ in paths[m][1]] for m in members]
         leaf = next(t for t in tensors[0] if all(t in others for others in tensors))
@@ -123,7 +125,7 @@ def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: 
             path = paths[member][1]
             upto = [t for t, _ in path].index(leaf)
             chains[member] = tuple((back[0].name, back[1]) for _, back in reversed(path[:upto]))
-        bundle, nodes = [], {n.name: n for n in graph.node}
+        bundle = []
         for member in members:
             for node_name, active in chains[member]:
                 node = nodes[node_name]
@@ -131,7 +133,7 @@ def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: 
                     if i != active and name in params and name not in {b[0] for b in bundle}:
                         bundle.append((name, node_name, i))
         for member in members:
-            readers[member] = Reader(leaf, paths[member][0], chains[member], tuple(bundle), len(members) > 1)
+            readers[member] = Reader(leaf, paths[member][0], chains[member], tuple(bundle))
     return readers
 
 
@@ -308,9 +310,6 @@ class StackHooks:
 
     def _column_parallel(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list | None:
         """A column-parallel MatMul or Gemm through a shared per-device stack (`onnx2jax.runtime.stacks`)."""
-        reader = self.readers.get(node.name)
-        if reader is not None and not reader.shared:
-            return None
         return column_parallel(node, inputs, attrs, self.placements, lambda *a: self._stack(node.name, *a))
 
     def _stack(self, product: str, x: Any, count: int, columns: Any, mesh: Any) -> Any:
@@ -375,9 +374,8 @@ class StackHooks:
         for name, value in zip(node.output, outputs):
             if name in self.leaves:
                 self.recorded[("tensor", name)] = (trace, value)
-        for name, value in zip(
-            node.input, inputs
-        ):  # a leaf no node produces (a graph input): as its first reader sees it
+        # A leaf no node produces (a graph input): as its first reader sees it.
+        for name, value in zip(node.input, inputs):
             known = self.recorded.get(("tensor", name))
             if name in self.leaves and (known is None or known[0] != trace):
                 self.recorded[("tensor", name)] = (trace, value)
