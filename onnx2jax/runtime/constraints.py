@@ -38,7 +38,7 @@ once (`onnx2jax.runtime.partial_sums`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.extend
@@ -50,45 +50,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.conv import conv_by_groups
 from onnx2jax.runtime.partial_sums import PartialSumHooks
+from onnx2jax.runtime.placement_keys import Placement, SpecKey, node_scope
 from onnx2jax.runtime.stacks import StackHooks, cached, store
 from onnx2jax.runtime.views import View, run_on_views, view_of
-from sharding.mesh.layout import expand_shape
 
 # Normalisations whose statistics span the axes from ``axis`` on (Softmax: ``axis`` alone).
 NORMALIZATIONS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization"})
-
-
-class SpecKey(NamedTuple):
-    """One node input or output that carries a spec."""
-
-    node: str
-    kind: str  # "in" or "out"
-    position: int
-    tensor: str
-
-    def __str__(self) -> str:
-        return f"node {self.node!r} {self.kind}put {self.position} ({self.tensor!r})"
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """How one tensor is laid out on the mesh.
-
-    ``fused`` lists the fused axes and their sub-axis sizes: the sharding
-    applies to the tensor reshaped to its sub-axes.
-    """
-
-    sharding: NamedSharding
-    fused: tuple[tuple[int, tuple[int, ...]], ...] = ()
-
-    def expand(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        """The unfused shape of a tensor of ONNX ``shape``."""
-        return expand_shape(shape, self.fused)
-
-
-def node_scope(name: str) -> str:
-    """The named scope of an ONNX node in HLO metadata: its name, with ``/`` (a scope separator) escaped."""
-    return "onnx:" + name.replace("/", "|")
 
 
 class ShardingHooks(StackHooks, PartialSumHooks):

@@ -22,14 +22,13 @@ import onnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.graph_runner import is_static
+from onnx2jax.runtime.placement_keys import SpecKey, node_scope
 from onnx2jax.runtime.stacks import (
     gemm_terms,
     node_keys,
     product_layout,
-    scope_of,
     product_operands,
     replicated,
-    spec_key,
     cached,
     store,
 )
@@ -45,7 +44,7 @@ def row_parallel_partials(
     first axis (one all-reduce) plus the addend (Gemm's bias, or None). None
     where the node is not such a product.
     """
-    places = {(kind, i, t): placements.get(spec_key(node.name, kind, i, t)) for kind, i, t in node_keys(node)}
+    places = {(kind, i, t): placements.get(SpecKey(node.name, kind, i, t)) for kind, i, t in node_keys(node)}
     rows = _rows(node, lambda kind, i, t: places.get((kind, i, t)))
     operands = None if rows is None else product_operands(node, inputs, attrs)
     if operands is None or len(tuple(places[("in", 0, node.input[0])].sharding.spec)) != np.ndim(operands[0]):
@@ -88,7 +87,7 @@ def _rows(node: onnx.NodeProto, place: Callable) -> Any:
 
 def row_parallel(node: onnx.NodeProto, placements: Mapping[Any, Any]) -> bool:
     """Whether ``placements`` make ``node`` a row-parallel product (see `row_parallel_partials`)."""
-    return _rows(node, lambda kind, i, t: placements.get(spec_key(node.name, kind, i, t))) is not None
+    return _rows(node, lambda kind, i, t: placements.get(SpecKey(node.name, kind, i, t))) is not None
 
 
 def merging_adds(graph: onnx.GraphProto, placements: Mapping[Any, Any], readers: Mapping[str, int]) -> set[str]:
@@ -110,7 +109,7 @@ def merging_adds(graph: onnx.GraphProto, placements: Mapping[Any, Any], readers:
         if row_parallel(node, placements):
             products[out] = 1
         elif node.op_type == "Add" and len(node.input) == 2:
-            if not replicated(placements.get(spec_key(node.name, "out", 0, out))):
+            if not replicated(placements.get(SpecKey(node.name, "out", 0, out))):
                 continue
             summed = [i for i in node.input if products.get(i) and readers.get(i) == 1]
             if summed:
@@ -172,7 +171,7 @@ class PartialSumHooks:
         attn + mlp + x); a replicated term joins the addend. The value is
         the reduced sum; None where no input is a pending sum.
         """
-        out = self.placements.get(spec_key(node.name, "out", 0, node.output[0]))
+        out = self.placements.get(SpecKey(node.name, "out", 0, node.output[0]))
         if out is None or out.fused or any(e is not None for e in out.sharding.spec) or len(inputs) != 2:
             return None
         if any(v is None or is_static(v) for v in inputs):
@@ -189,7 +188,7 @@ class PartialSumHooks:
         partials = stacks[0] if len(stacks) == 1 else stacks[0] + stacks[1]
         addend = None if not addends else addends[0] if len(addends) == 1 else addends[0] + addends[1]
         products = tuple(p for t in terms if t is not None for p in t[2])
-        with jax.named_scope(scope_of(products[0])):  # the all-reduce of the first product, as inference predicts
+        with jax.named_scope(node_scope(products[0])):  # the all-reduce of the first product, as inference predicts
             value = jnp.sum(partials, axis=0)
         value = value if addend is None else value + addend
         return partials, addend, products, value.astype(jnp.result_type(*inputs))
