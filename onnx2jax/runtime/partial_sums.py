@@ -181,7 +181,7 @@ class PartialSumHooks:
         stacks = [t[0] for t in terms if t is not None]
         if not stacks or any(s.shape != stacks[0].shape for s in stacks):
             return None
-        if tuple(np.broadcast_shapes(*(np.shape(v) for v in inputs))) != tuple(stacks[0].shape[1:]):
+        if tuple(jnp.broadcast_shapes(*(np.shape(v) for v in inputs))) != tuple(stacks[0].shape[1:]):  # jnp: symbolic dims too
             return None
         addends = [t[1] for t in terms if t is not None and t[1] is not None]
         addends += [v for v, t in zip(inputs, terms) if t is None]
