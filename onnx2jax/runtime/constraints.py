@@ -41,7 +41,6 @@ import dataclasses
 from typing import Any, Callable, Mapping
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import onnx

@@ -41,7 +41,6 @@ import math
 from typing import Any, Callable, Mapping
 
 import jax
-import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import onnx
@@ -323,7 +322,7 @@ class StackHooks:
         self.chain_nodes = {name for r in self.readers.values() for name, _ in r.chain}
         self.recorded: dict[tuple[str, str], tuple] = {}
         self.sources: dict[int, tuple[Any, Any]] = {}
-        self.top_trace = jax.extend.core.get_opaque_trace_state()
+        self.top_trace = trace_state()
 
     def _column_parallel(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list | None:
         """A column-parallel MatMul or Gemm through a shared per-device stack (`onnx2jax.runtime.stacks`)."""
@@ -352,7 +351,7 @@ class StackHooks:
         if bundle is None:
             values, names = [leaf_value], [None]
             # ``params`` are the values of the top-level trace: a scan body reads its layer's slices instead.
-            bundled = reader.bundle if jax.extend.core.get_opaque_trace_state() == self.top_trace else ()
+            bundled = reader.bundle if trace_state() == self.top_trace else ()
             for name, node_name, position in bundled:
                 value = self.params.get(name)
                 if value is None or is_static(value) or jnp.result_type(value) != jnp.result_type(leaf_value):
@@ -385,7 +384,7 @@ class StackHooks:
 
     def _record(self, node: onnx.NodeProto, inputs: list, outputs: list, compute: Callable | None) -> None:
         """Keeps what later products need: a leaf's value, a chain node's inputs, output and computation."""
-        trace = jax.extend.core.get_opaque_trace_state()
+        trace = trace_state()
         if node.name in self.chain_nodes and compute is not None and len(outputs) == 1:
             self.recorded[("node", node.name)] = (trace, list(inputs), outputs[0], compute)
         for name, value in zip(node.output, outputs):
@@ -398,6 +397,18 @@ class StackHooks:
                 self.recorded[("tensor", name)] = (trace, value)
 
 
+def trace_state() -> Any:
+    """``jax.extend.core.get_opaque_trace_state()``, imported when first asked for.
+
+    Importing ``jax.extend`` loads Pallas, ~65 ms of every process's start (a
+    quarter of a one-device GPT-2's first result over onnxruntime's); only a
+    sharded trace asks.
+    """
+    from jax.extend import core
+
+    return core.get_opaque_trace_state()
+
+
 def cached(cache: dict, key: tuple, value: Any) -> Any | None:
     """What ``cache`` holds for ``value`` under ``key``, if made in the current trace.
 
@@ -405,18 +416,18 @@ def cached(cache: dict, key: tuple, value: Any) -> Any | None:
     in one trace must not be read from another (a leaked tracer).
     """
     entry = cache.get(key)
-    if entry is None or entry[0] is not value or entry[2] != jax.extend.core.get_opaque_trace_state():
+    if entry is None or entry[0] is not value or entry[2] != trace_state():
         return None
     return entry[1]
 
 
 def _current(entry: tuple) -> bool:
     """Whether a recorded entry (its trace state first) was made in the current trace."""
-    return entry[0] == jax.extend.core.get_opaque_trace_state()
+    return entry[0] == trace_state()
 
 
 def store(cache: dict, key: tuple, value: Any, made: Any) -> None:
     """Remember ``made`` for ``value`` (kept alive by the entry, so that its id stays unique) in this trace."""
-    cache[key] = (value, made, jax.extend.core.get_opaque_trace_state())
+    cache[key] = (value, made, trace_state())
 
 
