@@ -172,7 +172,7 @@ def place_on_mesh(values: Mapping[str, Any], in_placements: Mapping[str, Placeme
 
 
 def output_shardings(
-    mesh: Mesh, names: Sequence[str], wanted: tuple, outputs: Sequence[jax.ShapeDtypeStruct]
+    mesh: Mesh, names: Sequence[str], wanted: tuple, outputs: Sequence[jax.ShapeDtypeStruct | None]
 ) -> tuple:
     """The sharding each of the outputs ``names`` comes back with: never left to XLA.
 
@@ -180,7 +180,8 @@ def output_shardings(
     spec comes back replicated on the mesh. A spec JAX cannot hold comes
     back as :func:`holdable_output` makes it (split on another axis, or
     replicated only where no axis divides), with a warning naming the
-    output and what it became.
+    output and what it became. ``outputs`` (their shapes) may be None where
+    ``wanted`` is: an output without a spec needs no shape.
     """
     replicated = NamedSharding(mesh, PartitionSpec())
     shardings = []
