@@ -136,3 +136,44 @@ def test_xla_gathers_a_grouped_conv_split_by_groups_still():
         "upstream fixed it: remove the workaround (onnx2jax.ops.conv.conv_by_groups and "
         "ShardingHooks._groups_split) and its entry in docs/known-issues.md"
     )
+
+
+SHARD_MAP_EXPORT_REPRODUCER = """
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+import jax.numpy as jnp
+import numpy as np
+from jax import export
+from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Auto,))
+w = jax.device_put(np.ones((16, 64), np.float32), NamedSharding(mesh, P(None, "d")))
+
+def f(x, w):
+    stack = jax.lax.with_sharding_constraint(jnp.broadcast_to(x[None], (8, *x.shape)), NamedSharding(mesh, P("d")))
+    return jax.shard_map(lambda s, w: s[0] @ w, mesh=mesh, in_specs=(P("d"), P(None, "d")), out_specs=P("d"))(stack, w)
+
+(batch,) = export.symbolic_shape("batch")
+with jax.set_mesh(mesh):
+    exported = export.export(jax.jit(f))(jax.ShapeDtypeStruct((batch, 16), np.float32), w)
+    np.asarray(exported.call(np.ones((3, 16), np.float32), w))
+print("called")
+"""
+
+
+def test_exported_shard_map_with_a_symbolic_batch_still_crashes():
+    """Calling an exported shard_map with a symbolic batch segfaults jax 0.10.2 (docs/known-issues.md).
+
+    When this fails, the call runs: onnx2jax.runtime.stacks.column_parallel can
+    use its per-device product under a symbolic dimension too.
+    """
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run(
+        [sys.executable, "-c", SHARD_MAP_EXPORT_REPRODUCER], capture_output=True, text=True, timeout=300, env=env
+    )
+    if done.returncode == 0 and "called" in done.stdout:
+        pytest.fail("upstream fixed it: remove the symbolic-dimension fallback of runtime/stacks.column_parallel")
+    assert done.returncode == -11 or "Segmentation fault" in done.stderr, (done.returncode, done.stderr[-2000:])
