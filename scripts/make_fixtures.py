@@ -601,6 +601,9 @@ def readme(summaries) -> str:
       "`NAME.ort_outputs.npz` onnxruntime's outputs (CPU, 1 thread) for it, keyed by the "
       "graph's output names. The script asserts onnxruntime matches torch within 1e-4 on "
       "those inputs and on a batch-3, seq-7 set (the batch and seq axes are dynamic).\n")
+    w("`tiny_llama.torch_grads.npz` (made by `scripts/make_grad_fixture.py`, not by this script) holds "
+      "torch autograd's gradients of a fixed scalar loss of tiny_llama's logits (`loss_weights`) with "
+      "respect to every initializer, in float64 rounded to float32: the reference of the training tests.\n")
     w("Opset: 18 (torch's default). With the same torch/transformers, `--opset 20` or 21 "
       "gives the same graphs except that tiny_bert's erf GELU becomes one `Gelu` node; "
       "`--opset 23` turns Llama's RMSNorm/RoPE/attention into fused `RMSNormalization`, "
