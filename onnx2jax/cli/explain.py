@@ -9,7 +9,9 @@ Examples::
 It runs proposal 0007's checker and inference (`sharding.check`,
 `sharding.infer`) as ``onnx2jax check`` does. Symbolic input dims can be fixed
 with ``--input-shape input_ids=2,16`` where a rule needs sizes (a Reshape that
-splits a sharded axis, say) or to draw a tensor's tiles.
+splits a sharded axis, say) or to draw a tensor's tiles. A model with
+pipeline stages is inferred stage by stage; its summary (and ``--json``'s
+``stages``) counts each stage, then the sums.
 """
 
 from __future__ import annotations
@@ -43,8 +45,10 @@ from onnx2jax.saving import save_model
 from onnx2jax.tile_plot import render
 from sharding import codes
 from sharding.infer import Inference, completed_model, reshard_note_kind
+from sharding.partition import Partition
 from sharding.rules.views import sharded_dims
 from sharding.segment_sharding import describe
+from sharding.stages import has_stages, model_partition
 from sharding.text import format_spec
 from sharding.tile_map import tile_map
 from sharding.tiles import tile_assignment
@@ -201,6 +205,9 @@ def run(args: argparse.Namespace) -> int:
     with terminal.make_console(stderr=True).status(f"checking and inferring {args.model} ..."):  # terminals only
         diagnostics, inference, sharded = checked(model, args.configuration, shapes, args.strict)
     rows = list(_rows(inference, model, not args.placed, set(args.node)))
+    part = _partition(model, inference.configuration)
+    # Per-stage counts are over the whole model, whatever --node/--placed list.
+    stages = None if part is None else _stage_counts(list(_rows(inference, model, True)), diagnostics, part)
     problems = [
         d for d in diagnostics
         if (d.severity != "note" or d.code == codes.COLLECTIVE) and (not args.node or d.node in args.node)
@@ -214,12 +221,13 @@ def run(args: argparse.Namespace) -> int:
             "diagnostics": [dataclasses.asdict(d) for d in diagnostics],
             "tiles": {name: _grid(inference, name, shapes) for name in args.tensor},
             "segments": _segment_lines(sharded),
+            **({} if stages is None else {"stages": stages}),
         }, indent=2))
     else:
         console = terminal.make_console()
         listed = args.verbose or args.node or args.placed
         if not listed:
-            _summary(console, rows, inference, problems)
+            _summary(console, rows, inference, problems, stages)
         else:
             _print_rows(console, rows, args.model, inference, problems)
         for name in args.tensor:
@@ -241,14 +249,59 @@ def run(args: argparse.Namespace) -> int:
     return 1 if any(d.severity == "error" for d in diagnostics) else 0
 
 
-def _summary(console, rows: list, inference: Inference, problems: list) -> None:
-    """The short form: how many specs are written, inferred and resharded; the problems; the collectives in one line."""
-    nodes = sum(1 for r in rows if r[0] and r[5] != "unplaced")
-    written = sum(1 for r in rows if r[4])
-    inferred = sum(1 for r in rows if r[5] and r[5] != "unplaced" and not r[4])
+def _counts(rows: list) -> dict[str, int]:
+    """Nodes placed, specs written, specs inferred and reshards among ``rows`` (as `_rows` yields them)."""
+    return {
+        "placed": sum(1 for r in rows if r[0] and r[5] != "unplaced"),
+        "written": sum(1 for r in rows if r[4]),
+        "inferred": sum(1 for r in rows if r[5] and r[5] != "unplaced" and not r[4]),
+        "reshards": sum(1 for r in rows if r[6]),
+    }
+
+
+def _partition(model: onnx.ModelProto, configuration: str | None) -> Partition | None:
+    """The model's pipeline stages for ``configuration``; None if it has none (or invalid ones: a diagnostic says why)."""
+    if configuration is None or not has_stages(model, configuration):
+        return None
+    try:
+        return model_partition(model, configuration)
+    except ValueError:
+        return None
+
+
+def _stage_counts(rows: list, diagnostics: list, part: Partition) -> list[dict]:
+    """Per pipeline stage: its nodes, then `_counts` of its rows and the collectives noted at its nodes.
+
+    ``rows`` are every node's (`_rows` with ``everything``): a node's later rows
+    have no node name, so each row belongs to the last name above it.
+    """
+    by_stage: dict = {}
+    node = None
+    for r in rows:
+        node = r[0] or node
+        by_stage.setdefault(part.part_of.get(node), []).append(r)
+    collectives = [part.part_of.get(d.node) for d in diagnostics if d.code == codes.COLLECTIVE]
+    return [
+        {"stage": stage, "nodes": len(part.nodes[stage]), **_counts(by_stage.get(stage, [])),
+         "collectives": collectives.count(stage)}
+        for stage in part.parts
+    ]
+
+
+def _summary(console, rows: list, inference: Inference, problems: list, stages: list | None) -> None:
+    """The short form: specs written, inferred and resharded (in all, then per stage); problems; collectives."""
+    total = _counts(rows)
+    head = f"configuration {inference.configuration!r}"
+    if stages:
+        head += f", {len(stages)} pipeline stages"
+    console.print(f"{head}: {total['placed']} nodes placed, {total['written']} specs written, "
+                  f"{total['inferred']} inferred, {total['reshards']} reshard(s)" + (" in all" if stages else ""),
+                  markup=False)
+    for s in stages or ():
+        console.print(f"  stage {s['stage']}: {s['placed']} of its {s['nodes']} nodes placed, {s['written']} specs "
+                      f"written, {s['inferred']} inferred, {s['reshards']} reshard(s), "
+                      f"{s['collectives']} collective(s)", markup=False)
     reshards = [r for r in rows if r[6]]
-    console.print(f"configuration {inference.configuration!r}: {nodes} nodes placed, {written} specs written, "
-                  f"{inferred} inferred, {len(reshards)} reshard(s)", markup=False)
     for r in reshards:
         console.print(f"  reshard ({r[6]}) of {r[3]!r} at {r[0] or 'the node above'}: written {r[4]}, "
                       f"inferred {r[5]}", markup=False)
