@@ -90,7 +90,8 @@ def run(args: argparse.Namespace) -> int:
     with console.status(f"tracing and compiling {args.model} ..."), compilation_cache.watch() as lookups:
         first, outputs, steady, calls = _timed_calls(runner, inputs)
     console.print(
-        f"first call {first:.2f}s (trace + {lookups.describe()} + run), then {_ms(steady)} per call (mean of {calls})"
+        f"first call {first:.2f}s (trace + {lookups.describe()} + run), "
+        f"then {_ms(steady)} per call (mean of {calls} calls back to back)"
     )
     _print_report(console, runner if args.devices else None, model, inputs, args.verbose)
     if args.output:

@@ -259,6 +259,7 @@ class PipelineCompiled:
             seconds=pipeline,
             bubble=1.0 - busy / (len(rows) * pipeline),
             bound=(len(rows) - 1) / (self.microbatches + len(rows) - 1),
+            repeats=repeats,
         )
 
 

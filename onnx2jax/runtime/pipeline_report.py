@@ -28,13 +28,20 @@ class StageReport:
 
 @dataclasses.dataclass
 class PipelineReport:
-    """What :meth:`PipelineCompiled.report` measured."""
+    """What :meth:`PipelineCompiled.report` measured.
+
+    ``seconds`` is the whole pipelined call's best of ``repeats``, each timed
+    right before the stages alone, so that the bubble fraction compares times
+    taken alike; it is not the mean per call a caller times back to back
+    (``onnx2jax run`` prints that one too, and says so).
+    """
 
     stages: list[StageReport]
     microbatches: int
     seconds: float
     bubble: float
     bound: float
+    repeats: int
 
     def render(self, console=None) -> None:
         """Prints the report as a table (rich)."""
@@ -60,11 +67,12 @@ class PipelineReport:
                 f"{row.seconds * 1e3:.2f}",
             )
         console.print(table)
-        console.print("(mb: one micro-batch; ms/mb: the stage alone on one micro-batch)")
-        console.print(
-            f"pipelined call {self.seconds * 1e3:.2f} ms; bubble fraction {self.bubble:.3f} "
-            f"(fill-drain bound (S-1)/(M+S-1) = {self.bound:.3f})"
-        )
+        best = f"best of {self.repeats}"
+        console.print(f"(mb: one micro-batch; ms/mb: the stage alone on one micro-batch, {best})")
+        call = f"{self.seconds * 1e3:.2f} ms"
+        console.print(f"bubble fraction {self.bubble:.3f}; fill-drain bound (S-1)/(M+S-1) = {self.bound:.3f}")
+        console.print(f"(bubble: 1 - M x sum(ms/mb) / (S x {call}); {call}: the pipelined call's {best}, "
+                      "each timed next to the stages)")
 
 
 def _devices(devices: Sequence[int]) -> str:

@@ -4,6 +4,7 @@ README (Command line): a mistake is one line on stderr with exit status 1, a mal
 References: onnxruntime's refusal of out-of-range ids; the model's declared input shapes.
 """
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -142,3 +143,39 @@ def test_run_is_short_by_default_and_says_each_note_once_when_verbose(llama_tp2,
     assert main(["run", str(llama_tp2), "--devices", "2", "--verbose"]) == 0
     out = capsys.readouterr().out
     assert "PartitionSpec" in out and out.count("layers unrolled") == 1
+
+
+@pytest.fixture(scope="module")
+def llama_staged(tmp_path_factory) -> Path:
+    """Tiny Llama in 2 pipeline stages of tensor parallel 4."""
+    path = tmp_path_factory.mktemp("staged") / "llama_2x4.onnx"
+    assert main(["annotate", str(DATA / "tiny_llama.onnx"), "--name-nodes", "--stages", "auto:2", "--plan", "megatron",
+                 "--devices", "8", "-o", str(path)]) == 0
+    return path
+
+
+def test_a_pipelined_run_says_what_each_time_per_call_measures(llama_staged, capsys):
+    """One mean time per call; the pipeline report's own call time is labelled as the bubble's measure.
+
+    The printed call time must be the one the printed bubble fraction was computed from: the bubble is
+    recomputed from the printed ms/mb and call time (to their rounding).
+    """
+    capsys.readouterr()
+    assert main(["run", str(llama_staged), "--devices", "8", "--microbatches", "2", "--verbose"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    timings = [line for line in lines if "per call" in line]
+    assert len(timings) == 1 and re.search(r"then [\d.]+ ?m?s per call \(mean of \d+ calls back to back\)$", timings[0])
+    assert not any(line.startswith("pipelined call") for line in lines)
+    legend = next(line for line in lines if line.startswith("(bubble:"))
+    call, again = re.fullmatch(
+        r"\(bubble: 1 - M x sum\(ms/mb\) / \(S x ([\d.]+) ms\); ([\d.]+) ms: the pipelined call's best of 5, "
+        r"each timed next to the stages\)", legend).groups()
+    assert call == again
+    summary = next(line for line in lines if line.startswith("bubble fraction"))
+    bubble = float(re.match(r"bubble fraction ([\d.]+); fill-drain bound", summary).group(1))
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["stage", "nodes"])
+    stage_ms = [float(lines[header + 1 + k].split()[-1]) for k in range(2)]
+    m, s, t, busy, r = 2, 2, float(call), sum(stage_ms), 0.005  # r: half the last printed digit
+    low = 1 - m * (busy + s * r) / (s * (t - r))
+    high = 1 - m * (busy - s * r) / (s * (t + r))
+    assert low - 5e-4 <= bubble <= high + 5e-4, (bubble, low, high, lines)
