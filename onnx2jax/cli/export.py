@@ -106,12 +106,17 @@ def run(args: argparse.Namespace) -> int:
     known = symbolic_dims(model)
     sized, symbolic = split_symbolic(args.dim, known)
     dims = parse_dims(sized, known)
-    given = conform(read_input_files(args.input, model.input_names), model)
-    drawn = random_inputs(model, args.seed, {**{n: 2 for n in symbolic}, **dims}, skip=list(given.values))
-    for note in given.notes + drawn.notes:
-        console.print(note, markup=False)
+    for name in symbolic:
+        if name in dims:
+            raise UsageError(f"--dim {name}: both {name}={dims[name]} and {name}=symbolic; a dim kept symbolic "
+                             "takes every size, so it has none to set")
     if args.constraint and not symbolic:
         raise UsageError("--constraint constrains symbolic dims: keep one with --dim NAME=symbolic")
+    given = conform(read_input_files(args.input, model.input_names), model)
+    drawn = random_inputs(model, args.seed, dims, skip=list(given.values), symbolic=symbolic)
+    kept = [f"symbolic dim {n!r} kept symbolic: the artifact takes every size of it" for n in symbolic]
+    for note in given.notes + drawn.notes + kept:
+        console.print(f"note: {note}", markup=False)
     examples = symbolic_examples({**given.values, **drawn.values}, model, symbolic, args.constraint)
     data = export(compiled, path=args.output, **examples)
     shapes = ", ".join(f"{k} [{', '.join(map(str, v.shape))}]" for k, v in examples.items())

@@ -139,16 +139,25 @@ def _require_shape(name: str, shape: tuple[int, ...], declared: tuple | None) ->
 
 
 def random_inputs(
-    model, seed: int = 0, dims: Mapping[str, int] | None = None, skip: Sequence[str] = ()
+    model,
+    seed: int = 0,
+    dims: Mapping[str, int] | None = None,
+    skip: Sequence[str] = (),
+    symbolic: Sequence[str] = (),
 ) -> Inputs:
     """Random inputs of the model's declared types, for the inputs not in ``skip``.
 
     Integer inputs that index an embedding are drawn in [0, rows); other
     integers in [0, 16); masks are ones; floats standard normal. Symbolic dims
     take ``dims`` or 2. Every such choice comes back as a note.
+
+    An input with a dim of ``symbolic`` (those ``onnx2jax export`` keeps
+    symbolic) stands only for its shape and dtype: nothing is drawn for it
+    (zeros, at size 2 on those dims), and its note names the dims it keeps.
     """
     rng = np.random.default_rng(seed)
     dims = dict(dims or {})
+    kept = set(symbolic)
     bounds = index_bounds(model.proto)
     values: dict[str, np.ndarray] = {}
     notes: list[str] = []
@@ -156,19 +165,29 @@ def random_inputs(
     for info in model.inputs:
         if info.name in skip:
             continue
-        shape = []
+        shape, shown = [], []
         for d in info.shape or ():
             if isinstance(d, int) and d > 0:
                 shape.append(d)
+            elif d in kept:
+                shape.append(DEFAULT_DIM)
             else:
                 name = d if isinstance(d, str) else "?"
                 if name not in dims:
                     dims[name] = DEFAULT_DIM
                     defaulted.append(name)
                 shape.append(dims[name])
+            shown.append(d if d in kept else shape[-1])
         shape = tuple(shape)
         dtype = info.dtype or np.dtype(np.float32)
         masked = "mask" in info.name.lower()
+        keeps = [d for d in dict.fromkeys(info.shape or ()) if d in kept]
+        if keeps:
+            values[info.name] = np.zeros(shape, dtype)
+            listed = ", ".join(map(repr, keeps))
+            notes.append(f"input {info.name!r} {dtype} ({', '.join(map(str, shown))}): its shape and dtype only, "
+                         f"no values drawn ({listed} kept symbolic)")
+            continue
         if dtype.kind == "b" or (dtype.kind in "iu" and masked):
             values[info.name] = np.ones(shape, dtype)
             what = "all ones (a mask)"

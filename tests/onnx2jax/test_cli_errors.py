@@ -222,6 +222,36 @@ def test_symbolic_dim_default_is_said(embedding, capsys):
     assert "symbolic dim 'batch' = 2 (set it with --dim batch=N)" in capsys.readouterr().out
 
 
+def test_export_says_a_dim_kept_symbolic_is_kept_not_drawn(embedding, tmp_path, capsys):
+    """``--dim batch=symbolic``: no 'batch = 2' note; the input stands for its shape; the artifact takes any batch."""
+    from onnx2jax.export import load
+
+    artifact = tmp_path / "embedding.jaxexport"
+    capsys.readouterr()
+    assert main(["export", str(embedding), "-o", str(artifact), "--dim", "batch=symbolic"]) == 0
+    out = capsys.readouterr().out
+    assert "symbolic dim 'batch' = " not in out and "random integers" not in out, out
+    assert "note: input 'ids' int64 (batch, 3): its shape and dtype only, no values drawn ('batch' kept symbolic)" in out
+    assert "note: symbolic dim 'batch' kept symbolic: the artifact takes every size of it" in out
+    assert "ids [batch, 3]" in out
+    table = np.arange(20, dtype=np.float32).reshape(4, 5)
+    for batch in (1, 5):
+        ids = np.arange(batch * 3, dtype=np.int64).reshape(batch, 3) % 4
+        (y,) = load(artifact)(ids)
+        np.testing.assert_allclose(np.asarray(y), table[ids] @ np.ones((5, 2), np.float32))
+
+
+def test_export_with_a_sized_dim_draws_it_and_refuses_both(embedding, tmp_path, capsys):
+    artifact = tmp_path / "embedding.jaxexport"
+    capsys.readouterr()
+    assert main(["export", str(embedding), "-o", str(artifact), "--dim", "batch=4"]) == 0
+    out = capsys.readouterr().out
+    assert "note: input 'ids' int64 (4, 3): random integers in [0, 4)" in out and "kept symbolic" not in out, out
+    assert "ids [4, 3]" in out
+    assert main(["export", str(embedding), "-o", str(artifact), "--dim", "batch=4", "--dim", "batch=symbolic"]) == 2
+    assert "--dim batch: both batch=4 and batch=symbolic" in _one_line_error(capsys, "export")
+
+
 def test_int32_input_is_converted_with_a_note(embedding, tmp_path, capsys):
     ids = np.array([[0, 1, 2], [3, 2, 1]], np.int32)
     np.save(tmp_path / "ids.npy", ids)
