@@ -241,9 +241,8 @@ def _mapped(location: str, dtype: np.dtype, offset: int, shape: tuple[int, ...])
     embedding is in two of them (GPT-2's: the first stage's lookup, the
     last's head). Two maps of the same bytes count their pages twice in the
     process's memory (GPT-2's pipeline 2 x 4: 85 MB more); one map holds
-    them once. Keyed
-    by the file's identity (a file replaced or rewritten since is mapped
-    anew), held only while something uses it.
+    them once. Keyed by the file's identity (a file replaced or rewritten
+    since is mapped anew), held only while something uses it.
     """
     stat = os.stat(location)
     key = (os.path.realpath(location), stat.st_dev, stat.st_ino, stat.st_mtime_ns, stat.st_size,
