@@ -9,14 +9,20 @@ only its own shards.
 
 from __future__ import annotations
 
-import contextlib
 import weakref
 from typing import ContextManager, Sequence
 
 import jax
 import numpy as np
 
-from onnx2jax.loading import aligned_view, drop_pages, file_identity, freeze, read_only_buffer
+from onnx2jax.loading import (
+    aligned_view,
+    drop_pages,
+    file_identity,
+    freeze,
+    read_only_buffer,
+)
+from onnx2jax.runtime.executable import x64_scope
 
 _COPIES: weakref.WeakValueDictionary[tuple, np.ndarray] = weakref.WeakValueDictionary()
 """The buffer of each slice of a mapped file copied for the devices (not contiguous, or padded), while a
@@ -101,16 +107,14 @@ def place_stacked(layers: Sequence[np.ndarray], sharding: jax.sharding.Sharding)
 
 
 def holding(dtype: np.dtype) -> ContextManager:
-    """JAX's x64 mode for placing an array of ``dtype`` when it is 64-bit, so it stays 64-bit.
+    """:func:`onnx2jax.runtime.executable.x64_scope` for placing an array of ``dtype``: 64-bit stays 64-bit.
 
     Outside x64, ``device_put`` of a float64 weight gives a float32 array: a
     float64 model would then compute with rounded weights while its inputs and
-    outputs stay float64, silently. The scope is entered for 64-bit arrays only
-    (and never turns x64 off where the caller has it on).
+    outputs stay float64, silently.
     """
-    if np.dtype(dtype).itemsize == 8 and np.dtype(dtype).kind in "iuf" or np.dtype(dtype) == np.complex128:
-        return jax.enable_x64(True)
-    return contextlib.nullcontext()
+    dtype = np.dtype(dtype)
+    return x64_scope(dtype.itemsize == 8 and dtype.kind in "iuf" or dtype == np.complex128)
 
 
 def _holdable(part: np.ndarray) -> bool:
