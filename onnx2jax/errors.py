@@ -1,6 +1,7 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
-onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`
+onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
+`ScheduleError`, `PipelineJitError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
 `ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
@@ -92,6 +93,16 @@ class BranchShapesDiffer(ValueError):
 
 class PrecisionError(RuntimeError):
     """A model with 64-bit tensors is traced while JAX's x64 mode is off."""
+
+
+class ScheduleError(ValueError):
+    """A pipeline schedule that cannot run: an action before what it needs, a missing or repeated action,
+    a stage on the wrong rank, or more micro-batches held than its memory bound. Names the schedule and action.
+    """
+
+
+class PipelineJitError(TypeError):
+    """A pipeline's ``apply`` was traced by ``jax.jit``: its stages hold parameters on disjoint device sets."""
 
 
 class DeviceCountError(ValueError):

@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from onnx2jax.loading import ModelLike
 from onnx2jax.runtime.executable import Executable
 from onnx2jax.runtime.pipeline import compile_pipeline
+from onnx2jax.runtime.pipeline_schedules import PipelineSchedule
 from onnx2jax.runtime.plan import make_plan
 from onnx2jax.runtime.segmented import compile_segmented
 from onnx2jax.runtime.spmd import Compiled
@@ -36,6 +37,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     check: bool = True,
     devices: Sequence[int] | None = None,
     microbatches: int = 1,
+    schedule: "str | PipelineSchedule | None" = None,
     scan_layers: ScanSetting = "auto",
     check_indices: bool = True,
 ) -> Executable:
@@ -62,6 +64,11 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         number of micro-batches a call's batch is split into; such a model
         compiles to a :class:`onnx2jax.runtime.pipeline.PipelineCompiled`
         (GPipe's fill-drain order; ``PipelineCompiled.schedule`` takes another).
+      schedule: for pipeline stages, the training schedule of
+        ``value_and_grad`` (and the order of a call's forwards): ``"gpipe"``,
+        ``"1f1b"``, ``"interleaved-1f1b"``, ``"zero-bubble"`` or a
+        :class:`~onnx2jax.runtime.pipeline_schedules.PipelineSchedule`
+        (see docs/pipeline-training.md). None: GPipe.
       scan_layers: as :func:`onnx2jax.translate`'s: run the repeated layers
         as one ``lax.scan``, each stacked parameter placed with its first
         layer's spec behind an unsplit layer axis. Layers whose specs differ
@@ -97,8 +104,10 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         model, mesh, configuration=configuration, check=check, devices=devices, microbatches=microbatches,
         scan_layers=scan_layers,
     )
+    if schedule is not None and plan.kind != "stages":
+        raise ValueError(f"schedule={schedule!r} needs a model with pipeline stages; this one has none")
     if plan.kind == "stages":
-        executable = compile_pipeline(plan)
+        executable = compile_pipeline(plan, schedule)
     elif plan.kind == "segments":
         executable = compile_segmented(plan)
     else:

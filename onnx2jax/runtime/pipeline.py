@@ -24,22 +24,30 @@ JAX (0.10) has no public jit across meshes, so a model with
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import os
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import onnx
 from jax.sharding import Mesh
 
-from onnx2jax.errors import DeviceCountError, NodeError
+from onnx2jax.errors import DeviceCountError, NodeError, PipelineJitError, ScheduleError
 from onnx2jax.runtime.executable import merged_params, part_params, x64_scope
 from onnx2jax.runtime.parameters import holdable_sharding
 from onnx2jax.runtime.pipeline_report import PipelineReport, StageReport
 from onnx2jax.runtime.pipeline_stages import PipelineModel, Stage, local_stage_model, stage_input_shardings
 from onnx2jax.runtime.plan import Plan, program_plan
 from onnx2jax.runtime.report import count_collectives, example_inputs, param_bytes_per_device
+from onnx2jax.runtime.pipeline_schedules import NAMES, PipelineSchedule, build
+from onnx2jax.runtime.pipeline_train import PipelineGrad
 from onnx2jax.runtime.schedule import GPipe, Schedule, check_order
+from onnx2jax.runtime.training import parts_to_onnx
+from onnx2jax.trainable import checked_names
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
 from onnx2jax.runtime.spmd import Compiled
 from onnx2jax.binding import bind_inputs, input_info
@@ -62,8 +70,14 @@ class PipelineCompiled:
       params: every stage's parameters as placed jax.Arrays, by name; each
         lives only on its own stage's devices (a parameter two stages read is
         held by both; this map shows the earlier stage's copy).
-      schedule: the order of the (stage, micro-batch) steps of a call
-        (:class:`onnx2jax.runtime.schedule.GPipe` unless given).
+      schedule: the order of a call's steps: a name of
+        :data:`onnx2jax.runtime.pipeline_schedules.NAMES`, a
+        :class:`~onnx2jax.runtime.pipeline_schedules.PipelineSchedule`
+        (training schedules; a call runs their forwards in order), or a
+        forward-only order (:class:`onnx2jax.runtime.schedule.GPipe` unless
+        given; :meth:`value_and_grad` runs GPipe's training schedule then).
+      trainable: the keys of :attr:`params` to train (each stage's
+        :mod:`onnx2jax.trainable` rule, or :meth:`with_trainable`'s names).
     """
 
     def __init__(
@@ -74,7 +88,7 @@ class PipelineCompiled:
         microbatches: int,
         configuration: str,
         structural: Sequence[Diagnostic] = (),
-        schedule: Schedule | None = None,
+        schedule: "Schedule | PipelineSchedule | str | None" = None,
     ):
         static = [f"{i.name!r} {list(i.shape)}" for i in model.inputs if i.shape and isinstance(i.shape[0], int) and i.shape[0] > 0]
         if microbatches > 1 and static:
@@ -89,7 +103,10 @@ class PipelineCompiled:
         self.output_names = list(model.output_names)
         self.microbatches = microbatches
         self.configuration = configuration
-        self.schedule: Schedule = schedule if schedule is not None else GPipe()
+        if isinstance(schedule, str) and schedule not in NAMES:
+            raise ScheduleError(f"unknown schedule {schedule!r}: one of {', '.join(NAMES)}, or a PipelineSchedule")
+        self.schedule: "Schedule | PipelineSchedule | str" = schedule if schedule is not None else GPipe()
+        self._trainable: tuple[str, ...] | None = None
         self.uses_64bit = any(s.compiled.model.uses_64bit for s in self.stages)
         self._last_inputs: tuple | None = None
         self._stage_args: dict[int, dict[str, Any]] = {}
@@ -100,6 +117,88 @@ class PipelineCompiled:
     @property
     def params(self) -> dict[str, jax.Array]:
         return merged_params(stage.compiled for stage in self.stages)
+
+    # -- training ---------------------------------------------------------
+
+    @property
+    def trainable(self) -> tuple[str, ...]:
+        """The keys of :attr:`params` to train: every stage's ``Compiled.trainable``, or :meth:`with_trainable`'s names."""
+        if self._trainable is None:
+            own = {k for stage in self.stages for k in stage.compiled.trainable}
+            self._trainable = tuple(k for k in self.params if k in own)
+        return self._trainable
+
+    def with_trainable(self, names: Iterable[str]) -> "PipelineCompiled":
+        """This pipeline (stages, programs and parameters shared) with ``names`` as :attr:`trainable`.
+
+        Raises:
+          KeyError: a name is not a key of :attr:`params`.
+        """
+        other = copy.copy(self)
+        other._trainable = checked_names(names, self.params)
+        chosen = set(other._trainable)
+        other.stages = [
+            dataclasses.replace(s, compiled=s.compiled.with_trainable([k for k in s.compiled.params if k in chosen]))
+            for s in self.stages
+        ]
+        return other
+
+    def to_onnx(
+        self, params: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None, *,
+        external_data: bool | None = None,
+    ) -> onnx.ModelProto:
+        """The whole model (stage annotations kept) with ``params`` (some or all, laid out as :attr:`params`).
+
+        See :func:`onnx2jax.runtime.training.write_onnx` for ``external_data``.
+        """
+        parts = [stage.compiled for stage in self.stages]
+        return parts_to_onnx(self.model.proto, parts, self.params if params is None else params, path, external_data)
+
+    def stage_ranks(self) -> tuple[int, ...]:
+        """Each stage's rank: the index of its device group among the distinct groups, in stage order."""
+        groups: list[tuple[int, ...]] = []
+        for stage in self.stages:
+            if tuple(stage.devices) not in groups:
+                groups.append(tuple(stage.devices))
+        return tuple(groups.index(tuple(stage.devices)) for stage in self.stages)
+
+    def training_schedule(self, microbatches: int | None = None) -> PipelineSchedule:
+        """The checked training schedule a gradient call runs (:mod:`onnx2jax.runtime.pipeline_schedules`).
+
+        Raises:
+          ScheduleError: a given schedule made for other stages or micro-batches,
+            or a forward-only order (it says nothing of backwards).
+        """
+        m = self.microbatches if microbatches is None else microbatches
+        schedule = self.schedule
+        if isinstance(schedule, PipelineSchedule):
+            if (schedule.stages, schedule.microbatches, schedule.stage_rank) != (len(self.stages), m, self.stage_ranks()):
+                raise ScheduleError(
+                    f"schedule {schedule.name!r} is for {schedule.stages} stages on ranks {list(schedule.stage_rank)} x "
+                    f"{schedule.microbatches} micro-batches; this pipeline has {len(self.stages)} stages on ranks "
+                    f"{list(self.stage_ranks())} x {m} micro-batches"
+                )
+            return schedule
+        if isinstance(schedule, GPipe):
+            schedule = "gpipe"
+        if not isinstance(schedule, str):
+            raise ScheduleError(
+                f"schedule {schedule!r} orders forwards only: a gradient needs a PipelineSchedule or one of {', '.join(NAMES)}"
+            )
+        return build(schedule, self.stage_ranks(), m)
+
+    def value_and_grad(self, loss_fn: Callable[..., Any]) -> PipelineGrad:
+        """``(params, *inputs, loss_args=(), **named) -> (loss, grads)`` through the stages, by the schedule.
+
+        ``params``: the parameters to differentiate (for example
+        ``{k: compiled.params[k] for k in compiled.trainable}``); the others
+        are the pipeline's own. Each micro-batch's loss is
+        ``loss_fn(outputs, *loss_args_slices)``; the loss returned is their sum
+        (so a loss that sums over the batch equals the single program's), and
+        ``grads`` its gradient, each placed like its parameter. See
+        :mod:`onnx2jax.runtime.pipeline_train`.
+        """
+        return PipelineGrad(self, loss_fn)
 
     # -- running ----------------------------------------------------------
 
@@ -134,7 +233,8 @@ class PipelineCompiled:
         """Runs the schedule's steps; each stage its program (``params`` None) or its ``apply`` over ``params``."""
         envs = self._split(self._bind(inputs, named))
         self._sizes.check({name: tuple(np.shape(value)) for name, value in envs[0].items()})
-        steps = list(self.schedule.steps(len(self.stages), len(envs)))
+        order = self.training_schedule(len(envs)) if isinstance(self.schedule, str) else self.schedule
+        steps = list(order.steps(len(self.stages), len(envs)))
         check_order(steps, len(self.stages), len(envs))
         for k, m in steps:
             stage = self.stages[k]
@@ -171,17 +271,42 @@ class PipelineCompiled:
         is not one jittable function: call it eagerly (``jax.grad`` through it
         works: ``device_put`` and each stage's constraints are differentiable).
         A model with 64-bit tensors needs ``jax.enable_x64`` around it.
+
+        Raises:
+          PipelineJitError: traced by ``jax.jit`` (or ``vmap``): the stages'
+            parameters live on disjoint device sets.
         """
+        for leaf in jax.tree.leaves((dict(params), inputs, named)):
+            if isinstance(leaf, jax.core.Tracer) and not _concrete(leaf):
+                raise PipelineJitError(
+                    "a pipeline's apply cannot run under jax.jit (its stages hold parameters on disjoint device sets): "
+                    "call it eagerly, or take gradients with compiled.value_and_grad(loss_fn)"
+                )
         return self._run(inputs, named, params)
 
     def lower(self, *inputs: Any, **named: Any) -> list[jax.stages.Lowered]:
         """Each stage's lowered program at one micro-batch of these inputs, in run order.
 
-        Runs the pipeline once on them (to know what each stage receives).
+        Runs nothing: what each stage receives is known from the earlier
+        stages' output shapes (``jax.eval_shape``).
         """
-        self(*inputs, **named)
         with x64_scope(self.uses_64bit):
-            return [stage.compiled.lower(**self._stage_args[k]) for k, stage in enumerate(self.stages)]
+            self.model.index_check.call(inputs, named)
+            first = self._split(self._bind(inputs, named))[0]
+            env: dict[str, Any] = {name: jax.ShapeDtypeStruct(np.shape(v), jnp.result_type(v)) for name, v in first.items()}
+            lowered = []
+            for stage in self.stages:
+                args = {
+                    name: jax.ShapeDtypeStruct(
+                        env[name].shape, env[name].dtype,
+                        sharding=holdable_sharding(tuple(env[name].shape), stage.input_shardings[name]),
+                    )
+                    for name in stage.inputs
+                }
+                lowered.append(stage.compiled.lower(**args))
+                shapes = jax.eval_shape(lambda p, a, c=stage.compiled: c.apply(p, **a), stage.compiled.params, args)
+                env.update(zip(stage.outputs, shapes))
+            return lowered
 
     # -- report -----------------------------------------------------------
 
@@ -264,12 +389,23 @@ class PipelineCompiled:
 
 
 
+def _concrete(leaf: jax.core.Tracer) -> bool:
+    """Whether a tracer holds a value (eager ``jax.grad``), not an abstract one (``jit``, ``vmap``)."""
+    from jax.extend.core import concrete_or_error  # jax.extend loads Pallas: only when a tracer comes
+
+    try:
+        concrete_or_error(None, leaf)
+    except jax.errors.ConcretizationTypeError:
+        return False
+    return True
+
+
 # ---------------------------------------------------------------------------
 # Compiling
 # ---------------------------------------------------------------------------
 
 
-def compile_pipeline(plan: Plan, schedule: Schedule | None = None) -> PipelineCompiled:
+def compile_pipeline(plan: Plan, schedule: "Schedule | PipelineSchedule | str | None" = None) -> PipelineCompiled:
     """Compiles each stage of a staged model on its devices (see the module docstring).
 
     The plan's mesh (when given) lends its devices in row-major order, each

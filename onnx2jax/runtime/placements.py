@@ -163,6 +163,9 @@ def place_on_mesh(values: Mapping[str, Any], in_placements: Mapping[str, Placeme
         ):
             placed[name] = value
             continue
+        if isinstance(value, jax.ShapeDtypeStruct) and getattr(value.sharding, "device_set", None) == mesh_devices:
+            placed[name] = value  # lowering without data (PipelineCompiled.lower): placed as given
+            continue
         placement = in_placements.get(name)
         target = replicated
         if placement is not None and not placement.fused:

@@ -23,7 +23,7 @@ import contextlib
 import copy
 import dataclasses
 import os
-from typing import Any, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -162,6 +162,31 @@ class Compiled:
         """
         values = initializer_values(self, self.params if params is None else params)
         return write_onnx(self.plan.proto, values, path, external_data=external_data)
+
+    def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple]:
+        """``(params, *inputs, loss_args=(), **named) -> (loss, grads)``: jitted ``jax.value_and_grad`` over :meth:`apply`.
+
+        ``params``: the parameters to differentiate (a subset of :attr:`params`,
+        laid out alike); the others are this program's own. The loss is
+        ``loss_fn(outputs, *loss_args)`` with the outputs in ONNX order; the
+        gradients come back placed like their parameters. The same face as
+        :meth:`onnx2jax.runtime.pipeline.PipelineCompiled.value_and_grad`.
+        """
+        jitted: dict[tuple, Any] = {}
+
+        def run(params: Mapping[str, Any], *inputs: Any, loss_args: Sequence[Any] = (), **named: Any) -> tuple:
+            dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
+            found = jitted.get(key)
+            if found is None:
+                def loss(trained, frozen, values, extra):
+                    return loss_fn(self.apply({**frozen, **trained}, **values, **static), *extra)
+
+                found = jitted[key] = jax.jit(jax.value_and_grad(loss))
+            frozen = {k: v for k, v in self.params.items() if k not in params}
+            with x64_scope(self.model.uses_64bit):
+                return found(dict(params), frozen, dynamic, tuple(loss_args))
+
+        return run
 
     # -- per shape signature ----------------------------------------------
 

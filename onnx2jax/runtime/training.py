@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -125,4 +125,40 @@ def write_onnx(
     return written
 
 
-__all__ = ["EXTERNAL_DATA_BYTES", "EXTERNAL_TENSOR_BYTES", "initializer_values", "trainable_keys", "write_onnx"]
+def parts_to_onnx(
+    proto: onnx.ModelProto,
+    parts: "Sequence[Compiled | None]",
+    params: Mapping[str, Any],
+    path: str | os.PathLike | None,
+    external_data: bool | None,
+) -> onnx.ModelProto:
+    """The whole model of a run in parts (pipeline stages, segments) with ``params`` written back.
+
+    Each part folds the entries it holds (:func:`initializer_values`); an
+    initializer no part holds keeps the model's value.
+
+    Raises:
+      KeyError: a key of ``params`` is no part's parameter.
+    """
+    values: dict[str, np.ndarray] = {}
+    claimed: set[str] = set()
+    for part in parts:
+        if part is None:
+            continue
+        own = {k: v for k, v in params.items() if k in part.params}
+        claimed.update(own)
+        for name, value in initializer_values(part, own).items():
+            if name in own or name not in values:
+                values[name] = value
+    unknown = sorted(set(params) - claimed)
+    if unknown:
+        raise KeyError(f"not parameters of this model: {unknown}")
+    for tensor in proto.graph.initializer:
+        if tensor.name not in values:
+            values[tensor.name] = numpy_helper.to_array(tensor)
+    return write_onnx(proto, values, path, external_data=external_data)
+
+
+__all__ = [
+    "EXTERNAL_DATA_BYTES", "EXTERNAL_TENSOR_BYTES", "initializer_values", "parts_to_onnx", "trainable_keys", "write_onnx",
+]
