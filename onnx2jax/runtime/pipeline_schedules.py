@@ -193,6 +193,12 @@ def issue_order(schedule: PipelineSchedule) -> list[Action]:
     _check_actions(schedule)
     _check_memory(schedule)
     present = {a for rank in schedule.ranks for a in rank}
+    for rank, actions in enumerate(schedule.ranks):  # what a rank needs of its own work comes earlier in its list
+        position = {a: i for i, a in enumerate(actions)}
+        for i, action in enumerate(actions):
+            for need in _needs(action, schedule, present):
+                if position.get(need, -1) > i:
+                    raise ScheduleError(f"schedule {schedule.name!r}: rank {rank} runs {action} before {need}")
     done: set[Action] = set()
     cursor = [0] * len(schedule.ranks)
     order: list[Action] = []
