@@ -29,11 +29,14 @@ and re-place of the last call with its tensor, shape, bytes and sharding.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
-from typing import Any, Mapping, Sequence
+import os
+from typing import Any, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
+import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.errors import NodeError
@@ -42,6 +45,8 @@ from onnx2jax.runtime.placements import mesh_for, spec_layouts
 from onnx2jax.runtime.plan import Plan, program_plan
 from onnx2jax.runtime.report import Report
 from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.runtime.training import parts_to_onnx
+from onnx2jax.trainable import checked_names
 from onnx2jax.translate import JaxModel
 from sharding.diagnostics import ShardingError
 from sharding.segment_sharding import ShardedSegments, ignored_specs, ignored_text, shard_segments
@@ -128,6 +133,34 @@ class SegmentedCompiled:
     def params(self) -> dict[str, jax.Array]:
         """Every jitted segment's parameters, placed (a parameter two segments read: the first's copy)."""
         return merged_params(self.programs)
+
+    # -- training ---------------------------------------------------------
+
+    @property
+    def trainable(self) -> tuple[str, ...]:
+        """The keys of :attr:`params` to train: every segment's ``Compiled.trainable``, or :meth:`with_trainable`'s."""
+        own = {k for program in self.programs if program is not None for k in program.trainable}
+        return tuple(k for k in self.params if k in own)
+
+    def with_trainable(self, names: Iterable[str]) -> "SegmentedCompiled":
+        """This run (programs and parameters shared) with ``names`` as :attr:`trainable`.
+
+        Raises:
+          KeyError: a name is not a key of :attr:`params`.
+        """
+        chosen = set(checked_names(names, self.params))
+        other = copy.copy(self)
+        other.programs = [
+            None if p is None else p.with_trainable([k for k in p.params if k in chosen]) for p in self.programs
+        ]
+        return other
+
+    def to_onnx(
+        self, params: Mapping[str, Any] | None = None, path: str | os.PathLike | None = None, *,
+        external_data: bool | None = None,
+    ) -> onnx.ModelProto:
+        """The whole model (annotations kept) with ``params`` (some or all, laid out as :attr:`params`) written in."""
+        return parts_to_onnx(self.model.proto, self.programs, self.params if params is None else params, path, external_data)
 
     # -- running ----------------------------------------------------------
 

@@ -285,3 +285,28 @@ def test_zoo_decoders_train_through_every_schedule(name, stages, tp):
             got = np.asarray(holder._logical_params({key: grads[key]})[key])
             want = np.asarray(single._logical_params({key: expected[key]})[key])
             _close(got, want, 1e-5, (schedule, key))
+
+
+def test_finetune_pipeline_example_matches_the_single_program():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "finetune_pipeline.py"
+    spec = importlib.util.spec_from_file_location("finetune_pipeline", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(["--steps", "2", "--batch", "4", "--microbatches", "2"]) < 1e-4
+
+
+def test_a_segmented_run_has_the_training_face(tmp_path):
+    """Segments (a NonZero between two products): trainable weights, and trained values written back run in onnxruntime."""
+    from test_segments_sharded import nonzero_then_matmul
+
+    compiled = onnx2jax.compile(nonzero_then_matmul())
+    assert compiled.trainable == ("w0", "w2")  # not the axes nor the folded zero
+    assert compiled.with_trainable(["w2"]).trainable == ("w2",) and compiled.trainable == ("w0", "w2")
+    new = {"w2": np.asarray(compiled.params["w2"]) * -2.0}
+    written = compiled.to_onnx(new, tmp_path / "segmented.onnx")
+    x = np.random.default_rng(3).normal(size=(6, 16)).astype(np.float32)
+    (reference,) = ort_outputs(written, {"x": x})
+    (expected,) = compiled(x)
+    np.testing.assert_allclose(reference, -2.0 * np.asarray(expected), rtol=1e-5, atol=1e-5)
