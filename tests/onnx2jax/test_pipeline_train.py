@@ -206,6 +206,27 @@ def test_optimizer_steps_through_1f1b_equal_the_single_program(pipeline, single,
         np.testing.assert_allclose(np.asarray(params[key]), np.asarray(expected[key]), atol=2e-5, err_msg=key)
 
 
+def test_interleaved_1f1b_over_virtual_stages_gives_torchs_gradients(ids):
+    """4 stages on 2 devices (stage s on device s % 2): two virtual stages per rank, Megatron's interleaved order."""
+    from sharding.stages import write_stages
+
+    model = onnx.load(LLAMA)
+    stage_of, _ = auto_stages(model, 4)
+    write_stages(model, stage_of, {0: [0], 1: [1], 2: [0], 3: [1]}, "pp")
+    pipeline = onnx2jax.compile(model, microbatches=2, schedule="interleaved-1f1b", scan_layers=False)
+    assert pipeline.stage_ranks() == (0, 1, 0, 1)
+    assert pipeline.training_schedule().stage_rank == (0, 1, 0, 1)
+    weights, torch_grads = torch_reference()
+    loss, grads = pipeline.value_and_grad(weighted_sum)(
+        {k: pipeline.params[k] for k in pipeline.trainable}, ids, loss_args=(weights,)
+    )
+    for key, want in torch_grads.items():
+        _close(grads[key], want, 1e-5, key)
+    pipeline.schedule = "1f1b"
+    with pytest.raises(ScheduleError, match="'1f1b' runs one stage per rank, but 4 stages share 2 device groups"):
+        pipeline.value_and_grad(weighted_sum)({}, ids, loss_args=(weights,))
+
+
 def test_a_pipeline_has_the_executable_training_face(pipeline, single, ids, tmp_path):
     assert pipeline.trainable == tuple(k for k in pipeline.params if k in set(single.trainable))
     few = pipeline.with_trainable(pipeline.trainable[:2])
