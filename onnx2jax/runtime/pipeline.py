@@ -107,6 +107,8 @@ class PipelineCompiled:
             raise ScheduleError(f"unknown schedule {schedule!r}: one of {', '.join(NAMES)}, or a PipelineSchedule")
         self.schedule: "Schedule | PipelineSchedule | str" = schedule if schedule is not None else GPipe()
         self._trainable: tuple[str, ...] | None = None
+        #: per set of trained names, each stage's forward/backward programs (pipeline_train.StagePrograms)
+        self.stage_programs: dict[tuple[str, ...], list] = {}
         self.uses_64bit = any(s.compiled.model.uses_64bit for s in self.stages)
         self._last_inputs: tuple | None = None
         self._stage_args: dict[int, dict[str, Any]] = {}

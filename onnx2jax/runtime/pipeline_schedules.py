@@ -281,6 +281,7 @@ def _greedy(
     fi, bi = [0] * ranks, [0] * ranks
     deferred: list[list[tuple[int, int]]] = [[] for _ in range(ranks)]
     held = [0] * ranks
+    last = [""] * ranks
     free = [0.0] * ranks
     out: list[list[Action]] = [[] for _ in range(ranks)]
     events: list[float] = [0.0]
@@ -295,20 +296,24 @@ def _greedy(
         for r in range(ranks):
             if free[r] > now:
                 continue
-            choice = None
+            backward = forward = None
             if bi[r] < len(backward_order[r]) and (policy != "fill-drain" or fi[r] == len(forward_order[r])):
                 s, m = backward_order[r][bi[r]]
                 if ready(("F", s, m), now) and (s == stages - 1 or ready((back_kind, s + 1, m), now)):
-                    choice = (back_kind, s, m)
-            if choice is None and fi[r] < len(forward_order[r]) and held[r] < limit[r]:
+                    backward = (back_kind, s, m)
+            if fi[r] < len(forward_order[r]) and held[r] < limit[r]:
                 s, m = forward_order[r][fi[r]]
                 if s == 0 or ready(("F", s - 1, m), now):
-                    choice = ("F", s, m)
+                    forward = ("F", s, m)
+            # a ready backward first, except right after one: then a ready forward (1F1B's alternation)
+            choice = forward if forward is not None and last[r] == back_kind else backward or forward
             if choice is None and split and deferred[r]:
                 choice = ("W", *deferred[r].pop(0))
             if choice is None:
                 continue
             kind, s, m = choice
+            if kind != "W":
+                last[r] = kind
             if kind == "F":
                 fi[r] += 1
                 held[r] += 1

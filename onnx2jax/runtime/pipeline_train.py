@@ -94,7 +94,6 @@ class PipelineGrad:
     def __init__(self, pipeline: "PipelineCompiled", loss_fn: LossFn):
         self.pipeline = pipeline
         self.loss_fn = loss_fn
-        self._programs: dict[tuple, list[StagePrograms]] = {}
         self._loss: dict[tuple, Any] = {}
         #: per stage, the most micro-batches whose residuals it held at once in the last call
         self.peak_held: list[int] = []
@@ -102,11 +101,13 @@ class PipelineGrad:
         self.residual_bytes: list[int] = []
 
     def _stage_programs(self, trained: Sequence[str]) -> list[StagePrograms]:
+        """The stages' programs for these trained names: kept on the pipeline, shared by every loss."""
         key = tuple(trained)
-        found = self._programs.get(key)
+        cache = self.pipeline.stage_programs
+        found = cache.get(key)
         if found is None:
             producers = {name for stage in self.pipeline.stages for name in stage.outputs}
-            found = self._programs[key] = [
+            found = cache[key] = [
                 StagePrograms(stage, trained, [n for n in stage.inputs if n in producers]) for stage in self.pipeline.stages
             ]
         return found
