@@ -227,6 +227,23 @@ def test_interleaved_1f1b_over_virtual_stages_gives_torchs_gradients(ids):
         pipeline.value_and_grad(weighted_sum)({}, ids, loss_args=(weights,))
 
 
+def test_a_pipelined_checkpoint_restores_onto_one_device(pipeline, single, tmp_path):
+    """Parameters and optimizer state saved from 2 stages x TP 2 (each array on its stage), restored onto one device."""
+    from onnx2jax import checkpoint
+
+    rng = np.random.default_rng(2)
+    trained = {k: pipeline.params[k] + rng.normal(size=pipeline.params[k].shape).astype(np.float32)
+               for k in pipeline.trainable}
+    step = train_step(pipeline, weighted_sum, optax.adam(1e-3))
+    state = step.init(trained)
+    checkpoint.save(tmp_path / "ckpt", {"params": trained, "opt": state})
+    like = {k: single.params[k] for k in single.trainable}
+    restored = checkpoint.restore(tmp_path / "ckpt", {"params": like, "opt": step.init(trained)})
+    for key, value in restored["params"].items():
+        np.testing.assert_array_equal(np.asarray(value), np.asarray(trained[key]), err_msg=key)  # numpy of the saved
+        assert value.sharding.device_set == like[key].sharding.device_set, key
+
+
 def test_a_pipeline_has_the_executable_training_face(pipeline, single, ids, tmp_path):
     assert pipeline.trainable == tuple(k for k in pipeline.params if k in set(single.trainable))
     few = pipeline.with_trainable(pipeline.trainable[:2])
