@@ -188,6 +188,8 @@ class PipelineGrad:
                     batch.cotangents[k] = cts
                 if (k, m) not in sends_back:  # the producer is on this rank: its gradient is here already
                     self._route_back(batch, k, producer)
+                for name in stage.outputs:  # read by its consumers and the loss already: only residuals stay
+                    batch.values.pop(name, None)
             elif action.kind == "W":
                 weights = program.weight_grad(batch.vjp.pop(k), batch.cotangents.pop(k))
                 grads[k] = weights if grads[k] is None else program.add(grads[k], weights)
