@@ -39,6 +39,10 @@ _EXPORTS: dict[str, str] = {
     "MeshMappingError": "onnx2jax.errors",
     "SpecSyntaxError": "onnx2jax.errors",
     "BackwardEdgeError": "onnx2jax.errors",
+    "ScheduleError": "onnx2jax.errors",
+    "PipelineJitError": "onnx2jax.errors",
+    "PipelineSchedule": "onnx2jax.runtime.pipeline_schedules",
+    "train_step": "onnx2jax.runtime.train_step",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -84,7 +88,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from onnx2jax.errors import MeshMappingError as MeshMappingError
     from onnx2jax.errors import ModelLoadError as ModelLoadError
     from onnx2jax.errors import NodeError as NodeError
+    from onnx2jax.errors import PipelineJitError as PipelineJitError
     from onnx2jax.errors import PrecisionError as PrecisionError
+    from onnx2jax.errors import ScheduleError as ScheduleError
     from onnx2jax.errors import ShardingError as ShardingError
     from onnx2jax.errors import SpecSyntaxError as SpecSyntaxError
     from onnx2jax.errors import UnsupportedOpError as UnsupportedOpError
@@ -92,6 +98,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from onnx2jax.bundled import demo_model_path as demo_model_path
     from onnx2jax.loading import load_model as load_model
     from onnx2jax.runtime.pipeline import PipelineCompiled as PipelineCompiled
+    from onnx2jax.runtime.pipeline_schedules import PipelineSchedule as PipelineSchedule
+    from onnx2jax.runtime.train_step import train_step as train_step
     from onnx2jax.runtime.segmented import SegmentedCompiled as SegmentedCompiled
     from onnx2jax.runtime.spmd import Compiled as Compiled
     from onnx2jax.runtime.compile import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
