@@ -35,7 +35,8 @@ import numpy as np
 
 from onnx2jax.runtime.executable import x64_scope
 from onnx2jax.runtime.parameters import holdable_sharding
-from onnx2jax.runtime.pipeline_schedules import Action, PipelineSchedule, issue_order
+from onnx2jax.runtime.pipeline_schedules import PipelineSchedule, issue_order
+from onnx2jax.trainable import checked_names
 
 if TYPE_CHECKING:
     from onnx2jax.runtime.pipeline import PipelineCompiled
@@ -127,6 +128,7 @@ class PipelineGrad:
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, loss_args: Sequence[Any] = (), **named: Any):
         pipeline = self.pipeline
+        checked_names(params, pipeline.params)
         with x64_scope(pipeline.uses_64bit):
             pipeline.model.index_check.call(inputs, named)
             bound = pipeline._bind(inputs, named)
@@ -259,9 +261,6 @@ class PipelineGrad:
                     target = self.pipeline.params[name].sharding
                 grad = jax.device_put(grad, target)
                 result[name] = grad if name not in result else result[name] + grad
-        for name in params:  # a parameter no stage reads: zero
-            if name not in result:
-                result[name] = jnp.zeros_like(params[name])
         return result
 
 

@@ -175,6 +175,7 @@ class Compiled:
         jitted: dict[tuple, Any] = {}
 
         def run(params: Mapping[str, Any], *inputs: Any, loss_args: Sequence[Any] = (), **named: Any) -> tuple:
+            checked_names(params, self.params)
             dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
             found = jitted.get(key)
             if found is None:

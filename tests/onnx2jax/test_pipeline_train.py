@@ -250,6 +250,9 @@ def test_a_pipeline_has_the_executable_training_face(pipeline, single, ids, tmp_
     assert few.trainable == pipeline.trainable[:2] and pipeline.trainable != few.trainable
     with pytest.raises(KeyError, match="not initializers of this model"):
         pipeline.with_trainable(["nope"])
+    for executable in (pipeline, single):  # a gradient asked of no parameter is refused, not zero
+        with pytest.raises(KeyError, match=r"not initializers of this model: \['nope'\]"):
+            executable.value_and_grad(weighted_sum)({"nope": np.zeros(3, np.float32)}, ids)
     rng = np.random.default_rng(5)
     new = {k: pipeline.params[k] + 0.05 * rng.normal(size=pipeline.params[k].shape).astype(np.float32)
            for k in pipeline.trainable}
