@@ -14,18 +14,27 @@ initializers are parameters is :mod:`onnx2jax.trainable`'s rule (or the
 Each variable holds its placed jax.Array and carries its PartitionSpec as
 nnx's sharding metadata (``out_sharding`` and ``mesh``:
 ``nnx.get_partition_spec`` reads them), so an optimizer's state is created sharded like the parameters.
+
+A model with pipeline stages (:class:`onnx2jax.runtime.pipeline.PipelineCompiled`)
+is a module too, each variable on its own stage's devices; JAX cannot trace
+it whole (``nnx.jit`` of it raises ``PipelineJitError``), so its gradient is
+:meth:`OnnxModule.value_and_grad`, which runs the pipeline's schedule:
+
+>>> loss, grads = module.value_and_grad(loss_fn)(ids, loss_args=(ids,))   # doctest: +SKIP
+>>> optimizer.update(module, grads)                                        # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 import jax
 import onnx
 from flax import nnx
 
 from onnx2jax.runtime.executable import x64_scope
+from onnx2jax.runtime.pipeline import PipelineCompiled
 from onnx2jax.runtime.spmd import Compiled
 
 
@@ -42,22 +51,48 @@ class OnnxModule(nnx.Module):
     """A compiled ONNX model whose initializers are nnx variables; call it like the model.
 
     Attributes:
-      compiled: the :class:`~onnx2jax.runtime.spmd.Compiled` program (static).
+      compiled: the :class:`~onnx2jax.runtime.spmd.Compiled` program, or the
+        :class:`~onnx2jax.runtime.pipeline.PipelineCompiled` stages (static).
       params: every initializer by name (as laid out in ``compiled.params``):
         ``nnx.Param`` for the trainable ones, :class:`Constant` for the others.
     """
 
-    def __init__(self, compiled: Compiled):
+    def __init__(self, compiled: Compiled | PipelineCompiled):
         self.compiled = nnx.static(compiled)
         trainable = set(compiled.trainable)
         self.params = nnx.Dict(
             {
-                name: (nnx.Param if name in trainable else Constant)(
-                    value, out_sharding=_spec(value), mesh=compiled.mesh, eager_sharding=False  # placed already
+                name: (nnx.Param if name in trainable else Constant)(  # each on its mesh (a pipeline: its stage's)
+                    value, out_sharding=_spec(value), mesh=value.sharding.mesh, eager_sharding=False  # placed already
                 )
                 for name, value in compiled.params.items()
             }
         )
+
+    @property
+    def _uses_64bit(self) -> bool:
+        compiled = self.compiled
+        return compiled.uses_64bit if isinstance(compiled, PipelineCompiled) else compiled.model.uses_64bit
+
+    def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple[Any, nnx.State]]:
+        """``(*inputs, loss_args=(), **named) -> (loss, grads)`` of the ``nnx.Param``s, as ``nnx.Optimizer.update`` takes them.
+
+        The compiled model's ``value_and_grad(loss_fn)`` (``loss_fn(outputs,
+        *loss_args)``) at the module's current values: one jitted program, or a
+        pipeline's schedule. ``grads`` is an ``nnx.State`` shaped like
+        ``nnx.state(module, nnx.Param)``.
+        """
+        grad = self.compiled.value_and_grad(loss_fn)
+
+        def run(*inputs: Any, loss_args: Sequence[Any] = (), **named: Any) -> tuple[Any, nnx.State]:
+            state = nnx.state(self, nnx.Param)
+            values = self.values()
+            trained = {name: values[name] for name in state["params"]}
+            loss, grads = grad(trained, *inputs, loss_args=loss_args, **named)
+            nnx.replace_by_pure_dict(state, {"params": grads})
+            return loss, state
+
+        return run
 
     def values(self) -> dict[str, Any]:
         """Every initializer's current value by name."""
@@ -65,7 +100,7 @@ class OnnxModule(nnx.Module):
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """The model's outputs (ONNX order) with the module's current parameters; traceable, differentiable."""
-        with x64_scope(self.compiled.model.uses_64bit):
+        with x64_scope(self._uses_64bit):
             return self.compiled.apply(self.values(), *inputs, **named)
 
     def to_onnx(self, path: str | os.PathLike | None = None, *, external_data: bool | None = None) -> onnx.ModelProto:
@@ -86,13 +121,15 @@ def from_onnx(
       options: further keyword arguments of :func:`onnx2jax.compile`.
 
     Raises:
-      TypeError: the model compiles to pipeline stages or segments (one SPMD program only, for now).
+      TypeError: the model compiles to segments (a gradient does not cross their host steps).
     """
     from onnx2jax.runtime.compile import compile as compile_model
 
     compiled = compile_model(model, mesh, **options)
-    if not isinstance(compiled, Compiled):
-        raise TypeError(f"from_onnx takes a model that compiles to one SPMD program, not a {type(compiled).__name__}")
+    if not isinstance(compiled, (Compiled, PipelineCompiled)):
+        raise TypeError(
+            f"from_onnx takes a model that compiles to one SPMD program or pipeline stages, not a {type(compiled).__name__}"
+        )
     if trainable is not None:
         compiled = compiled.with_trainable(trainable)
     return OnnxModule(compiled)

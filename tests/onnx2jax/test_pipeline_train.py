@@ -9,7 +9,8 @@ the written-back model, and for schedules the textbook bubble
 most S - s on stage s).
 
 Default suite: the schedule checks (no jax), and tiny Llama in 2 stages x
-TP 2 on 4 devices under every schedule, 2 SGD-with-momentum steps. The zoo's decoders at
+TP 2 on 4 devices under every schedule, 2 SGD-with-momentum steps (train_step and
+nnx.Optimizer). The zoo's decoders at
 2 and 4 stages, alone and with TP 2, are ``slow``.
 """
 
@@ -182,22 +183,36 @@ def test_every_schedule_gives_the_single_programs_gradients(pipeline, single, id
     pipeline.schedule = "1f1b"
 
 
-def test_optimizer_steps_through_1f1b_equal_the_single_program(pipeline, single, ids):
-    vocab_loss = lambda outputs, ids_: optax.softmax_cross_entropy_with_integer_labels(  # noqa: E731
-        outputs[0][:, :-1], ids_[:, 1:]
-    ).sum() / (ids.shape[0] * (ids.shape[1] - 1))  # the batch mean, as a sum over micro-batches
-    optimizer = optax.sgd(0.5, momentum=0.9)  # a state (the momentum) per parameter, kept on its stage
-    runs = []
-    for executable in (single, pipeline):
-        step = train_step(executable, vocab_loss, optimizer)
-        params = {k: executable.params[k] for k in executable.trainable}
-        state = step.init(params)
-        losses = []
-        for _ in range(2):
-            params, state, loss = step(params, state, ids, loss_args=(ids,))
-            losses.append(float(loss))
-        runs.append((params, state, losses))
-    (expected, _, expected_losses), (params, state, losses) = runs
+def mean_next_token_loss(outputs, ids_):
+    """Next-token cross entropy summed, over the whole batch's count: micro-batches add up to the batch mean."""
+    count = 2 * 15  # tiny_llama.inputs.npz: batch 2 x 16 tokens
+    return optax.softmax_cross_entropy_with_integer_labels(outputs[0][:, :-1], ids_[:, 1:]).sum() / count
+
+
+OPTIMIZER = optax.sgd(0.5, momentum=0.9)  # a state (the momentum) per parameter, kept on its stage
+STEPS = 2
+
+
+def _steps(executable, ids):
+    step = train_step(executable, mean_next_token_loss, OPTIMIZER)
+    params = {k: executable.params[k] for k in executable.trainable}
+    state = step.init(params)
+    losses = []
+    for _ in range(STEPS):
+        params, state, loss = step(params, state, ids, loss_args=(ids,))
+        losses.append(float(loss))
+    return params, state, losses
+
+
+@pytest.fixture(scope="module")
+def single_steps(single, ids):
+    """The reference: the same steps on the unstaged model as one program."""
+    return _steps(single, ids)
+
+
+def test_optimizer_steps_through_1f1b_equal_the_single_program(pipeline, single_steps, ids):
+    expected, _, expected_losses = single_steps
+    params, state, losses = _steps(pipeline, ids)
     assert len(state) == 2  # one optimizer state per stage ...
     for group in state:
         devices = {d for leaf in jax.tree.leaves(group) for d in leaf.sharding.device_set}
@@ -206,6 +221,30 @@ def test_optimizer_steps_through_1f1b_equal_the_single_program(pipeline, single,
     for key in expected:
         assert params[key].sharding.is_equivalent_to(pipeline.params[key].sharding, params[key].ndim), key
         np.testing.assert_allclose(np.asarray(params[key]), np.asarray(expected[key]), atol=2e-5, err_msg=key)
+
+
+def test_nnx_optimizer_steps_a_pipelined_module(pipeline, single_steps, ids):
+    """``onnx2jax.nnx`` over pipeline stages: nnx.Optimizer updates each Param on its stage's devices."""
+    from flax import nnx
+
+    from onnx2jax.nnx import OnnxModule
+
+    expected, _, expected_losses = single_steps
+    module = OnnxModule(pipeline)
+    optimizer = nnx.Optimizer(module, OPTIMIZER, wrt=nnx.Param)
+    grad = module.value_and_grad(mean_next_token_loss)
+    losses = []
+    for _ in range(STEPS):
+        loss, grads = grad(ids, loss_args=(ids,))
+        optimizer.update(module, grads)
+        losses.append(float(loss))
+    np.testing.assert_allclose(losses, expected_losses, rtol=1e-5)
+    values = module.values()
+    for key in expected:
+        assert values[key].sharding.is_equivalent_to(pipeline.params[key].sharding, values[key].ndim), key
+        np.testing.assert_allclose(np.asarray(values[key]), np.asarray(expected[key]), atol=2e-5, err_msg=key)
+    with pytest.raises(PipelineJitError):
+        nnx.jit(lambda m: m(ids))(module)
 
 
 def test_interleaved_1f1b_over_virtual_stages_gives_torchs_gradients(ids):
