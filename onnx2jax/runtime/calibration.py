@@ -31,7 +31,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from sharding.auto.analysis import KINDS
 from sharding.auto.cost import Rates
 
-_SMALL, _LARGE = 256, 1 << 18  # float32 elements per device
+_SMALL, _LARGE = 32, 1 << 15  # float32 elements per device, times the device count (all-to-all splits by it)
 _MATMUL = 256
 
 
@@ -91,9 +91,10 @@ def measure(devices: list) -> Rates:
     """Runs the micro-benchmarks of the module docstring over ``devices``; no cache involved."""
     n = len(devices)
     mesh = Mesh(np.array(devices), ("d",))
+    small_size, large_size = _SMALL * n, _LARGE * n
     latency, bandwidth = {}, {}
     sharded = NamedSharding(mesh, PartitionSpec("d"))
-    small = jax.device_put(jnp.ones((n * _SMALL,), jnp.float32), sharded)
+    small = jax.device_put(jnp.ones((n * small_size,), jnp.float32), sharded)
     noop = jax.jit(jax.shard_map(lambda x: x + 1, mesh=mesh, in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
     dispatch = _best(noop, small)  # a call's own cost, taken off each collective's latency
     for kind in KINDS:
@@ -103,13 +104,13 @@ def measure(devices: list) -> Rates:
             body = lambda x, perm=perm: jax.lax.ppermute(x, "d", perm)  # noqa: E731
         fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
         times = []
-        for size in (_SMALL, _LARGE):
+        for size in (small_size, large_size):
             x = jax.device_put(jnp.ones((n * size,), jnp.float32), sharded)
             times.append(_best(fn, x))
         latency[kind] = max(times[0] - dispatch, 1e-6)
         result = {"all-gather": n, "reduce-scatter": 1 / n}.get(kind, 1)  # result elements per input element
         moved = {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "all-to-all": (n - 1) / n,
-                 "reduce-scatter": n - 1, "collective-permute": 1.0}[kind] * result * 4 * (_LARGE - _SMALL)
+                 "reduce-scatter": n - 1, "collective-permute": 1.0}[kind] * result * 4 * (large_size - small_size)
         bandwidth[kind] = moved / max(times[1] - times[0], 1e-9) if n > 1 else 1e12
     a = jax.device_put(jnp.ones((_MATMUL, _MATMUL), jnp.float32), devices[0])
     product = jax.jit(lambda x: x @ x)

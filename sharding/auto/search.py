@@ -102,8 +102,8 @@ class AutoReport:
     def lines(self, top: int = 5) -> list[str]:
         """The report as text: the winner, the top candidates, the hand plan, and the measured check."""
         out = [
-            f"automatic plan on {self.devices} devices, objective {self.objective}, batch {self.batch}, "
-            f"sequence {self.seq}: {self.winner.name} (searched {len(self.rows)} layouts in "
+            f"automatic plan on {self.devices} devices, objective {self.objective}, batch {self.batch or 1}, "
+            f"sequence {self.seq or DEFAULT_SEQUENCE} (where symbolic): {self.winner.name} (searched {len(self.rows)} layouts in "
             f"{self.search_seconds:.2f} s)",
             f"memory limit {self.memory_limit:,} bytes per device ({self.limit_source}); rates: {self.rates.source}",
             "top candidates (predicted):",
@@ -255,7 +255,7 @@ def _memory_error(rows: list[Row], limit: int, num_devices: int) -> None:
     raise MemoryLimitError(
         f"no layout on {num_devices} devices fits {limit:,} bytes per device: the smallest is "
         f"{smallest.memory:,} bytes per device ({smallest.name}: {smallest.param_bytes:,} of parameters); "
-        f"give memory_per_device >= {smallest.memory:,}, or more devices (pipeline stages are not searched yet)"
+        f"allow at least {smallest.memory:,} bytes per device, or more devices (pipeline stages are not searched yet)"
     )
 
 
