@@ -26,7 +26,10 @@ back (`Evaluation`):
 
 from __future__ import annotations
 
+import ast
 import math
+import operator
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -126,7 +129,8 @@ class PlanAnalysis:
         self.model.CopyFrom(model)
         name_nodes(self.model)
         inferred = infer_model(self.model, input_shapes)
-        self.shapes = dict(inferred.shapes)
+        symbols = _symbols(self.model, input_shapes or {})
+        self.shapes = {name: _resolved(shape, symbols) for name, shape in inferred.shapes.items()}
         self.shape_diagnostics = list(inferred.diagnostics)
         self.graph = PlanGraph(self.model, self.shapes)
         self.itemsize = {name: _itemsize(info.type.tensor_type.elem_type)
@@ -265,12 +269,56 @@ class PlanAnalysis:
         return total
 
     def _activations(self, inference: Inference, combine) -> int:
-        sizes = [
-            max(self.per_device(spec, name, 1).values(), default=0)
-            for name, spec in inference.tensors.items()
-            if name not in self.initializers
-        ]
+        """Per device, the bytes of each activation (placed: its spec's share; unplaced: whole), combined."""
+        sizes = []
+        for name, shape in self.shapes.items():
+            if name in self.initializers:
+                continue
+            spec = inference.tensors.get(name)
+            sizes.append(self._nbytes(name, shape) if spec is None else max(self.per_device(spec, name, 1).values(),
+                                                                              default=0))
         return int(combine(sizes)) if sizes else 0
+
+
+def _symbols(model: onnx.ModelProto, input_shapes: Mapping[str, list[int]]) -> dict[str, int]:
+    """The inputs' symbolic dim names bound to the sizes ``input_shapes`` gives them."""
+    found = {}
+    for value in model.graph.input:
+        sizes = input_shapes.get(value.name)
+        if sizes is None or not value.type.HasField("tensor_type"):
+            continue
+        for dim, size in zip(value.type.tensor_type.shape.dim, sizes):
+            if dim.HasField("dim_param") and isinstance(size, int):
+                found[dim.dim_param] = size
+    return found
+
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def _evaluate(node: ast.AST) -> int:
+    if isinstance(node, ast.Constant) and isinstance(node.value, int):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+        return _OPS[type(node.op)](_evaluate(node.left), _evaluate(node.right))
+    raise ValueError("not an integer expression")
+
+
+def _resolved(shape, symbols: Mapping[str, int]):
+    """``shape`` with each symbolic dim that is an expression of bound symbols (``(samples//20) - 1``) computed."""
+    if not shape or not symbols or all(not isinstance(d, str) for d in shape):
+        return shape
+    out = []
+    for dim in shape:
+        if isinstance(dim, str):
+            text = _NAME.sub(lambda m: str(symbols[m.group(0)]) if m.group(0) in symbols else m.group(0), dim)
+            try:
+                dim = _evaluate(ast.parse(text, mode="eval").body)
+            except (SyntaxError, ValueError, ZeroDivisionError):
+                pass
+        out.append(dim)
+    return tuple(out)
 
 
 def _ways(spec: ShardingSpec | None, axis: int, rank: int) -> int:

@@ -7,8 +7,9 @@ fastest into a copy of the model, once. Among equal times it prefers fewer colle
 fewer parameter bytes per device.
 
 The memory limit is ``memory_per_device`` when given. When it is not, it is the memory per device
-of the hand plan (`sharding.megatron.megatron_plan`, given the same batch), so that an automatic
-plan never holds more per device than the hand plan: a user who gives no limit gets the hand
+of the hand plan (`sharding.megatron.megatron_plan`, given the same batch), and a layout may hold no
+more parameter bytes per device than the hand plan either, so that an automatic plan never holds more
+per device than the hand plan: a user who gives no limit gets the hand
 plan's footprint at the lowest predicted time; one who gives a limit lets the search trade
 memory for time (data parallelism replicates the weights).
 """
@@ -144,14 +145,14 @@ def _mesh(devices: int | Mapping[str, int] | Sequence[int]) -> tuple[int, tuple[
     return math.prod(shape), shape  # type: ignore[return-value]
 
 
-def _row(candidate: Candidate, evaluation: Evaluation, cost: Cost, limit: int | None) -> Row:
-    valid = not evaluation.errors
+def _row(candidate: Candidate, evaluation: Evaluation, cost: Cost, limit: int, param_limit: int | None) -> Row:
+    valid = not evaluation.errors and (param_limit is None or cost.param_bytes <= param_limit)
     return Row(
         name=candidate.name, data=candidate.data, tensor=candidate.tensor, variant=candidate.variant,
         collectives=evaluation.counts(), collective_bytes=evaluation.collective_bytes,
         param_bytes=cost.param_bytes, memory=cost.memory, seconds=cost.seconds,
         communication=cost.communication, compute=cost.compute,
-        fits=valid and (limit is None or cost.memory <= limit), errors=evaluation.errors,
+        fits=valid and cost.memory <= limit, errors=evaluation.errors,
     )
 
 
@@ -205,16 +206,17 @@ def auto_plan(
     hand = hand_plan(analysis, num_devices, batch)
     hand_eval = analysis.evaluate(hand.written, num_devices)
     hand_cost = predict(hand_eval, rates, objective, hand.data)
-    if memory_per_device is None:
-        limit, source = hand_cost.memory, "not given: the hand plan's"
+    if memory_per_device is None:  # neither more memory nor more parameter bytes than the hand plan
+        limit, param_limit = hand_cost.memory, hand_cost.param_bytes
+        source = f"not given: the hand plan's, with at most its {param_limit:,} parameter bytes"
     else:
-        limit, source = int(memory_per_device), "given"
+        limit, param_limit, source = int(memory_per_device), None, "given"
     rows, chosen = [], {}
     for candidate in candidates(analysis, num_devices, batch):
         if shape is not None and (candidate.data, candidate.tensor) != shape:
             continue
         evaluation = analysis.evaluate(candidate.written, num_devices)
-        row = _row(candidate, evaluation, predict(evaluation, rates, objective, candidate.data), limit)
+        row = _row(candidate, evaluation, predict(evaluation, rates, objective, candidate.data), limit, param_limit)
         rows.append(row)
         chosen[row.name] = (candidate, evaluation)
     if shape is not None and not rows:
@@ -229,7 +231,7 @@ def auto_plan(
     annotated = write_plan(analysis, candidate.written, num_devices)
     report = AutoReport(
         devices=num_devices, objective=objective, batch=batch, seq=seq, memory_limit=limit, limit_source=source,
-        rates=rates, rows=rows, winner=best, hand=_row(hand, hand_eval, hand_cost, limit),
+        rates=rates, rows=rows, winner=best, hand=_row(hand, hand_eval, hand_cost, limit, param_limit),
         search_seconds=time.perf_counter() - started, evaluation=evaluation, notes=candidate.notes,
     )
     _log.info("auto plan: %s", report.lines()[0])
