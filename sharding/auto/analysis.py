@@ -37,7 +37,7 @@ import numpy as np
 import onnx
 
 from sharding import codes
-from sharding.annotate import add_configuration, name_nodes, set_spec
+from sharding.annotate import add_configuration, name_nodes
 from sharding.infer import infer, reshard_note_kind
 from sharding.inference import Inference
 from sharding.megatron.graph import PlanGraph
@@ -143,6 +143,11 @@ class PlanAnalysis:
             self.itemsize[name] = _itemsize(init.data_type)
         self.param_total = sum(self._nbytes(name, self.shapes.get(name)) for name in self.parameters)
         self._regions: dict[tuple, dict[int, int]] = {}
+        self._readers = {name: [self.graph.nodes[i].name for i in self.graph.consumers.get(name, [])]
+                         for name in self.parameters}
+        whole = {name: self._nbytes(name, shape) for name, shape in self.shapes.items() if name not in self.initializers}
+        self._activations_whole = sorted(whole.items(), key=lambda item: -item[1])
+        self._activations_total = sum(whole.values())
 
     def _nbytes(self, tensor: str, shape) -> int:
         if not shape or any(not isinstance(d, int) for d in shape):
@@ -181,7 +186,7 @@ class PlanAnalysis:
         errors = tuple(f"{d.node}: {d.message}" for d in inference.errors())
         return Evaluation(
             collectives=tuple(self._collectives(inference)),
-            param_bytes=self._param_bytes(inference, num_devices),
+            param_bytes=self.param_bytes(written, num_devices),
             flops=self._flops(inference),
             activation_peak=self._activations(inference, max),
             activation_total=self._activations(inference, sum),
@@ -224,18 +229,15 @@ class PlanAnalysis:
             self._by_name = {n.name: n for n in self.model.graph.node}
         return self._by_name[name]
 
-    def _param_bytes(self, inference: Inference, num_devices: int) -> dict[int, int]:
+    def param_bytes(self, written: Mapping[str, NodeConfig], num_devices: int) -> dict[int, int]:
+        """Parameter bytes per device under ``written``, with no inference: a parameter's layout on a
+        reader is the spec written for it there, else the whole tensor on every device."""
         per_device = dict.fromkeys(range(num_devices), 0)
         for name in self.parameters:
             layouts: dict[tuple, dict[int, int]] = {}
-            for index in self.graph.consumers.get(name, []):
-                node = self.graph.nodes[index]
-                found = inference.nodes.get(node.name)
-                spec = None
-                if found is not None:
-                    for position, tensor in enumerate(node.input):
-                        if tensor == name and found.given_inputs[position]:
-                            spec = found.inputs[position]
+            for reader in self._readers[name]:
+                config = written.get(reader)
+                spec = config.spec_for(name) if config is not None else None
                 key = (None,) if spec is None else (spec.sharded_dims, spec.devices, spec.groups)
                 if key not in layouts:
                     layouts[key] = self.per_device(spec, name, num_devices)
@@ -270,14 +272,13 @@ class PlanAnalysis:
 
     def _activations(self, inference: Inference, combine) -> int:
         """Per device, the bytes of each activation (placed: its spec's share; unplaced: whole), combined."""
-        sizes = []
-        for name, shape in self.shapes.items():
-            if name in self.initializers:
-                continue
-            spec = inference.tensors.get(name)
-            sizes.append(self._nbytes(name, shape) if spec is None else max(self.per_device(spec, name, 1).values(),
-                                                                              default=0))
-        return int(combine(sizes)) if sizes else 0
+        placed = {name: max(self.per_device(spec, name, 1).values(), default=0)
+                  for name, spec in inference.tensors.items() if name not in self.initializers}
+        if combine is sum:
+            whole = dict(self._activations_whole)
+            return self._activations_total - sum(whole.get(n, 0) for n in placed) + sum(placed.values())
+        largest_unplaced = next((size for name, size in self._activations_whole if name not in placed), 0)
+        return max(largest_unplaced, max(placed.values(), default=0))
 
 
 def _symbols(model: onnx.ModelProto, input_shapes: Mapping[str, list[int]]) -> dict[str, int]:
@@ -339,11 +340,16 @@ def node_configs(assignments: Iterable[Assignment]) -> dict[str, NodeConfig]:
 
 
 def write_plan(analysis: PlanAnalysis, written: Mapping[str, NodeConfig], num_devices: int) -> onnx.ModelProto:
-    """The analysed model (nodes named) with ``written`` as its annotations: the one copy written."""
+    """The analysed model (nodes named) with ``written`` as its configuration `CONFIGURATION`: the one copy written."""
     out = onnx.ModelProto()
     out.CopyFrom(analysis.model)
     add_configuration(out, CONFIGURATION, num_devices)
-    for node, config in written.items():
-        for spec in config.specs:
-            set_spec(out, node, spec, CONFIGURATION)
+    for node in out.graph.node:
+        config = written.get(node.name)
+        if config is None or not config.specs:
+            continue
+        kept = [c for c in node.device_configurations if c.configuration_id != CONFIGURATION]
+        del node.device_configurations[:]
+        node.device_configurations.extend(kept)
+        node.device_configurations.append(config.to_proto())
     return out

@@ -30,20 +30,22 @@ evaluating one grows with the number of distinct layers, not their count.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 
 from sharding.auto.analysis import PlanAnalysis, node_configs
 from sharding.megatron import megatron_layout
 from sharding.megatron.specs import Assignment, split_spec
 from sharding.model_configs import NodeConfig
+from sharding.rules.views import renamed
 from sharding.spec import ShardedDim, ShardingSpec, SimpleShardedDim
 
 _WEIGHT_OPS = frozenset({"MatMul", "Gemm", "Conv", "ConvTranspose", "Gather", "MatMulNBits"})
 _THROUGH = frozenset({"Transpose", "Cast", "Reshape", "Identity"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Candidate:
     """One layout: its degrees, the pattern choice, and its specs as data.
 
@@ -53,16 +55,25 @@ class Candidate:
         tensor: Tensor-parallel degree.
         variant: ``megatron``, ``kv-groups``, ``weights-only``, ``embedding-whole``
             or ``replicated`` (tensor 1).
-        written: The specs, by node (configuration ``auto``).
+        base: The tensor layout's specs on ``tensor`` devices, by node: the parameters' layout, which
+            a data degree only replicates (so the parameter bytes per device are known before lifting).
         notes: The pattern's notes (what it left whole and why).
+        make: Builds the specs on every device (the lifted layout), on first use of ``written``;
+            None when ``base`` is the layout itself.
     """
 
     name: str
     data: int
     tensor: int
     variant: str
-    written: Mapping[str, NodeConfig]
+    base: Mapping[str, NodeConfig]
     notes: tuple[str, ...] = ()
+    make: Callable[[], Mapping[str, NodeConfig] | None] | None = field(default=None, compare=False)
+
+    @functools.cached_property
+    def written(self) -> Mapping[str, NodeConfig] | None:
+        """The specs, by node (configuration ``auto``); None when the layout cannot be lifted."""
+        return self.base if self.make is None else self.make()
 
 
 def factorisations(num_devices: int) -> list[tuple[int, int]]:
@@ -153,11 +164,15 @@ def lifted(
 ) -> tuple[Assignment, ...] | None:
     """``assignments`` (made for ``tensor`` devices) on ``data x tensor`` devices, with the inputs' batch split."""
     out = []
+    made: dict[tuple, ShardingSpec | None] = {}  # layers repeat: one lift per distinct layout
     for a in assignments:
-        spec = lift(a.spec, data, tensor, _batched(analysis, a.spec.tensor_name, batch))
-        if spec is None:
+        batched = _batched(analysis, a.spec.tensor_name, batch)
+        key = (a.spec.sharded_dims, a.spec.devices, a.spec.groups, batched)
+        if key not in made:
+            made[key] = lift(a.spec, data, tensor, batched)
+        if made[key] is None:
             return None
-        out.append(Assignment(a.node, spec, a.role))
+        out.append(Assignment(a.node, renamed(made[key], a.spec.tensor_name), a.role))
     written = {(a.node, a.spec.tensor_name) for a in out}
     for name in batch_inputs(analysis, batch) or []:
         for index in analysis.graph.consumers.get(name, []):
@@ -194,12 +209,16 @@ def candidates(analysis: PlanAnalysis, num_devices: int, batch: int | None) -> I
         if tensor not in layouts:
             layouts[tensor] = list(_tensor_layouts(analysis, tensor))
         for variant, assignments, notes in layouts[tensor]:
-            if data > 1:
-                assignments = lifted(analysis, assignments, data, tensor, batch)
-                if assignments is None:
-                    continue
-            name = f"tensor {tensor}, {variant}" if data == 1 else f"data {data} x tensor {tensor}, {variant}"
-            yield Candidate(name, data, tensor, variant, node_configs(assignments), notes)
+            base = node_configs(assignments)
+            if data == 1:
+                yield Candidate(f"tensor {tensor}, {variant}", 1, tensor, variant, base, notes)
+                continue
+
+            def make(assignments=assignments, data=data, tensor=tensor):
+                found = lifted(analysis, assignments, data, tensor, batch)
+                return None if found is None else node_configs(found)
+
+            yield Candidate(f"data {data} x tensor {tensor}, {variant}", data, tensor, variant, base, notes, make)
 
 
 def _tensor_layouts(analysis: PlanAnalysis, tensor: int) -> Iterator[tuple[str, tuple[Assignment, ...], tuple[str, ...]]]:
@@ -229,6 +248,7 @@ def hand_plan(analysis: PlanAnalysis, num_devices: int, batch: int | None) -> Ca
     """`megatron_plan`'s layout (data parallel for a CNN given a batch), as a candidate."""
     layout = megatron_layout(analysis.model, num_devices, batch=batch, graph=analysis.graph)
     data = num_devices if any(a.role == "data parallel (batch)" for a in layout.assignments) else 1
-    return Candidate("hand plan (megatron_plan)", data, num_devices // data, "hand", node_configs(layout.assignments),
-                     layout.notes)
+    return Candidate("hand plan (megatron_plan)", 1, num_devices, "hand", node_configs(layout.assignments),
+                     layout.notes) if data == 1 else Candidate("hand plan (megatron_plan)", data, 1, "hand",
+                                                               node_configs(layout.assignments), layout.notes)
 

@@ -53,9 +53,13 @@ class Row:
     compute: float
     fits: bool
     errors: tuple[str, ...] = ()
+    pruned: bool = False
 
     def line(self) -> str:
         """One line: name, collectives, bytes, memory and predicted time."""
+        if self.pruned:
+            return (f"{self.name}: {self.param_bytes:,} parameter bytes per device, over the limit: "
+                    "pruned before inference")
         counts = ", ".join(f"{v} {k}" for k, v in self.collectives.items() if v) or "no collectives"
         state = "" if self.fits else ("  [invalid: " + self.errors[0] + "]" if self.errors else "  [over the memory limit]")
         return (f"{self.name}: {counts}; {self.collective_bytes:,} collective bytes, "
@@ -157,7 +161,19 @@ def _row(candidate: Candidate, evaluation: Evaluation, cost: Cost, limit: int, p
 
 
 def _key(row: Row) -> tuple:
-    return (not row.fits, row.seconds, row.collective_bytes, row.param_bytes)
+    return (row.pruned, not row.fits, row.seconds, row.collective_bytes, row.param_bytes)
+
+
+def _evaluated(analysis, candidate, rates, objective, limit, param_limit, num_devices, rows, chosen) -> Row | None:
+    """Evaluates ``candidate`` (inference over the one graph) into ``rows``; None when it cannot be lifted."""
+    written = candidate.written
+    if written is None:
+        return None
+    evaluation = analysis.evaluate(written, num_devices)
+    row = _row(candidate, evaluation, predict(evaluation, rates, objective, candidate.data), limit, param_limit)
+    rows.append(row)
+    chosen[row.name] = (candidate, evaluation)
+    return row
 
 
 def auto_plan(
@@ -211,14 +227,24 @@ def auto_plan(
         source = f"not given: the hand plan's, with at most its {param_limit:,} parameter bytes"
     else:
         limit, param_limit, source = int(memory_per_device), None, "given"
-    rows, chosen = [], {}
+    rows, chosen, pruned = [], {}, []
     for candidate in candidates(analysis, num_devices, batch):
         if shape is not None and (candidate.data, candidate.tensor) != shape:
             continue
-        evaluation = analysis.evaluate(candidate.written, num_devices)
-        row = _row(candidate, evaluation, predict(evaluation, rates, objective, candidate.data), limit, param_limit)
-        rows.append(row)
-        chosen[row.name] = (candidate, evaluation)
+        # Pruning by memory: a data degree replicates the tensor layout's parameters, so their bytes per
+        # device are known from its specs alone, before any lifting or inference.
+        params = max(analysis.param_bytes(candidate.base, candidate.tensor).values(), default=0)
+        if params > limit or (param_limit is not None and params > param_limit):
+            pruned.append((candidate, params))
+            continue
+        if _evaluated(analysis, candidate, rates, objective, limit, param_limit, num_devices, rows, chosen) is None:
+            continue
+    if not any(r.fits for r in rows):  # the exact memory of every layout, for the error's smallest
+        for candidate, _ in pruned:
+            _evaluated(analysis, candidate, rates, objective, limit, param_limit, num_devices, rows, chosen)
+        pruned = []
+    rows += [Row(c.name, c.data, c.tensor, c.variant, dict.fromkeys(KINDS, 0), 0, params, params, math.inf,
+                 math.inf, math.inf, False, (), True) for c, params in pruned]
     if shape is not None and not rows:
         raise MeshShapeError(f"mesh shape data {shape[0]} x tensor {shape[1]} does not exist for this model: "
                              f"data parallelism needs a batch divisible by {shape[0]} (batch {batch})")
@@ -242,6 +268,8 @@ def _check_split(analysis: PlanAnalysis, rows: list[Row], num_devices: int, batc
     if num_devices == 1:
         return
     splits = [r for r in rows if not r.errors and (r.data > 1 or r.param_bytes < analysis.param_total)]
+    if any(r.pruned for r in rows):
+        return
     if not splits:
         raise DeviceSplitError(
             f"{num_devices} devices cannot split this model: no attention head count, width or channel count "
@@ -252,7 +280,7 @@ def _check_split(analysis: PlanAnalysis, rows: list[Row], num_devices: int, batc
 
 
 def _memory_error(rows: list[Row], limit: int, num_devices: int) -> None:
-    valid = [r for r in rows if not r.errors]
+    valid = [r for r in rows if not r.errors and not r.pruned]
     smallest = min(valid, key=lambda r: r.memory)
     raise MemoryLimitError(
         f"no layout on {num_devices} devices fits {limit:,} bytes per device: the smallest is "

@@ -31,9 +31,12 @@ from sharding.model_configs import read_model_configs
 
 DEFAULT = {("mistral", 8), ("vit", 4), ("resnet", 2)}
 MERGED = "that the program does not hold: XLA merged it"
-KNOWN = {  # (model, devices) -> what every difference note says, and why
-    "gpt_neox": (MERGED, "the parallel residual adds two partial sums before they meet: one all-reduce for two"),
-    "t5": (MERGED, "XLA's combiner joins two independent all-reduces (tests/onnx2jax/zoo_cases.py)"),
+KNOWN = {  # model or (model, devices) -> what every difference note says ("|": one of), and why
+    "gpt_neox": (f"all-reduce: predicted 5, the program has 3|collective bytes: predicted 40,960, the program "
+                 f"moves 24,576|{MERGED}",
+                 "the parallel residual adds two partial sums before they meet: one all-reduce for two"),
+    "t5": (f"all-reduce: predicted 12, the program has 11|{MERGED}",
+           "XLA's combiner joins two independent all-reduces into one tuple all-reduce (tests/onnx2jax/zoo_cases.py)"),
     ("wav2vec2", 2): ("the program has 1|moves 9,728|XLA added an all-gather at node 'node_conv1d_3'",
                       "data parallel: the partitioner gathers the feature encoder's conv operands (not predicted)"),
 }
