@@ -4,9 +4,12 @@
 devices here, a GPU or TPU where present): for each collective kind, one
 small and one large payload over all the devices (a ``shard_map`` of
 ``psum``, ``all_gather``, ``psum_scatter``, ``ppermute``, ``all_to_all``);
-the small one's time (less that of a program with no collective) is the latency, the large one's extra time over its
-extra bytes the bandwidth (through one device, as `sharding.auto.cost`
-counts bytes); and a float32 matrix product for the FLOP rate. Each is the
+the small one's time (less that of a program with no collective) is the
+latency, the large one's extra time over its extra bytes the bandwidth
+(through one device, as `sharding.auto.cost` counts bytes); a float32 matrix
+product on every device at once gives the FLOP rate (fake CPU devices share
+the host's cores); the collective-free program's time is a call's overhead.
+Each is the
 best of a few timed runs after a warm-up. The result is written to
 ``$XDG_CACHE_HOME/onnx2jax/rates/<platform>-<device kind>-<n>.json`` (else
 ``~/.cache``), and read back from there on later calls: a backend is
@@ -112,11 +115,12 @@ def measure(devices: list) -> Rates:
         moved = {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "all-to-all": (n - 1) / n,
                  "reduce-scatter": n - 1, "collective-permute": 1.0}[kind] * result * 4 * (large_size - small_size)
         bandwidth[kind] = moved / max(times[1] - times[0], 1e-9) if n > 1 else 1e12
-    a = jax.device_put(jnp.ones((_MATMUL, _MATMUL), jnp.float32), devices[0])
-    product = jax.jit(lambda x: x @ x)
-    flops = 2 * _MATMUL**3 / _best(product, a)
+    # Every device multiplies its own matrix at once: fake CPU devices share the host's cores.
+    a = jax.device_put(jnp.ones((n * _MATMUL, _MATMUL), jnp.float32), NamedSharding(mesh, PartitionSpec("d")))
+    product = jax.jit(jax.shard_map(lambda x: x @ x, mesh=mesh, in_specs=PartitionSpec("d"), out_specs=PartitionSpec("d")))
+    flops = 2 * _MATMUL**3 / max(_best(product, a) - dispatch, 1e-9)
     source = f"calibrated on {devices[0].platform} ({devices[0].device_kind}, {n} devices)"
-    return Rates(latency=latency, bandwidth=bandwidth, flops=flops, source=source)
+    return Rates(latency=latency, bandwidth=bandwidth, flops=flops, overhead=dispatch, source=source)
 
 
 __all__ = ["cache_path", "measure", "rates"]

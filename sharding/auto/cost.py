@@ -5,7 +5,8 @@
   one device of a group of ``g``: an all-reduce ``2 (g - 1) / g`` of its
   result, an all-gather or all-to-all ``(g - 1) / g``, a reduce-scatter
   ``g - 1`` times its (one-``g``-th) result, a collective-permute its result.
-* Compute: the busiest device's product FLOPs at the backend's rate.
+* Compute: the busiest device's product FLOPs at the backend's rate (measured while every device
+  computes), plus a call's fixed overhead.
 * Memory per device: parameters, plus activations (inference: twice the
   largest tensor a device holds; training: every activation, kept for the
   backward pass) and, for ``train``, the gradients and Adam's two moments
@@ -37,18 +38,22 @@ class Rates:
     Attributes:
         latency: Seconds per collective, by kind.
         bandwidth: Bytes per second through one device, by kind.
-        flops: Product FLOPs per second on one device.
+        flops: Product FLOPs per second on one device, while every device computes (fake CPU
+            devices share the host's cores).
+        overhead: Seconds a call costs whatever it computes (dispatch, synchronisation).
         source: Where they come from (``"defaults"``, or the backend calibrated).
     """
 
     latency: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 2e-5))
     bandwidth: dict[str, float] = field(default_factory=lambda: dict.fromkeys(KINDS, 5e9))
     flops: float = 5e10
+    overhead: float = 1e-4
     source: str = "defaults (not calibrated)"
 
     def to_json(self) -> dict:
         """A dict for a JSON cache."""
-        return {"latency": self.latency, "bandwidth": self.bandwidth, "flops": self.flops, "source": self.source}
+        return {"latency": self.latency, "bandwidth": self.bandwidth, "flops": self.flops, "overhead": self.overhead,
+                "source": self.source}
 
     @classmethod
     def from_json(cls, data: dict) -> Rates:
@@ -58,6 +63,7 @@ class Rates:
             latency={**base.latency, **{k: float(v) for k, v in data.get("latency", {}).items()}},
             bandwidth={**base.bandwidth, **{k: float(v) for k, v in data.get("bandwidth", {}).items()}},
             flops=float(data.get("flops", base.flops)),
+            overhead=float(data.get("overhead", base.overhead)),
             source=str(data.get("source", "a cache")),
         )
 
@@ -84,7 +90,7 @@ class Cost:
 
     Attributes:
         communication: Seconds in collectives per step.
-        compute: Seconds of product FLOPs per step on the busiest device.
+        compute: Seconds of product FLOPs per step on the busiest device, plus the call's overhead.
         memory: Bytes per device (parameters, activations, optimizer state for ``train``).
         param_bytes: Parameter bytes on the device holding most.
     """
@@ -105,7 +111,7 @@ def predict(evaluation: Evaluation, rates: Rates, objective: str, data: int = 1)
     if objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {objective!r}")
     comm = sum(collective_seconds(c, rates) for c in evaluation.collectives)
-    compute = evaluation.flops / rates.flops
+    compute = evaluation.flops / rates.flops + rates.overhead
     params = evaluation.max_param_bytes
     if objective != "train":
         return Cost(comm, compute, params + 2 * evaluation.activation_peak, params)
@@ -113,4 +119,4 @@ def predict(evaluation: Evaluation, rates: Rates, objective: str, data: int = 1)
     if data > 1:
         comm += collective_seconds(Collective("all-reduce", "", "gradients", params, data), rates)
     memory = params * (1 + _OPTIMIZER_COPIES) + evaluation.activation_total
-    return Cost(comm, 3 * compute, memory, params)
+    return Cost(comm, 3 * (compute - rates.overhead) + rates.overhead, memory, params)
