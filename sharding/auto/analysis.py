@@ -125,6 +125,7 @@ class PlanAnalysis:
     """
 
     def __init__(self, model: onnx.ModelProto, input_shapes: Mapping[str, list[int]] | None = None) -> None:
+        self.input_shapes = dict(input_shapes or {})
         self.model = onnx.ModelProto()
         self.model.CopyFrom(model)
         name_nodes(self.model)
@@ -185,16 +186,17 @@ class PlanAnalysis:
         inference = infer(self.model, CONFIGURATION, shapes=(self.shapes, []), written=written)
         errors = tuple(f"{d.node}: {d.message}" for d in inference.errors())
         return Evaluation(
-            collectives=tuple(self._collectives(inference)),
+            collectives=tuple(self.collectives(inference)),
             param_bytes=self.param_bytes(written, num_devices),
-            flops=self._flops(inference),
-            activation_peak=self._activations(inference, max),
-            activation_total=self._activations(inference, sum),
+            flops=self.flops(inference),
+            activation_peak=self.activations(inference, max),
+            activation_total=self.activations(inference, sum),
             errors=errors,
             inference=inference,
         )
 
-    def _collectives(self, inference: Inference) -> Iterable[Collective]:
+    def collectives(self, inference: Inference) -> Iterable[Collective]:
+        """Every collective ``inference`` predicts (its ``collective`` and ``reshard`` notes)."""
         for d in inference.diagnostics:
             if d.code == codes.COLLECTIVE and d.expected in KINDS:
                 kinds = [d.expected]
@@ -229,15 +231,23 @@ class PlanAnalysis:
             self._by_name = {n.name: n for n in self.model.graph.node}
         return self._by_name[name]
 
-    def param_bytes(self, written: Mapping[str, NodeConfig], num_devices: int) -> dict[int, int]:
+    def param_bytes(
+        self,
+        written: Mapping[str, NodeConfig],
+        num_devices: int,
+        reader_devices: Mapping[str, tuple[int, ...]] | None = None,
+    ) -> dict[int, int]:
         """Parameter bytes per device under ``written``, with no inference: a parameter's layout on a
-        reader is the spec written for it there, else the whole tensor on every device."""
+        reader is the spec written for it there, else the whole tensor on the reader's devices
+        (``reader_devices``: a pipeline stage's) or on every device."""
         per_device = dict.fromkeys(range(num_devices), 0)
         for name in self.parameters:
             layouts: dict[tuple, dict[int, int]] = {}
             for reader in self._readers[name]:
                 config = written.get(reader)
                 spec = config.spec_for(name) if config is not None else None
+                if spec is None and reader_devices and reader in reader_devices:
+                    spec = ShardingSpec.replicated(name, reader_devices[reader])
                 key = (None,) if spec is None else (spec.sharded_dims, spec.devices, spec.groups)
                 if key not in layouts:
                     layouts[key] = self.per_device(spec, name, num_devices)
@@ -246,7 +256,7 @@ class PlanAnalysis:
                     per_device[device] = per_device.get(device, 0) + size
         return per_device
 
-    def _flops(self, inference: Inference) -> int:
+    def flops(self, inference: Inference) -> int:
         """FLOPs of the products on one device: 2 x its output elements x its share of the reduced axis."""
         total = 0
         for node in self.graph.nodes:
@@ -270,7 +280,7 @@ class PlanAnalysis:
             total += 2 * math.prod(out) * reduced // max(out_ways * k_ways, 1)
         return total
 
-    def _activations(self, inference: Inference, combine) -> int:
+    def activations(self, inference: Inference, combine) -> int:
         """Per device, the bytes of each activation (placed: its spec's share; unplaced: whole), combined."""
         placed = {name: max(self.per_device(spec, name, 1).values(), default=0)
                   for name, spec in inference.tensors.items() if name not in self.initializers}

@@ -28,6 +28,8 @@ from sharding.auto.analysis import KINDS, Evaluation, PlanAnalysis, write_plan
 from sharding.auto.candidates import Candidate, candidates, hand_plan
 from sharding.auto.cost import DEFAULT_RATES, OBJECTIVES, Cost, Rates, predict
 from sharding.auto.errors import DeviceSplitError, MemoryLimitError, MeshShapeError
+from sharding.auto.pipelines import Pipeline, pipelines
+from sharding.auto.pipelines import evaluate as evaluate_pipeline
 from sharding.model_arg import ModelArg, as_model_proto
 from sharding.stage_cut import DEFAULT_SEQUENCE, declared_shapes
 
@@ -54,6 +56,7 @@ class Row:
     fits: bool
     errors: tuple[str, ...] = ()
     pruned: bool = False
+    pipeline: int = 1
 
     def line(self) -> str:
         """One line: name, collectives, bytes, memory and predicted time."""
@@ -118,7 +121,8 @@ class AutoReport:
         if self.measured is not None:
             m = self.measured
             counts = ", ".join(f"{v} {k}" for k, v in m["collectives"].items() if v) or "no collectives"
-            out.append(f"winner measured (compiled HLO): {counts}; {m['collective_bytes']:,} collective bytes, "
+            moved = "not measured" if m["collective_bytes"] is None else f"{m['collective_bytes']:,}"
+            out.append(f"winner measured (compiled HLO): {counts}; {moved} collective bytes, "
                        f"{m['param_bytes']:,} parameter bytes per device"
                        + (f"; {m['seconds'] * 1e6:,.1f} us per call" if m.get("seconds") else ""))
             out += [f"difference: {d}" for d in self.differences] or ["measured = predicted (collectives, bytes, "
@@ -138,7 +142,7 @@ def _mesh(devices: int | Mapping[str, int] | Sequence[int]) -> tuple[int, tuple[
         unknown = sorted(set(devices) - set(MESH_AXES))
         if unknown:
             raise MeshShapeError(f"mesh shape {dict(devices)}: no axis {unknown[0]!r}; the axes are {MESH_AXES} "
-                                 "(pipelines are not searched yet)")
+                                 "(pipelines are searched by themselves when no data x tensor layout fits)")
         shape = tuple(devices.get(axis, 1) for axis in MESH_AXES)
     else:
         shape = tuple(devices)
@@ -196,7 +200,8 @@ def auto_plan(
             needs it). Default: the model's, else 1.
         seq: The length every other symbolic input dim is bound to (default 128).
         memory_per_device: Bytes a device may hold (parameters, activations, optimizer state for
-            ``train``); default: the hand plan's (module docstring).
+            ``train``); default: the hand plan's (module docstring). When no data x tensor layout
+            fits a given limit, pipeline x tensor layouts are weighed (`sharding.auto.pipelines`).
         objective: ``latency`` (one call), ``throughput`` (calls per second at ``batch``; the same
             ranking while pipelines are not searched) or ``train`` (forward, backward, gradient
             all-reduce; optimizer state in memory).
@@ -239,6 +244,8 @@ def auto_plan(
             continue
         if _evaluated(analysis, candidate, rates, objective, limit, param_limit, num_devices, rows, chosen) is None:
             continue
+    if memory_per_device is not None and shape is None and not any(r.fits for r in rows):
+        _pipelines(analysis, num_devices, batch, seq, rates, objective, limit, rows, chosen)
     if not any(r.fits for r in rows):  # the exact memory of every layout, for the error's smallest
         for candidate, _ in pruned:
             _evaluated(analysis, candidate, rates, objective, limit, param_limit, num_devices, rows, chosen)
@@ -254,7 +261,8 @@ def auto_plan(
         _memory_error(rows, limit, num_devices)
     best = rows[0]
     candidate, evaluation = chosen[best.name]
-    annotated = write_plan(analysis, candidate.written, num_devices)
+    annotated = candidate.model if isinstance(candidate, Pipeline) else write_plan(analysis, candidate.written,
+                                                                                    num_devices)
     report = AutoReport(
         devices=num_devices, objective=objective, batch=batch, seq=seq, memory_limit=limit, limit_source=source,
         rates=rates, rows=rows, winner=best, hand=_row(hand, hand_eval, hand_cost, limit, param_limit),
@@ -262,6 +270,22 @@ def auto_plan(
     )
     _log.info("auto plan: %s", report.lines()[0])
     return annotated, report
+
+
+def _pipelines(analysis, num_devices, batch, seq, rates, objective, limit, rows, chosen) -> None:
+    """Pipeline x tensor layouts, fewest stages first, until one fits the limit (`sharding.auto.pipelines`)."""
+    for pipe in pipelines(analysis, num_devices, batch, seq):
+        evaluation = evaluate_pipeline(analysis, pipe, num_devices)
+        cost = predict(evaluation, rates, objective)
+        row = Row(name=pipe.name, data=1, tensor=pipe.tensor, variant="pipeline", collectives=evaluation.counts(),
+                  collective_bytes=evaluation.collective_bytes, param_bytes=cost.param_bytes, memory=cost.memory,
+                  seconds=cost.seconds, communication=cost.communication, compute=cost.compute,
+                  fits=not evaluation.errors and cost.memory <= limit, errors=evaluation.errors,
+                  pipeline=pipe.pipeline)
+        rows.append(row)
+        chosen[row.name] = (pipe, evaluation)
+        if row.fits:
+            return
 
 
 def _check_split(analysis: PlanAnalysis, rows: list[Row], num_devices: int, batch: int | None) -> None:
@@ -285,7 +309,7 @@ def _memory_error(rows: list[Row], limit: int, num_devices: int) -> None:
     raise MemoryLimitError(
         f"no layout on {num_devices} devices fits {limit:,} bytes per device: the smallest is "
         f"{smallest.memory:,} bytes per device ({smallest.name}: {smallest.param_bytes:,} of parameters); "
-        f"allow at least {smallest.memory:,} bytes per device, or more devices (pipeline stages are not searched yet)"
+        f"allow at least {smallest.memory:,} bytes per device, or more devices"
     )
 
 

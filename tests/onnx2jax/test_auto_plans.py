@@ -14,6 +14,7 @@ hand plan, a vision encoder at TP 4, a CNN at data parallel); the whole matrix i
 from __future__ import annotations
 
 import functools
+import sys
 
 import jax
 import numpy as np
@@ -163,3 +164,27 @@ def test_collective_bytes_reads_each_result_shape_of_the_hlo():
   %t = (f32[8]{0}, bf16[8]{0}) all-reduce(%c, %d), channel_id=3
 """
     assert collective_bytes(text) == [("all-reduce", 2 * 16 * 64 * 4), ("all-gather", 64), ("all-reduce", 32 + 16)]
+
+
+def test_a_memory_limit_no_tensor_layout_meets_gets_pipeline_stages():
+    """A Llama with 2 attention heads on 8 devices: tensor parallelism splits each layer at most 2 ways
+    (on groups of 4), so at 150,000 bytes per device no data x tensor layout fits; 2 stages of 4
+    devices each do. The pipeline runs, equal to onnxruntime; its stages' collectives are those
+    predicted, and its parameter bytes per device are within the limit."""
+    import onnxruntime
+
+    sys.path.insert(0, str(ZOO.parents[2] / "bench"))
+    import medium_transformers as mt
+
+    config = mt.Config(layers=4, width=64, heads=2, kv_heads=1, ffn=128, llama_ffn=96, vocab=256, positions=64)
+    model = mt.build("llama_gqa", config)
+    inputs = mt.inputs("llama_gqa", 1, 16, config)
+    compiled = onnx2jax.compile(model, devices=8, plan="auto", auto=dict(
+        batch=1, seq=16, memory_per_device=150_000, calibrate=False, inputs=inputs))
+    report = compiled.auto_report
+    assert (report.winner.pipeline, report.winner.tensor) == (2, 4)
+    assert all(not r.fits for r in report.rows if r.pipeline == 1)
+    (expected,) = onnxruntime.InferenceSession(model.SerializeToString()).run(None, inputs)[:1]
+    np.testing.assert_allclose(np.asarray(compiled(**inputs)[0]), expected, rtol=1e-4, atol=2e-5)
+    assert report.measured["collectives"] == report.winner.collectives
+    assert report.measured["param_bytes"] <= 150_000
