@@ -134,6 +134,7 @@ class PlanAnalysis:
         self.shapes = {name: _resolved(shape, symbols) for name, shape in inferred.shapes.items()}
         self.shape_diagnostics = list(inferred.diagnostics)
         self.graph = PlanGraph(self.model, self.shapes)
+        self._by_name = {node.name: node for node in self.model.graph.node}
         self.itemsize = {name: _itemsize(info.type.tensor_type.elem_type)
                          for name, info in inferred.value_types(self.model).items()
                          if info.type.HasField("tensor_type")}
@@ -221,15 +222,10 @@ class PlanAnalysis:
         return Collective(kind, node, tensor, max(per.values(), default=0), max(group, 2))
 
     def _inputs(self, node: str) -> list[str]:
-        return list(self._node(node).input)
+        return list(self._by_name[node].input)
 
     def _outputs(self, node: str) -> list[str]:
-        return list(self._node(node).output)
-
-    def _node(self, name: str) -> onnx.NodeProto:
-        if not hasattr(self, "_by_name"):
-            self._by_name = {n.name: n for n in self.model.graph.node}
-        return self._by_name[name]
+        return list(self._by_name[node].output)
 
     def param_bytes(
         self,

@@ -248,7 +248,6 @@ def hand_plan(analysis: PlanAnalysis, num_devices: int, batch: int | None) -> Ca
     """`megatron_plan`'s layout (data parallel for a CNN given a batch), as a candidate."""
     layout = megatron_layout(analysis.model, num_devices, batch=batch, graph=analysis.graph)
     data = num_devices if any(a.role == "data parallel (batch)" for a in layout.assignments) else 1
-    return Candidate("hand plan (megatron_plan)", 1, num_devices, "hand", node_configs(layout.assignments),
-                     layout.notes) if data == 1 else Candidate("hand plan (megatron_plan)", data, 1, "hand",
-                                                               node_configs(layout.assignments), layout.notes)
+    written = node_configs(layout.assignments)
+    return Candidate("hand plan (megatron_plan)", data, num_devices // data, "hand", written, layout.notes)
 

@@ -4,11 +4,11 @@ For zoo models at 2/4/8 devices with the zoo's batch (2): the automatic plan's m
 bytes (each collective's result, read off the compiled HLO) and parameter bytes per device (the placed
 arrays) are at most those of the hand plan (`megatron_plan` given the same batch, compiled the same
 way), its values equal onnxruntime's stored outputs, and its report names no difference between the
-compiled program and the prediction except those listed in KNOWN (each with why). Where the winner's
-specs are the hand plan's, the hand plan is not compiled a second time: the two are one program.
+compiled program and the prediction except those listed in KNOWN (each with why).
 
 The default suite runs a representative subset (DEFAULT: a GQA model where kv-head groups beat the
-hand plan, a vision encoder at TP 4, a CNN at data parallel); the whole matrix is `slow`.
+hand plan, a vision encoder at TP 4, a CNN at data parallel); the whole matrix is `slow`. Also here:
+the strictly better cases, pipelines where nothing else fits, `annotate --auto` and its calibration.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from onnx2jax.runtime import calibration
 from onnx2jax.runtime.auto_check import collective_bytes, measured
 from sharding import auto_plan, describe_plan
 from sharding.megatron import megatron_plan
-from sharding.model_configs import read_model_configs
 
 DEFAULT = {("mistral", 8), ("vit", 4), ("resnet", 2)}
 MERGED = "that the program does not hold: XLA merged it"
@@ -55,11 +54,6 @@ def _assert_outputs_equal_onnxruntime(name, compiled, outputs):
     reference = np.load(ZOO / f"{name}.ort_outputs.npz")
     for output_name, value in zip(compiled.model.output_names, outputs):
         np.testing.assert_allclose(np.asarray(value), reference[output_name], rtol=1e-4, atol=2e-5)
-
-
-def _specs(model: onnx.ModelProto) -> set:
-    return {(node, spec) for configs in read_model_configs(model).values()
-            for node, config in configs.items() for spec in config.specs}
 
 
 def _cases():
