@@ -116,6 +116,9 @@ class AutoReport:
             f"memory limit {self.memory_limit:,} bytes per device ({self.limit_source}); rates: {self.rates.source}",
             "top candidates (predicted):",
         ]
+        if self.objective == "train":
+            out.insert(2, "train: the collectives listed (and measured) are the forward program's; the predicted "
+                          "communication adds their backward mirror and, with a data degree, the gradients' all-reduce")
         out += [f"  {i + 1}. {row.line()}" for i, row in enumerate(self.rows[:top])]
         out.append(f"hand plan: {self.hand.line()}")
         if self.measured is not None:

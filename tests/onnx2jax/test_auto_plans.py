@@ -23,6 +23,7 @@ import pytest
 from zoo_cases import CASES, ZOO
 
 import onnx2jax
+import onnx2jax.errors
 from onnx2jax.cli import main
 from onnx2jax.runtime import calibration
 from onnx2jax.runtime.auto_check import collective_bytes, measured
@@ -182,3 +183,15 @@ def test_a_memory_limit_no_tensor_layout_meets_gets_pipeline_stages():
     np.testing.assert_allclose(np.asarray(compiled(**inputs)[0]), expected, rtol=1e-4, atol=2e-5)
     assert report.measured["collectives"] == report.winner.collectives
     assert report.measured["param_bytes"] <= 150_000
+
+
+def test_compile_plan_auto_asks_for_devices_and_knows_one_plan():
+    with pytest.raises(ValueError, match="plan='auto' needs devices"):
+        onnx2jax.compile(ZOO / "gpt2.onnx", plan="auto")
+    with pytest.raises(ValueError, match="plan must be 'auto'"):
+        onnx2jax.compile(ZOO / "gpt2.onnx", devices=2, plan="megatron")
+    with pytest.raises(ValueError, match="goes with plan='auto'"):
+        onnx2jax.compile(ZOO / "gpt2.onnx", auto=dict(batch=2))
+    with pytest.raises(onnx2jax.errors.MeshShapeError, match="mesh shape"):
+        onnx2jax.compile(ZOO / "gpt2.onnx", devices={"data": 3, "tensor": 3}, plan="auto",
+                         auto=dict(calibrate=False))
