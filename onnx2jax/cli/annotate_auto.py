@@ -71,7 +71,11 @@ def annotate_auto(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onn
     except AutoPlanError as e:
         raise UsageError(str(e)) from None
     notes = []
-    if here:
+    external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
+    if here and external:
+        notes.append("the weights are in external data: the winner was not compiled here; compile the written "
+                     "file with onnx2jax.compile(..., configuration='auto') to check it")
+    elif here:
         executable = compile_model(annotated, configuration="auto")
         check(executable, report, example_inputs(annotated, args.batch, args.seq))
     else:
