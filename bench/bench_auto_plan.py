@@ -10,7 +10,11 @@
    to its predicted time at this backend's calibrated rates. Fake CPU devices share the host's cores, so
    the measured times are the CPU emulation's; the ratio column says how far the model is off here.
 
-    python bench/bench_auto_plan.py [--output bench/results/auto_plan.md]
+3. With ``--zoo``: every zoo model at 2/4/8 devices (batch 2), the automatic plan and the hand plan
+   (`megatron_plan` given the batch) compiled: their measured collectives, collective bytes and
+   parameter bytes per device (what tests/onnx2jax/test_auto_plans.py asserts).
+
+    python bench/bench_auto_plan.py [--zoo] [--output bench/results/auto_plan.md]
 """
 
 from __future__ import annotations
@@ -98,10 +102,47 @@ def predicted_vs_measured(name: str, devices: int, batch: int, rates) -> list[st
     return lines
 
 
+def zoo_table() -> list[str]:
+    from onnx2jax.runtime.auto_check import check
+    from sharding.megatron import megatron_plan
+
+    lines = ["| model | devices | automatic plan | collectives auto / hand | collective bytes auto / hand | "
+             "parameter bytes per device auto / hand | search (s) |", "|---|---|---|---|---|---|---|"]
+    for path in sorted(ZOO.glob("*.onnx")):
+        name = path.stem
+        model = onnx.load(path)
+        inputs = dict(np.load(ZOO / f"{name}.inputs.npz"))
+        seq = max(v.shape[1] for v in inputs.values() if v.ndim > 1)
+        for devices in (2, 4, 8):
+            start = time.perf_counter()
+            annotated, report = auto_plan(model, devices, batch=2, seq=seq)
+            took = time.perf_counter() - start
+            compiled = onnx2jax.compile(annotated)
+            check(compiled, report, inputs)
+            hand = onnx2jax.compile(megatron_plan(model, devices, batch=2))
+            ours = measured(hand.compiled_text(**inputs), hand.report(**inputs).param_bytes_per_device)
+            auto = report.measured
+
+            def counts(m):
+                return ", ".join(f"{v} {k}" for k, v in m["collectives"].items() if v) or "none"
+
+            lines.append(f"| {name} | {devices} | {report.winner.name} | {counts(auto)} / {counts(ours)} | "
+                         f"{auto['collective_bytes']:,} / {ours['collective_bytes']:,} | "
+                         f"{auto['param_bytes']:,} / {ours['param_bytes']:,} | {took:.2f} |")
+            print(lines[-1], flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--output", type=pathlib.Path)
+    parser.add_argument("--zoo", action="store_true", help="only the zoo table (auto vs hand plan, compiled)")
     args = parser.parse_args()
+    if args.zoo:
+        text = "\n".join(zoo_table()) + "\n"
+        if args.output:
+            args.output.write_text(text)
+        return
     rates = backend_rates(jax.devices(), refresh=True)
     lines = ["## Search time", "", *search_times(), "",
              "## Predicted vs measured step time (8 fake CPU devices)", "", f"rates: {rates.source}: "
