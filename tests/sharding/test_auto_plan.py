@@ -21,6 +21,7 @@ from sharding.auto import DeviceSplitError, MemoryLimitError, MeshShapeError
 from sharding.auto.analysis import PlanAnalysis
 from sharding.auto.cost import DEFAULT_RATES, predict
 from sharding.megatron import megatron_layout, megatron_plan
+from sharding.model_configs import NodeConfig
 from sharding.spec import ShardingSpec
 from sharding.stage_cut import declared_shapes
 from sharding.tiles import device_regions
@@ -162,3 +163,11 @@ def test_a_memory_limit_no_layout_meets_names_the_smallest_that_fits():
     assert report.winner.memory == smallest
     with pytest.raises(MemoryLimitError):
         auto_plan(_zoo("gpt2"), 8, memory_per_device=smallest - 1)
+
+
+def test_infer_with_written_specs_names_what_it_needs():
+    model = _zoo("gpt2")
+    with pytest.raises(ValueError, match="needs the configuration"):
+        infer(model, written={})
+    with pytest.raises(ValueError, match="names nodes the model lacks: \\['nowhere'\\]"):
+        infer(model, "auto", written={"nowhere": NodeConfig("auto", ())})
