@@ -1,9 +1,10 @@
 """Automatic plans (issue 31): the fastest layout for a model, devices and a workload, by search.
 
 `analysis` evaluates a candidate's specs as data over one shape-inferred graph,
-`candidates` lists the layouts (data x tensor, the patterns' choices), `cost`
+`candidates` lists the layouts (data x tensor, the patterns' choices),
+`pipelines` the pipeline x tensor ones weighed where nothing else fits, `cost`
 predicts their time and memory, `search` picks one (`auto_plan`), `errors`
-names the requests no layout meets.
+names the requests no layout meets. docs/auto-plans.md is the guide.
 """
 
 from sharding.auto.cost import DEFAULT_RATES as DEFAULT_RATES
