@@ -5,11 +5,18 @@ onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionE
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
 `ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
-that no one device mesh expresses), `BackwardEdgeError` (a partition with an edge from a later part back).
+that no one device mesh expresses), `BackwardEdgeError` (a partition with an edge from a later part back),
+and the requests an automatic plan refuses (`sharding.auto.errors`, all `AutoPlanError`): `MemoryLimitError`
+(no layout fits the memory per device; names the smallest that does), `DeviceSplitError` (the device count
+cannot split the model), `MeshShapeError` (a mesh shape that does not exist).
 """
 
 from __future__ import annotations
 
+from sharding.auto.errors import AutoPlanError as AutoPlanError
+from sharding.auto.errors import DeviceSplitError as DeviceSplitError
+from sharding.auto.errors import MemoryLimitError as MemoryLimitError
+from sharding.auto.errors import MeshShapeError as MeshShapeError
 from sharding.diagnostics import ShardingError as ShardingError
 from sharding.mesh.layout import MeshMappingError as MeshMappingError
 from sharding.partition import BackwardEdgeError as BackwardEdgeError

@@ -39,6 +39,7 @@ from sharding.annotate import (add_configuration as add_configuration, annotate_
 from sharding.megatron import megatron_layout as megatron_layout
 from sharding.megatron import megatron_plan as megatron_plan
 from sharding.check import check as check
+from sharding.auto import auto_plan as auto_plan
 from sharding.infer import Inference as Inference
 from sharding.infer import NodeShardings as NodeShardings
 from sharding.infer import infer as infer

@@ -174,6 +174,14 @@ def _annotations(
     return found
 
 
+def _by_index(model: onnx.ModelProto, written: Mapping[str, NodeConfig]) -> dict[int, NodeConfig]:
+    """``written`` (by node name) keyed by node index, as `_annotations` gives it."""
+    unknown = set(written) - {node.name for node in model.graph.node}
+    if unknown:
+        raise ValueError(f"infer(written=...) names nodes the model lacks: {sorted(unknown)[:5]}")
+    return {index: written[node.name] for index, node in enumerate(model.graph.node) if node.name in written}
+
+
 def _reshard_note(
     node: onnx.NodeProto, tensor: str, src: ShardingSpec, dst: ShardingSpec, kind: str, where: str
 ) -> Diagnostic:
@@ -204,6 +212,7 @@ def infer(
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     unsupported: str = "warning",
     shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
+    written: Mapping[str, NodeConfig] | None = None,
 ) -> Inference:
     """Completes the sharding annotations of the main graph.
 
@@ -216,6 +225,11 @@ def infer(
         unsupported: Severity of ``unsupported-op``: ``"warning"`` or ``"error"``.
         shapes: ``sharding.shapes.tensor_shapes(model, input_shapes)`` when
             the caller has it already (a compile computes it once).
+        written: The specs to take as written, by node name, in place of the
+            model's own annotations (which are then not read): a candidate
+            plan evaluated as data, on one model, with no copy written
+            (`sharding.auto`). Every entry names ``configuration``, which
+            must then be given; pipeline stages are not read from it.
 
     Returns:
         The `Inference`: every node's specs, every placed tensor's spec, and
@@ -230,16 +244,21 @@ def infer(
     if unsupported not in ("warning", "error"):
         raise ValueError(f"unsupported must be 'warning' or 'error', got {unsupported!r}")
     diags: list[Diagnostic] = []
-    choice = choose_configuration(model, configuration)
-    diags += choice.diagnostics
-    config = choice.name
-    if config is not None and has_stages(model, config):  # stages are inferred one by one
+    if written is not None:
+        if configuration is None:
+            raise ValueError("infer(written=...) needs the configuration its specs name")
+        config = configuration
+    else:
+        choice = choose_configuration(model, configuration)
+        diags += choice.diagnostics
+        config = choice.name
+    if written is None and config is not None and has_stages(model, config):  # stages are inferred one by one
         return infer_by_stage(model, config, infer, diags, input_shapes=input_shapes, unsupported=unsupported)
     order = topological_order(model.graph)
     shapes, shape_diags = shapes if shapes is not None else tensor_shapes(model, input_shapes, order)
     shape_diags = list(shape_diags)
     diags += shape_diags
-    annotations = _annotations(model, config, diags)
+    annotations = _annotations(model, config, diags) if written is None else _by_index(model, written)
     constants = _Constants(model.graph)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
     graph = model.graph

@@ -7,6 +7,10 @@ Examples::
     onnx2jax annotate model.onnx --devices 2 --spec "W=1:2 @ [0,1]" --stage mm=0 -o out.onnx
     onnx2jax annotate llama.onnx --stages shard.yaml -o out.onnx              # PopRT sharding points
     onnx2jax annotate llama.onnx --stages auto:2 --devices 8 --plan megatron -o out.onnx
+    onnx2jax annotate model.onnx --auto --devices 8 --batch 4 --memory 16GB -o out.onnx
+
+``--auto`` searches the fastest layout instead (:mod:`onnx2jax.cli.annotate_auto`,
+docs/auto-plans.md).
 
 ``--stages`` takes PopRT's sharding-points YAML (a list of ``{node, device,
 stage}``) or ``auto:S`` (S stages balanced by estimated time at ``--stage-shape
@@ -31,6 +35,7 @@ import os
 import onnx
 from rich.table import Table
 
+from onnx2jax.cli import annotate_auto
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError, check_writable
 from onnx2jax.cli.options import add_verbose_argument
@@ -105,6 +110,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="copy the weights into new external data files of at most SIZE each (e.g. 2GB, 500MB); "
         "by default the output is a small .onnx that reads the source model's external data",
     )
+    annotate_auto.add_arguments(parser, _byte_count)
     add_verbose_argument(parser, "the table of every annotation written (node, op, tensor, spec, role)")
     return parser
 
@@ -154,6 +160,11 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
             raise UsageError(f"--stage expects NODE=INT, got {item!r}") from None
     if args.name_nodes:
         name_nodes(model)
+    if args.auto:
+        if args.plan or args.stages or specs or stages:
+            raise UsageError("--auto writes the whole plan: it goes without --plan, --stages, --spec and --stage")
+        model, notes = annotate_auto.annotate_auto(args, model)
+        return model, notes, {}
     if args.stages:
         return _annotate_stages(args, model, specs, stages)
     if args.plan == "megatron":

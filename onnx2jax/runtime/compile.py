@@ -14,7 +14,7 @@ The strategies never import this module.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from jax.sharding import Mesh
 
@@ -35,11 +35,13 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     *,
     configuration: str | None = None,
     check: bool = True,
-    devices: Sequence[int] | None = None,
+    devices: Sequence[int] | int | None = None,
     microbatches: int = 1,
     schedule: "str | PipelineSchedule | None" = None,
     scan_layers: ScanSetting = "auto",
     check_indices: bool = True,
+    plan: str | None = None,
+    auto: Mapping[str, Any] | None = None,
 ) -> Executable:
     """Compiles an annotated ONNX model for a device mesh.
 
@@ -76,6 +78,13 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       check_indices: as :func:`onnx2jax.translate`'s: before each call, refuse
         integer inputs that index a table beyond its size
         (:mod:`onnx2jax.input_checks`); ``False`` skips that host-side check.
+      plan: ``"auto"``: search the fastest layout for ``devices`` (a count, or a
+        mesh shape ``{"data": d, "tensor": t}``) with :func:`sharding.auto.auto_plan`,
+        compile it and check it against the prediction
+        (:mod:`onnx2jax.runtime.auto_compile`); the executable's ``auto_report``
+        says what was weighed, chosen and measured. ``auto`` holds the
+        workload: ``batch``, ``seq``, ``memory_per_device``, ``objective``,
+        ``calibrate``, ``inputs``.
 
     Returns:
       An :class:`~onnx2jax.runtime.executable.Executable` (``__call__``,
@@ -100,6 +109,11 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       >>> (logits,) = compiled(input_ids)                         # doctest: +SKIP
       >>> compiled.report().render()                              # doctest: +SKIP
     """
+    if plan is not None:
+        return _planned(model, plan, devices, auto, mesh=mesh, check=check, microbatches=microbatches,
+                        scan_layers=scan_layers, check_indices=check_indices)
+    if auto is not None:
+        raise ValueError("compile(auto=...) goes with plan='auto'")
     plan = make_plan(
         model, mesh, configuration=configuration, check=check, devices=devices, microbatches=microbatches,
         scan_layers=scan_layers,
@@ -116,6 +130,17 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         )
     executable.model.index_check.enabled = check_indices
     return executable
+
+
+def _planned(model: ModelLike, plan: str, devices: Any, auto: Mapping[str, Any] | None, **options: Any) -> Executable:
+    """``compile(model, devices=N, plan="auto")``."""
+    from onnx2jax.runtime.auto_compile import compile_auto  # the search is loaded only when asked for
+
+    if plan != "auto":
+        raise ValueError(f"plan must be 'auto' (or None for the model's own annotations), got {plan!r}")
+    if devices is None or (not isinstance(devices, (int, Mapping)) and not all(isinstance(d, int) for d in devices)):
+        raise ValueError("plan='auto' needs devices: a count, or a mesh shape {'data': d, 'tensor': t}")
+    return compile_auto(model, devices, compile, **(dict(auto) if auto else {}), **options)
 
 
 __all__ = ["compile"]

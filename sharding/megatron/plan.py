@@ -121,7 +121,12 @@ _GQA_CHOICES = ("replicate", "groups")
 
 @takes_model()
 def megatron_layout(
-    model: onnx.ModelProto, num_devices: int, *, gqa: str = "replicate", batch: int | None = None
+    model: onnx.ModelProto,
+    num_devices: int,
+    *,
+    gqa: str = "replicate",
+    batch: int | None = None,
+    graph: PlanGraph | None = None,
 ) -> MegatronLayout:
     """Finds the Megatron tensor-parallel roles of a transformer graph, by pattern.
 
@@ -140,6 +145,9 @@ def megatron_layout(
             pairs, no linear pairs) then runs data parallel when the devices
             divide it: that moves no bytes in a forward pass, against one
             all-reduce per conv pair (`sharding.megatron.data`).
+        graph: ``PlanGraph(model)`` when the caller has it already (the
+            automatic search asks for several layouts of one model, with one
+            shape inference).
 
     Returns:
         The `MegatronLayout`: pairs, embeddings, LM head, specs and notes.
@@ -151,7 +159,7 @@ def megatron_layout(
     if gqa not in _GQA_CHOICES:
         raise ValueError(f"gqa must be one of {_GQA_CHOICES}, got {gqa!r}")
     n = num_devices
-    graph = PlanGraph(model)
+    graph = PlanGraph(model) if graph is None else graph
     notes: list[str] = []
     linears = find_linears(graph)
     paired, raw_pairs = pair_linears(graph, linears, notes)

@@ -1,0 +1,84 @@
+"""``onnx2jax annotate --auto``: the automatic plan (`sharding.auto.auto_plan`) from the command line.
+
+Examples::
+
+    onnx2jax annotate model.onnx --auto --devices 8 -o out.onnx
+    onnx2jax annotate model.onnx --auto --devices 8 --batch 16 --seq 512 --memory 16GB --objective train -o out.onnx
+
+The search runs at this backend's rates when JAX sees the devices (measured once and cached:
+`onnx2jax.runtime.calibration`), else at the defaults; the winner is then compiled on those devices
+and its collectives compared with the prediction. The report (top candidates, predicted and measured
+cost, any difference) is printed as notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import onnx
+
+from onnx2jax.cli.errors import UsageError
+from sharding.auto import AutoPlanError, auto_plan
+from sharding.auto.cost import OBJECTIVES
+
+
+def add_arguments(parser: argparse.ArgumentParser, byte_count) -> None:
+    """Adds ``--auto`` and the workload options to the ``annotate`` parser."""
+    parser.add_argument("--auto", action="store_true",
+                        help="search the fastest layout for --devices (docs/auto-plans.md); configuration 'auto'")
+    parser.add_argument("--batch", type=int, metavar="B", help="--auto: the batch a call runs with")
+    parser.add_argument("--seq", type=int, metavar="S", help="--auto: the sequence length (other symbolic dims)")
+    parser.add_argument("--memory", type=byte_count, metavar="SIZE",
+                        help="--auto: bytes a device may hold, e.g. 16GB (default: the hand plan's)")
+    parser.add_argument("--objective", choices=OBJECTIVES, default="latency", help="--auto: what to minimise")
+    parser.add_argument("--mesh-shape", metavar="DxT", help="--auto: only this data x tensor shape, e.g. 2x4")
+
+
+def _mesh(args: argparse.Namespace) -> int | tuple[int, int]:
+    if args.devices is None:
+        raise UsageError("--auto needs --devices N")
+    if args.mesh_shape is None:
+        return args.devices
+    parts = args.mesh_shape.lower().split("x")
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        raise UsageError(f"--mesh-shape expects DATAxTENSOR such as 2x4, got {args.mesh_shape!r}")
+    data, tensor = int(parts[0]), int(parts[1])
+    if data * tensor != args.devices:
+        raise UsageError(f"--mesh-shape {args.mesh_shape} has {data * tensor} devices, --devices says {args.devices}")
+    return data, tensor
+
+
+def annotate_auto(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The automatic plan of ``model`` and the report's lines (as notes).
+
+    Raises:
+        UsageError: missing --devices, or a bad --mesh-shape.
+        CliError: (as `sharding.auto.AutoPlanError`) a request no layout meets.
+    """
+    import jax
+
+    from onnx2jax.runtime.auto_check import check
+    from onnx2jax.runtime.auto_compile import example_inputs
+    from onnx2jax.runtime.calibration import rates
+    from onnx2jax.runtime.compile import compile as compile_model
+
+    devices = _mesh(args)
+    seen = len(jax.devices())
+    here = seen >= args.devices
+    try:
+        annotated, report = auto_plan(model, devices, batch=args.batch, seq=args.seq, memory_per_device=args.memory,
+                                      objective=args.objective, rates=rates(jax.devices()[:args.devices]) if here else None)
+    except AutoPlanError as e:
+        raise UsageError(str(e)) from None
+    notes = []
+    external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
+    if here and external:
+        notes.append("the weights are in external data: the winner was not compiled here; compile the written "
+                     "file with onnx2jax.compile(..., configuration='auto') to check it")
+    elif here:
+        executable = compile_model(annotated, configuration="auto")
+        check(executable, report, example_inputs(annotated, args.batch, args.seq))
+    else:
+        notes.append(f"JAX sees {seen} devices, not {args.devices}: the rates are the defaults and the winner "
+                     "was not compiled (run where the devices are visible to check it)")
+    return annotated, notes + report.lines()
