@@ -72,16 +72,28 @@ def test_matmul_with_bias_weights_as_inputs(zero_points):
 
 
 def test_packed_weights_stay_packed_in_the_program():
-    """The program's input is the packed uint8 blob; no host-side unpacking makes a float weight of it."""
+    """The program's input is the packed uint8 blob; no host-side unpacking makes a float weight of it. On CPU
+    the int4 kernel reads it (no float [N, K] value in the program); traced portably (``jax.export``), the
+    unpacking is shifts in the program."""
     import jax
 
-    from onnx2jax.ops.contrib_quantization import matmul_nbits
+    from onnx2jax.ops import nbits_kernel
+    from onnx2jax.ops.contrib_quantization import matmul_nbits, portable
 
     k, n, block_size = 64, 8, 32
     b, scales, zero, _, _ = _weights(k, n, 4, block_size, "uint8", bias=False)
-    jaxpr = jax.make_jaxpr(lambda a, b: matmul_nbits(a, b, scales, zero, K=k, N=n, block_size=block_size))(_f(2, k), b)
+
+    def program(a, b):
+        return matmul_nbits(a, b, scales, zero, K=k, N=n, block_size=block_size)
+
+    with portable():
+        jaxpr = jax.make_jaxpr(program)(_f(2, k), b)
     assert jaxpr.in_avals[1].dtype == np.uint8 and jaxpr.in_avals[1].shape == b.shape
     assert "shift_right_logical" in {eqn.primitive.name for eqn in jaxpr.jaxpr.eqns}
+    if nbits_kernel.available():
+        hlo = jax.jit(lambda a, b: program(a, b)).lower(_f(2, k), b).as_text()  # not the portable trace, cached
+        assert nbits_kernel.TARGET in hlo
+        assert f"tensor<{n}x{k}xf32>" not in hlo and f"tensor<{k}x{n}xf32>" not in hlo
 
 
 def test_matmul_float16():
