@@ -144,3 +144,20 @@ def test_gather_block_quantized_4_bit_types(with_zero_points, axes):
     zero = RNG.integers(-8, 8, blocks).astype(ml_dtypes.int4)
     arrays = [data, np.array([[1], [4]], np.int64), scales] + ([zero] if with_zero_points else [])
     _check_gather(arrays, inits=(0, 2, 3), gather_axis=gather_axis, quantize_axis=quantize_axis, block_size=16)
+
+
+def test_without_the_kernel_the_jax_path_runs_and_says_so_once(monkeypatch, capfd):
+    """No compiler at install: the extension is missing, MatMulNBits dequantizes in JAX (still onnxruntime's
+    values) and one line on stderr says so and what it costs, once per process."""
+    import functools
+
+    from onnx2jax.ops import nbits_kernel
+
+    monkeypatch.setattr(nbits_kernel, "_load", lambda: "ImportError: no module named _matmul_nbits")
+    monkeypatch.setattr(nbits_kernel, "_noted", functools.cache(nbits_kernel._noted.__wrapped__))
+    k, n, block_size = 64, 12, 32
+    for _ in range(2):
+        weights = _weights(k, n, 4, block_size, "uint8", bias=False)
+        _check(_f(2, k), weights, weights_as_inputs=False, K=k, N=n, bits=4, block_size=block_size)
+    notes = [line for line in capfd.readouterr().err.splitlines() if "int4 CPU kernel was not built" in line]
+    assert len(notes) == 1 and "dequantizes every weight" in notes[0] and "_matmul_nbits" in notes[0], notes
