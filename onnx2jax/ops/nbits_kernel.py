@@ -56,7 +56,7 @@ def available() -> bool:
     return False
 
 
-def _call(a, b, scales, zero_points, *, block_size: int, accuracy: int, zp_kind: int, simd: bool):
+def _call(a, b, scales, zero_points, *, block_size: int, accuracy: int, zp_kind: int, simd: int):
     """The custom call on one device's arrays: a [M, K] float32, b [N, blocks, block_size / 2] uint8."""
     out = jax.ShapeDtypeStruct((a.shape[0], b.shape[0]), jnp.float32)
     return jax.ffi.ffi_call(TARGET, out)(
@@ -125,13 +125,16 @@ _partitioned.def_partition(
 )
 
 
-def product(a, b, scales, zero_points, *, block_size: int, accuracy: int, simd: bool = True):
+def product(a, b, scales, zero_points, *, block_size: int, accuracy: int, simd: int = 2):
     """``a [..., K] @ dequantize(b).T`` in float32 through the kernel; ``b`` uint8 [N, blocks, blob].
 
     ``scales`` [N, blocks] float32; ``zero_points`` None, packed uint8 [N, ceil(blocks / 2)] or float32
-    [N, blocks]. ``accuracy`` 4 rounds A to int8 per block (integer zero points only). ``simd`` False runs
-    the kernel's plain C++ loops instead of AVX2 (the tests compare both).
+    [N, blocks]. ``accuracy`` 4 rounds A to int8 per block (integer zero points only). ``simd`` caps the
+    kernel's loops: 0 plain C++, 1 AVX2, 2 AVX2 and AVX512-VNNI where the CPU has them (the tests compare each).
     """
+    missing = _load()
+    if missing is not None:
+        raise RuntimeError(f"the int4 CPU kernel was not built ({missing}); check nbits_kernel.available() first")
     n, blocks = b.shape[0], b.shape[1]
     k = a.shape[-1]
     lead = a.shape[:-1]

@@ -2,7 +2,8 @@
 
 Block sizes 16/32/64/128, zero points absent, packed uint8 or float, K not a multiple of the block (odd K),
 N not a multiple of anything the kernel tiles by (its row chunks, 4-row groups of A, 32-value SIMD steps),
-one row (decode), a few, and 128 (a prompt), every accuracy_level, the AVX2 loops and the plain C++ ones.
+one row (decode), a few, and 128 (a prompt), every accuracy_level; the kernel's loops at each cap (AVX512-VNNI,
+AVX2, plain C++; on a CPU without them the capped runs take the loops it has).
 Tolerances: levels 0-3 (float compute: onnxruntime dequantizes to float and runs its SGEMM, we add in
 another order) within 2e-6 relative to the largest |y| of the product; level 4 (A rounded to int8 per block,
 integer block dots, both exact) within 1e-6 of it: the float sums of block products in another order.
@@ -55,7 +56,7 @@ def _kernel(a, b, scales, zero, *, block_size, accuracy_level, simd):
     return np.asarray(run(a, b, scales, zero))
 
 
-def _compare(m, k, n, block_size, zero_points, accuracy_level, simd=True):
+def _compare(m, k, n, block_size, zero_points, accuracy_level, simd=2):
     a, b, scales, zero = _case(m, k, n, block_size, zero_points)
     expected = _onnxruntime(a, b, scales, zero, k=k, n=n, block_size=block_size, accuracy_level=accuracy_level)
     actual = _kernel(a, b, scales, zero, block_size=block_size, accuracy_level=accuracy_level, simd=simd)
@@ -64,7 +65,7 @@ def _compare(m, k, n, block_size, zero_points, accuracy_level, simd=True):
     assert error <= TOLERANCE[accuracy_level], (error, TOLERANCE[accuracy_level])
 
 
-@pytest.mark.parametrize("simd", [True, False], ids=["avx2", "plain"])
+@pytest.mark.parametrize("simd", [2, 1, 0], ids=["vnni", "avx2", "plain"])
 @pytest.mark.parametrize("zero_points", [None, "uint8"])
 @pytest.mark.parametrize("accuracy_level", [0, 1, 2, 3, 4])
 @pytest.mark.parametrize("block_size", [16, 32, 64, 128])
@@ -82,7 +83,7 @@ def test_prompt_rows(k, block_size, accuracy_level):
     _compare(128, k, 75, block_size, "uint8", accuracy_level)
 
 
-@pytest.mark.parametrize("simd", [True, False], ids=["avx2", "plain"])
+@pytest.mark.parametrize("simd", [2, 1, 0], ids=["vnni", "avx2", "plain"])
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_float_zero_points(block_size, simd):
     """Zero points in the scales' float type (float compute: the kernel is not used for them at level 4)."""
