@@ -57,7 +57,7 @@ struct Problem {
   const int8_t* aq;  // int8 path
   const float* ascale;  // [M, blocks] int8 path
   const int32_t* asum;  // [M, blocks] int8 path: each block's sum of A's int8 values
-  int simd;             // 0 plain C++, 1 AVX2, 2 AVX2 and AVX512-VNNI where the CPU has them
+  int simd;             // 0 plain C++, 1 AVX2, 2 AVX-512 (F, BW, VL, VNNI) where the CPU has them
 };
 
 inline float zero_point(const Problem& p, int64_t n, int64_t b) {
@@ -363,6 +363,68 @@ __attribute__((target("avx2,fma"))) void float_fused_avx2(const Problem& p, int6
   for (int r = 0; r < R; ++r) p.y[(m0 + r) * p.N + n] = hsum256(acc[r]);
 }
 
+// Float, AVX-512: a tile of RB rows of B by RA rows of A. Each row of B is dequantized a chunk of 32 at a time
+// in registers, (q - zero_point) * scale as onnxruntime dequantizes it, and multiplied into RA x RB
+// accumulators of 16 lanes along K, added up once at the end.
+template <int RA, int RB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void float_tile_avx512(const Problem& p, int64_t n0,
+                                                                                       int64_t m0) {
+  const int64_t kp = p.blocks * p.block;
+  const __m128i low = _mm_set1_epi8(15);
+  __m512 acc[RA][RB];
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    __m512 z[RB], s[RB];
+    for (int q = 0; q < RB; ++q) {
+      z[q] = _mm512_set1_ps(zero_point(p, n0 + q, b));
+      s[q] = _mm512_set1_ps(p.scales[(n0 + q) * p.blocks + b]);
+    }
+    for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+      __m512 w[RB][2];
+      for (int q = 0; q < RB; ++q) {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.b + (n0 + q) * (kp / 2) + c / 2));
+        const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+        w[q][0] = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), z[q]), s[q]);
+        w[q][1] = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), z[q]), s[q]);
+      }
+      for (int r = 0; r < RA; ++r) {
+        const float* a = p.af + (m0 + r) * kp + c;
+        const __m512 a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16);
+        for (int q = 0; q < RB; ++q) {
+          acc[r][q] = _mm512_fmadd_ps(a0, w[q][0], acc[r][q]);
+          acc[r][q] = _mm512_fmadd_ps(a1, w[q][1], acc[r][q]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < RB; ++q) p.y[(m0 + r) * p.N + n0 + q] = _mm512_reduce_add_ps(acc[r][q]);
+}
+
+template <int RB>
+void float_tiles_avx512(const Problem& p, int64_t n) {
+  int64_t m = 0;
+  for (; m + 4 <= p.M; m += 4) float_tile_avx512<4, RB>(p, n, m);
+  switch (p.M - m) {
+    case 3: float_tile_avx512<3, RB>(p, n, m); break;
+    case 2: float_tile_avx512<2, RB>(p, n, m); break;
+    case 1: float_tile_avx512<1, RB>(p, n, m); break;
+    default: break;
+  }
+}
+
+void float_rows_avx512(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) float_tiles_avx512<4>(p, n);
+  switch (n1 - n) {
+    case 3: float_tiles_avx512<3>(p, n); break;
+    case 2: float_tiles_avx512<2>(p, n); break;
+    case 1: float_tiles_avx512<1>(p, n); break;
+    default: break;
+  }
+}
+
 // Rows [n0, n1) of B against every row of A, 4 rows of A at a time.
 template <template <int> class Kernel>
 void fused_rows(const Problem& p, int64_t n0, int64_t n1) {
@@ -457,7 +519,7 @@ void parallel_rows(ffi::ThreadPool* pool, int64_t N, int64_t work_per_row, Body 
 bool have_vnni() {
 #ifdef O2J_X86
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512vnni");
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
   return yes;
 #else
   return false;
@@ -534,7 +596,7 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
   parallel_rows(&pool, p.N, p.M * kp, [&q, int8](int64_t n0, int64_t n1) {
 #ifdef O2J_X86
     if (q.simd && q.block >= 32) {
-      if (!int8) return fused_rows<FloatAvx2>(q, n0, n1);
+      if (!int8) return q.simd == 2 ? float_rows_avx512(q, n0, n1) : fused_rows<FloatAvx2>(q, n0, n1);
       return q.simd == 2 ? fused_rows<Int8Vnni>(q, n0, n1) : fused_rows<Int8Avx2>(q, n0, n1);
     }
     if (int8 && q.simd) return rows_int8_avx2(q, n0, n1);
