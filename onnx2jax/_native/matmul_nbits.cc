@@ -57,7 +57,8 @@ struct Problem {
   const int8_t* aq;  // int8 path
   const float* ascale;  // [M, blocks] int8 path
   const int32_t* asum;  // [M, blocks] int8 path: each block's sum of A's int8 values
-  int simd;             // 0 plain C++, 1 AVX2, 2 AVX-512 (F, BW, VL, VNNI) where the CPU has them
+  const uint8_t* au;    // [M, Kp] int8 path: A's int8 values + 128 (the AVX-512 VNNI tiles)
+  int simd;             // 0 plain C++, 1 AVX2, 2 AVX-512 (F, BW, DQ, VL, VNNI) where the CPU has them
 };
 
 inline float zero_point(const Problem& p, int64_t n, int64_t b) {
@@ -442,6 +443,87 @@ void fused_rows(const Problem& p, int64_t n0, int64_t n1) {
 template <int R> struct Int8Avx2 { static void run(const Problem& p, int64_t n, int64_t m) { int8_fused_avx2<R>(p, n, m); } };
 template <int R> struct Int8Vnni { static void run(const Problem& p, int64_t n, int64_t m) { int8_fused_vnni<R>(p, n, m); } };
 template <int R> struct FloatAvx2 { static void run(const Problem& p, int64_t n, int64_t m) { float_fused_avx2<R>(p, n, m); } };
+
+// Int8, AVX-512 VNNI: a tile of 2 * PB rows of B by RA rows of A, a chunk of 32 values at a time. Two rows of B
+// share a register (lanes 0-7 and 8-15), A's chunk broadcast to both halves. The products are u8 x s8: A is
+// shifted to unsigned (a + 128, prepared once) and B made signed (q - zero_point), so the shift's share,
+// 128 * sum(q - zero_point), is one more dot per chunk shared by every row of A; the block's integer dot is
+// exact, then scaled in float as onnxruntime does.
+template <int RA, int PB>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))) void int8_tile_vnni(const Problem& p, int64_t n0,
+                                                                                             int64_t m0) {
+  const int64_t kp = p.blocks * p.block;
+  const __m128i low = _mm_set1_epi8(15);
+  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[RA][PB];
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < PB; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    __m512i z[PB], dot[RA][PB], shift[PB];
+    __m512 ws[PB];
+    for (int q = 0; q < PB; ++q) {
+      const int64_t n = n0 + 2 * q;
+      z[q] = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(zero_point_int(p, n, b))),
+                                _mm256_set1_epi8(static_cast<char>(zero_point_int(p, n + 1, b))), 1);
+      ws[q] = _mm512_insertf32x8(_mm512_set1_ps(p.scales[n * p.blocks + b]),
+                                 _mm256_set1_ps(p.scales[(n + 1) * p.blocks + b]), 1);
+      shift[q] = _mm512_setzero_si512();
+      for (int r = 0; r < RA; ++r) dot[r][q] = _mm512_setzero_si512();
+    }
+    for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+      __m512i w[PB];
+      for (int q = 0; q < PB; ++q) {
+        __m256i half[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m128i packed =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.b + (n0 + 2 * q + h) * (kp / 2) + c / 2));
+          half[h] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(packed, low)),
+                                            _mm_and_si128(_mm_srli_epi16(packed, 4), low), 1);
+        }
+        w[q] = _mm512_sub_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1), z[q]);
+        shift[q] = _mm512_dpbusd_epi32(shift[q], c128, w[q]);
+      }
+      for (int r = 0; r < RA; ++r) {
+        const __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.au + (m0 + r) * kp + c)));
+        for (int q = 0; q < PB; ++q) dot[r][q] = _mm512_dpbusd_epi32(dot[r][q], a, w[q]);
+      }
+    }
+    for (int r = 0; r < RA; ++r) {
+      const __m512 as = _mm512_set1_ps(p.ascale[(m0 + r) * p.blocks + b]);
+      for (int q = 0; q < PB; ++q)
+        acc[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][q], shift[q])),
+                                    _mm512_mul_ps(as, ws[q]), acc[r][q]);
+    }
+  }
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < PB; ++q) {
+      p.y[(m0 + r) * p.N + n0 + 2 * q] = hsum256(_mm512_castps512_ps256(acc[r][q]));
+      p.y[(m0 + r) * p.N + n0 + 2 * q + 1] = hsum256(_mm512_extractf32x8_ps(acc[r][q], 1));
+    }
+}
+
+template <int PB>
+void int8_tiles_vnni(const Problem& p, int64_t n) {
+  int64_t m = 0;
+  for (; m + 4 <= p.M; m += 4) int8_tile_vnni<4, PB>(p, n, m);
+  switch (p.M - m) {
+    case 3: int8_tile_vnni<3, PB>(p, n, m); break;
+    case 2: int8_tile_vnni<2, PB>(p, n, m); break;
+    case 1: int8_tile_vnni<1, PB>(p, n, m); break;
+    default: break;
+  }
+}
+
+// Rows [n0, n1): pairs of rows in tiles; an odd last row through the one-row loop.
+void int8_rows_vnni(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) int8_tiles_vnni<2>(p, n);
+  if (n + 2 <= n1) {
+    int8_tiles_vnni<1>(p, n);
+    n += 2;
+  }
+  if (n < n1) fused_rows<Int8Vnni>(p, n, n1);
+}
 #endif
 
 // ---- A prepared: padded to whole blocks, permuted per chunk; int8 blocks for accuracy 4 ----
@@ -519,7 +601,8 @@ void parallel_rows(ffi::ThreadPool* pool, int64_t N, int64_t work_per_row, Body 
 bool have_vnni() {
 #ifdef O2J_X86
   static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni");
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vnni");
   return yes;
 #else
   return false;
@@ -578,6 +661,7 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
   std::vector<int8_t> aq;
   std::vector<float> ascale;
   std::vector<int32_t> asum;
+  std::vector<uint8_t> au;
   if (int8) {
     aq.resize(p.M * kp);
     ascale.resize(p.M * p.blocks);
@@ -589,6 +673,11 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
     p.aq = aq.data();
     p.ascale = ascale.data();
     p.asum = asum.data();
+    if (p.simd == 2 && p.block >= 32) {
+      au.resize(p.M * kp);
+      for (int64_t i = 0; i < p.M * kp; ++i) au[i] = static_cast<uint8_t>(aq[i] + 128);
+      p.au = au.data();
+    }
   } else {
     p.af = af.data();
   }
@@ -597,7 +686,7 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
 #ifdef O2J_X86
     if (q.simd && q.block >= 32) {
       if (!int8) return q.simd == 2 ? float_rows_avx512(q, n0, n1) : fused_rows<FloatAvx2>(q, n0, n1);
-      return q.simd == 2 ? fused_rows<Int8Vnni>(q, n0, n1) : fused_rows<Int8Avx2>(q, n0, n1);
+      return q.simd == 2 ? int8_rows_vnni(q, n0, n1) : fused_rows<Int8Avx2>(q, n0, n1);
     }
     if (int8 && q.simd) return rows_int8_avx2(q, n0, n1);
 #endif
