@@ -44,6 +44,8 @@ namespace ffi = xla::ffi;
 
 namespace {
 
+constexpr int64_t kPanelRows = 8;  // from this many rows of A, B is dequantized into panels (AVX-512)
+
 struct Problem {
   int64_t M, N, K, block, blocks, chunk;  // chunk: C values a SIMD step (32, or 16 for blocks of 16)
   const uint8_t* b;                        // [N, blocks * block / 2]
@@ -58,6 +60,7 @@ struct Problem {
   const float* ascale;  // [M, blocks] int8 path
   const int32_t* asum;  // [M, blocks] int8 path: each block's sum of A's int8 values
   const uint8_t* au;    // [M, Kp] int8 path: A's int8 values + 128 (the AVX-512 VNNI tiles)
+  const float* adq;     // [M, Kp] int8 path, many rows: A's int8 values times their block's scale
   int simd;             // 0 plain C++, 1 AVX2, 2 AVX-512 (F, BW, DQ, VL, VNNI) where the CPU has them
 };
 
@@ -426,6 +429,80 @@ void float_rows_avx512(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 
+// Many rows of A (a prompt), AVX-512: rows of B are dequantized once, (q - zero_point) * scale, into a float
+// panel (chunk-permuted like A) that every row of A then reads, 4 rows of A by 4 of B per tile with 16
+// accumulators of 16 lanes along K. Used for float compute, and for int8 compute with A's
+// int8 blocks given back as floats (a_q * a_scale: the same products, added in float).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_dequantize(const Problem& p, int64_t n,
+                                                                                    float* panel) {
+  const int64_t kp = p.blocks * p.block;
+  const __m128i low = _mm_set1_epi8(15);
+  const uint8_t* row = p.b + n * (kp / 2);
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const __m512 z = _mm512_set1_ps(zero_point(p, n, b)), s = _mm512_set1_ps(p.scales[n * p.blocks + b]);
+    for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2));
+      const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+      _mm512_storeu_ps(panel + c, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), z), s));
+      _mm512_storeu_ps(panel + c + 16, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), z), s));
+    }
+  }
+}
+
+template <int RA, int RB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_tile(const Problem& p, const float* a,
+                                                                              const float* panel, int64_t n0,
+                                                                              int64_t m0) {
+  const int64_t kp = p.blocks * p.block;
+  __m512 acc[RA][RB];
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kp; k += 16) {
+    __m512 w[RB];
+    for (int q = 0; q < RB; ++q) w[q] = _mm512_loadu_ps(panel + q * kp + k);
+    for (int r = 0; r < RA; ++r) {
+      const __m512 x = _mm512_loadu_ps(a + (m0 + r) * kp + k);
+      for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_fmadd_ps(x, w[q], acc[r][q]);
+    }
+  }
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < RB; ++q) p.y[(m0 + r) * p.N + n0 + q] = _mm512_reduce_add_ps(acc[r][q]);
+}
+
+template <int RA>
+void panel_group(const Problem& p, const float* a, const float* panel, int64_t n, int64_t rows, int64_t m) {
+  const int64_t kp = p.blocks * p.block;
+  int64_t g = 0;
+  for (; g + 4 <= rows; g += 4) panel_tile<RA, 4>(p, a, panel + g * kp, n + g, m);
+  switch (rows - g) {
+    case 3: panel_tile<RA, 3>(p, a, panel + g * kp, n + g, m); break;
+    case 2: panel_tile<RA, 2>(p, a, panel + g * kp, n + g, m); break;
+    case 1: panel_tile<RA, 1>(p, a, panel + g * kp, n + g, m); break;
+    default: break;
+  }
+}
+
+// Rows [n0, n1) of B in panels of up to kPanel rows (dequantized once, kept in L2 while every 4 rows of A, in
+// L1, pass over them).
+constexpr int64_t kPanel = 32;
+
+void panel_product(const Problem& p, const float* a, int64_t n0, int64_t n1) {
+  const int64_t kp = p.blocks * p.block;
+  std::vector<float> panel(kPanel * kp);
+  for (int64_t n = n0; n < n1; n += kPanel) {
+    const int64_t rows = std::min<int64_t>(kPanel, n1 - n);
+    for (int64_t q = 0; q < rows; ++q) panel_dequantize(p, n + q, panel.data() + q * kp);
+    int64_t m = 0;
+    for (; m + 4 <= p.M; m += 4) panel_group<4>(p, a, panel.data(), n, rows, m);
+    switch (p.M - m) {
+      case 3: panel_group<3>(p, a, panel.data(), n, rows, m); break;
+      case 2: panel_group<2>(p, a, panel.data(), n, rows, m); break;
+      case 1: panel_group<1>(p, a, panel.data(), n, rows, m); break;
+      default: break;
+    }
+  }
+}
+
 // Rows [n0, n1) of B against every row of A, 4 rows of A at a time.
 template <template <int> class Kernel>
 void fused_rows(const Problem& p, int64_t n0, int64_t n1) {
@@ -673,7 +750,11 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
     p.aq = aq.data();
     p.ascale = ascale.data();
     p.asum = asum.data();
-    if (p.simd == 2 && p.block >= 32) {
+    if (p.simd == 2 && p.block >= 32 && p.M >= kPanelRows) {
+      for (int64_t m = 0; m < p.M; ++m)
+        for (int64_t i = 0; i < kp; ++i) af[m * kp + i] = aq[m * kp + i] * ascale[m * p.blocks + i / p.block];
+      p.adq = af.data();
+    } else if (p.simd == 2 && p.block >= 32) {
       au.resize(p.M * kp);
       for (int64_t i = 0; i < p.M * kp; ++i) au[i] = static_cast<uint8_t>(aq[i] + 128);
       p.au = au.data();
@@ -684,6 +765,7 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
   const Problem& q = p;
   parallel_rows(&pool, p.N, p.M * kp, [&q, int8](int64_t n0, int64_t n1) {
 #ifdef O2J_X86
+    if (q.simd == 2 && q.block >= 32 && q.M >= kPanelRows) return panel_product(q, int8 ? q.adq : q.af, n0, n1);
     if (q.simd && q.block >= 32) {
       if (!int8) return q.simd == 2 ? float_rows_avx512(q, n0, n1) : fused_rows<FloatAvx2>(q, n0, n1);
       return q.simd == 2 ? int8_rows_vnni(q, n0, n1) : fused_rows<Int8Avx2>(q, n0, n1);
