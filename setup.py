@@ -43,7 +43,7 @@ KERNEL = Extension(
     sources=["onnx2jax/_native/matmul_nbits.cc"],
     include_dirs=["onnx2jax/_native/include"],
     language="c++",
-    extra_compile_args=["-std=c++17", "-O3", "-fvisibility=hidden"],
+    extra_compile_args=["-std=c++17", "-O3", "-g0", "-fvisibility=hidden"],
     optional=True,
 )
 

@@ -733,12 +733,15 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
   if (int8 && zp_kind == 2) return ffi::Error::InvalidArgument("int8 compute needs integer zero points");
 
   const int64_t kp = p.blocks * p.block;
-  std::vector<float> af(p.M * kp);
+  // A's prepared copies live in buffers of the calling thread, kept between calls (a decode step makes dozens
+  // of small calls); the pool's threads only read them while this call waits for them.
+  thread_local std::vector<float> af;
+  thread_local std::vector<int8_t> aq;
+  thread_local std::vector<float> ascale;
+  thread_local std::vector<int32_t> asum;
+  thread_local std::vector<uint8_t> au;
+  af.resize(p.M * kp);
   for (int64_t m = 0; m < p.M; ++m) permute_row(a.typed_data() + m * p.K, p.K, kp, p.chunk, af.data() + m * kp);
-  std::vector<int8_t> aq;
-  std::vector<float> ascale;
-  std::vector<int32_t> asum;
-  std::vector<uint8_t> au;
   if (int8) {
     aq.resize(p.M * kp);
     ascale.resize(p.M * p.blocks);
