@@ -109,3 +109,31 @@ def test_parameter_bytes_per_device_are_the_packed_bytes(devices):
         assert per_device == sum(stored[name].nbytes for name in decoder.params)
     else:  # the split packed weights are smaller on each device than whole
         assert per_device < sum(stored[name].nbytes for name in decoder.params)
+
+
+def test_export_traces_the_portable_path():
+    """A ``jax.export`` artifact holds no custom call of ours (it runs with jax alone): export traces MatMulNBits
+    through the pure-JAX path, and the loaded artifact gives onnxruntime's stored outputs of the same call (as
+    the kernel does; the two paths round differently, within 3e-5 of each other on these logits)."""
+    from onnx2jax.export import export, load
+
+    model = onnx.load(FOLDER / "model.onnx")
+    stored = np.load(FOLDER / "forward.npz")
+    inputs = {k: stored[k] for k in stored.files if not k.startswith("out:")}
+    compiled = onnx2jax.compile(model)
+    data = export(compiled, **inputs)
+    assert nbits_kernel.TARGET.encode() not in data
+    artifact = load(_write(data))
+    names = [o.name for o in model.graph.output]
+    for name, got, kernel in zip(names, artifact(**inputs), compiled(**inputs)):
+        want = stored[f"out:{name}"]
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-4, atol=1e-4, err_msg=name)
+        np.testing.assert_allclose(np.asarray(kernel), want, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def _write(data: bytes) -> pathlib.Path:
+    import tempfile
+
+    path = pathlib.Path(tempfile.mkdtemp()) / "int4.onnx2jax"
+    path.write_bytes(data)
+    return path
