@@ -20,8 +20,14 @@ over all rounds, the ratio onnx2jax / onnxruntime-genai of each, and the tokens 
 decode program's HLO, whose ``while`` body is the step), the cache and parameter bytes on one device (from the
 arrays' shardings: the shard on the first device) against the whole, and decode tokens/s.
 
+The real-width models (8 layers, width 1024, FFN 2816, 16/4 heads; int4 at the builder's CPU default
+``accuracy_level`` 4) come from ``scripts/make_genai_fixtures.py --real bench/models/genai_real`` (issue 30).
+``--prefill`` adds the time to the first token of a 128-token prompt on both runtimes; the int4 / fp32 table
+our int4 decode against our own fp32 decode of the same model; ``--memory 'real int4,real fp32'`` the peak RSS
+above a jax baseline of loading and generating (a fresh process each).
+
     python bench/bench_generate.py [--max-length 128] [--rounds 3] [--repeats 10] [--tp 1,2,4,8] \
-        [--output bench/results/generate.md]
+        [--prefill] [--memory 'real int4'] [--step-costs] [--output bench/results/generate.md]
 """
 
 from __future__ import annotations
@@ -40,14 +46,19 @@ from typing import Any
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 GENAI = ROOT / "tests" / "data" / "genai"
 MEDIUM = ROOT / "bench" / "models" / "genai_medium"
+REAL = ROOT / "bench" / "models" / "genai_real"
 MODELS = {
     "tiny fp32": GENAI / "llama_gqa",
     "tiny int4": GENAI / "llama_gqa_int4",
     "medium fp32": MEDIUM / "llama_medium_fp32",
     "medium int4": MEDIUM / "llama_medium_int4",
+    "real fp32": REAL / "llama_real_fp32",
+    "real int4": REAL / "llama_real_int4",
 }
 PROMPT = [1, 17, 230, 45, 9, 300, 12, 77, 401, 5, 88, 19, 250, 33, 64, 128]
 """16 token ids below every model's vocabulary (512)."""
+LONG_PROMPT = [(7 * i + 11) % 500 + 4 for i in range(128)]
+"""128 token ids (4..503) for the prefill measure: the time to the first token of a 128-token prompt."""
 
 COLLECTIVES = re.compile(r"\b(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)(?:-start)?\(")
 
@@ -58,15 +69,15 @@ def median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def genai_run(python: str, folder: pathlib.Path, max_length: int, repeats: int) -> dict:
+def genai_run(python: str, folder: pathlib.Path, max_length: int, repeats: int, prompt: list[int] = PROMPT) -> dict:
     """One subprocess of bench/genai_timings.py: its JSON."""
     command = [python, str(ROOT / "bench" / "genai_timings.py"), str(folder), "--prompt",
-               ",".join(map(str, PROMPT)), "--max-length", str(max_length), "--repeats", str(repeats)]
+               ",".join(map(str, prompt)), "--max-length", str(max_length), "--repeats", str(repeats)]
     out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def onnx2jax_run(decoder, max_length: int, repeats: int) -> dict:
+def onnx2jax_run(decoder, max_length: int, repeats: int, prompt: list[int] = PROMPT) -> dict:
     """``repeats`` greedy generations through :class:`Generator`'s iteration (as ``generate`` and the CLI
     stream): the same measures as genai_timings.py."""
     from onnx2jax.runtime.generate import Generator
@@ -75,7 +86,7 @@ def onnx2jax_run(decoder, max_length: int, repeats: int) -> dict:
     sequence = None
     for _ in range(repeats):
         start = time.perf_counter()
-        generator = Generator(decoder, PROMPT, max_length=max_length)
+        generator = Generator(decoder, prompt, max_length=max_length)
         tokens = iter(generator)
         next(tokens)
         first = time.perf_counter()
@@ -101,23 +112,36 @@ def single_device(args: argparse.Namespace) -> list[dict]:
             continue
         decoder = Decoder(folder)
         onnx2jax_run(decoder, args.max_length, 2)  # compiles the prefill and decode programs
+        long_length = len(LONG_PROMPT) + 2
+        if args.prefill:
+            onnx2jax_run(decoder, long_length, 2, LONG_PROMPT)  # and the 128-token prompt's prefill
         ours: dict[str, Any] = {}
         theirs: dict[str, Any] = {"version": "?"}
         for _ in range(args.rounds):
-            for side, run in ((theirs, lambda: genai_run(args.genai_python, folder, args.max_length, args.repeats)),
-                              (ours, lambda: onnx2jax_run(decoder, args.max_length, args.repeats))):
+            for side, run, long_run in (
+                (theirs, lambda: genai_run(args.genai_python, folder, args.max_length, args.repeats),
+                 lambda: genai_run(args.genai_python, folder, long_length, args.repeats, LONG_PROMPT)),
+                (ours, lambda: onnx2jax_run(decoder, args.max_length, args.repeats),
+                 lambda: onnx2jax_run(decoder, long_length, args.repeats, LONG_PROMPT)),
+            ):
                 result = run()
                 for key in ("ttft_s", "decode_s", "decode_cpu_s", "steps"):
                     side.setdefault(key, []).extend(result[key])
                 side["tokens"] = result["tokens"]
                 if "version" in result:
                     side["version"] = result["version"]
+                if args.prefill:
+                    side.setdefault("prefill_s", []).extend(long_run()["ttft_s"])
         row = {"model": name, "same_tokens": ours["tokens"] == theirs["tokens"], "new_tokens": ours["steps"][0] + 1,
-               "genai_version": theirs["version"]}
+               "genai_version": theirs["version"],
+               "first_difference": next((i for i, (a, b) in enumerate(zip(ours["tokens"], theirs["tokens"]))
+                                         if a != b), None)}
         for label, side in (("onnx2jax", ours), ("genai", theirs)):
             row[f"{label}_ttft_ms"] = median(side["ttft_s"]) * 1e3
             row[f"{label}_tok_s"] = median([n / t for n, t in zip(side["steps"], side["decode_s"])])
             row[f"{label}_cpu_tok_s"] = median([n / max(t, 1e-9) for n, t in zip(side["steps"], side["decode_cpu_s"])])
+            if args.prefill:
+                row[f"{label}_prefill128_ms"] = median(side["prefill_s"]) * 1e3
         rows.append(row)
         print(json.dumps(row), file=sys.stderr, flush=True)
     return rows
@@ -189,6 +213,45 @@ def step_costs(folder: pathlib.Path, max_length: int, repeats: int) -> dict:
     return costs
 
 
+def _vm(field: str) -> int:
+    """A /proc/self/status field in bytes (VmHWM: the peak resident set since the last reset, VmRSS: now)."""
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def memory(folder: pathlib.Path, max_length: int) -> dict:
+    """Peak RSS of loading ``folder`` and generating to ``max_length`` from PROMPT, above a jax baseline (run in a
+    fresh process): the baseline is taken after the imports, the device made and one tiny jit; the peak
+    (VmHWM) is reset through /proc/self/clear_refs first. Also the placed parameters' bytes."""
+    import jax
+    import jax.numpy as jnp
+
+    import onnx2jax
+    from onnx2jax.runtime.decoder import Decoder
+
+    jax.jit(lambda x: x + 1)(jnp.ones(4)).block_until_ready()
+    pathlib.Path("/proc/self/clear_refs").write_text("5")
+    baseline = _vm("VmHWM")
+    decoder = Decoder(folder)
+    onnx2jax.generate(decoder, [PROMPT], max_length=max_length)
+    params = sum(p.nbytes for p in jax.tree_util.tree_leaves(decoder.params))
+    return {"baseline": baseline, "peak_above": _vm("VmHWM") - baseline, "param_bytes": params}
+
+
+def memory_rows(names: list[str], max_length: int) -> list[dict]:
+    rows = []
+    for name in names:
+        if not (MODELS[name] / "genai_config.json").exists():
+            continue
+        out = subprocess.run([sys.executable, __file__, "--memory-only", name, "--max-length", str(max_length)],
+                             check=True, capture_output=True, text=True, env=dict(os.environ, JAX_PLATFORMS="cpu")).stdout
+        rows.append({"model": name, **json.loads(out.strip().splitlines()[-1])})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return rows
+
+
 def tensor_parallel(devices: list[int], max_length: int, repeats: int) -> list[dict]:
     """The tiny fixture on 1/2/4/8 fake CPU devices (run in a process with 8 of them)."""
     import jax
@@ -231,7 +294,8 @@ def tensor_parallel(devices: list[int], max_length: int, repeats: int) -> list[d
     return rows
 
 
-def markdown(rows: list[dict], tp: list[dict], load: tuple, args: argparse.Namespace) -> str:
+def markdown(rows: list[dict], tp: list[dict], load: tuple, args: argparse.Namespace,
+             memory: list[dict] | None = None) -> str:
     import jax
 
     lines = [
@@ -247,6 +311,27 @@ def markdown(rows: list[dict], tp: list[dict], load: tuple, args: argparse.Names
             f"{r['onnx2jax_tok_s'] / r['genai_tok_s']:.2f} | {r['onnx2jax_cpu_tok_s']:,.0f} | "
             f"{r['genai_cpu_tok_s']:,.0f} | {r['onnx2jax_cpu_tok_s'] / r['genai_cpu_tok_s']:.2f} |"
         )
+    if args.prefill:
+        lines += ["", "| model | onnx2jax ms to the first token of a 128-token prompt | genai ms | ratio time "
+                  "(below 1: onnx2jax faster) |", "|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['model']} | {r['onnx2jax_prefill128_ms']:.1f} | {r['genai_prefill128_ms']:.1f} | "
+                         f"{r['onnx2jax_prefill128_ms'] / r['genai_prefill128_ms']:.2f} |")
+    by_name = {r["model"]: r for r in rows}
+    pairs = [(size, by_name[f"{size} int4"], by_name[f"{size} fp32"]) for size in ("tiny", "medium", "real")
+             if f"{size} int4" in by_name and f"{size} fp32" in by_name]
+    if pairs:
+        lines += ["", "| model | onnx2jax int4 tok/s | onnx2jax fp32 tok/s | int4 / fp32 (ours) | "
+                  "genai int4 / genai fp32 |", "|---|---|---|---|---|"]
+        for size, q, f in pairs:
+            lines.append(f"| {size} | {q['onnx2jax_tok_s']:,.0f} | {f['onnx2jax_tok_s']:,.0f} | "
+                         f"{q['onnx2jax_tok_s'] / f['onnx2jax_tok_s']:.2f} | {q['genai_tok_s'] / f['genai_tok_s']:.2f} |")
+    if memory:
+        lines += ["", "| model | parameter bytes placed | peak RSS above the jax baseline | peak / parameters |",
+                  "|---|---|---|---|"]
+        for m in memory:
+            lines.append(f"| {m['model']} | {m['param_bytes'] / 2**20:,.1f} MiB | {m['peak_above'] / 2**20:,.1f} MiB | "
+                         f"{m['peak_above'] / m['param_bytes']:.2f} |")
     costs = [r for r in rows if "steps_us" in r]
     if costs:
         lines += ["", "| model | one step per call µs | of which the call's fixed cost µs | "
@@ -290,6 +375,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--tp", default="", help="devices for the tensor-parallel table, e.g. 1,2,4,8")
     parser.add_argument("--tp-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--memory-only", help=argparse.SUPPRESS)
+    parser.add_argument("--prefill", action="store_true",
+                        help="also time the first token of a 128-token prompt (prefill) on both runtimes")
+    parser.add_argument("--memory", default="",
+                        help="comma-separated models whose peak RSS above a jax baseline is measured, each in a "
+                        "fresh process (e.g. 'real int4,real fp32')")
+    parser.add_argument("--step-costs", action="store_true", help="also the fp32 models' per-step cost breakdown")
     parser.add_argument("--genai-python", default="/work/venvs/fixtures/bin/python")
     parser.add_argument("--output", help="also write the markdown here")
     args = parser.parse_args()
@@ -298,10 +390,13 @@ def main() -> None:
     if args.tp_only:
         print(json.dumps(tensor_parallel(devices, args.max_length, args.repeats)))
         return
+    if args.memory_only:
+        print(json.dumps(memory(MODELS[args.memory_only], args.max_length)))
+        return
     load_before = os.getloadavg()
     rows = single_device(args)
     for row in rows:
-        if "fp32" in row["model"]:
+        if "fp32" in row["model"] and args.step_costs:
             row["steps_us"] = step_costs(MODELS[row["model"]], args.max_length, 50 if "tiny" in row["model"] else 10)
             print(json.dumps(row["steps_us"]), file=sys.stderr, flush=True)
     tp = []
@@ -312,7 +407,8 @@ def main() -> None:
                               str(args.max_length), "--repeats", str(args.repeats)],
                              check=True, capture_output=True, text=True, env=env).stdout
         tp = json.loads(out.strip().splitlines()[-1])
-    text = markdown(rows, tp, (load_before, os.getloadavg()), args)
+    mem = memory_rows([m for m in args.memory.split(",") if m], args.max_length)
+    text = markdown(rows, tp, (load_before, os.getloadavg()), args, mem)
     print(text)
     if args.output:
         pathlib.Path(args.output).write_text(text)

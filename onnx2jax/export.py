@@ -55,6 +55,7 @@ def export(compiled: Any, *inputs: Any, path: str | os.PathLike | None = None, *
     Raises:
       TypeError: ``compiled`` is not one SPMD program (pipeline stages, segments).
     """
+    from onnx2jax.ops.contrib_quantization import portable
     from onnx2jax.runtime.executable import x64_scope
     from onnx2jax.runtime.spmd import Compiled
 
@@ -71,7 +72,7 @@ def export(compiled: Any, *inputs: Any, path: str | os.PathLike | None = None, *
 
     params = [compiled.params[n] for n in names]
     shardings = ([p.sharding for p in params],) + (None,) * len(dynamic)
-    with x64_scope(model.uses_64bit):
+    with x64_scope(model.uses_64bit), portable():
         avals = [_abstract(bound[k]) for k in dynamic]
         exported = jax.export.export(jax.jit(program, in_shardings=shardings))(
             [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in params], *avals

@@ -40,10 +40,13 @@ Run from the repository root::
 
     /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py [--only NAME ...]
     /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py --medium /tmp/genai_medium
+    /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py --real bench/models/genai_real
 
 The second builds, outside the repository, the benchmark's medium model (6 layers, width 512,
 8 query / 2 KV heads of 64, context 1024, about 17M parameters): fp32 and int4 builder folders
-with the same stored tokens and forward calls.
+with the same stored tokens and forward calls. The third, the real-width model (8 layers, width 1024,
+FFN 2816, 16 query / 4 KV heads of 64, about 100M parameters; int4 at the builder's CPU default
+accuracy_level 4) for bench/bench_generate.py (issue 30).
 """
 
 from __future__ import annotations
@@ -129,7 +132,8 @@ def text_example(folder: Path) -> dict[str, Any]:
 
 
 def hf_config(arch: str) -> Any:
-    """The transformers config of one architecture ('llama_gqa', 'llama_mqa', 'qwen2_window', 'llama_medium')."""
+    """The transformers config of one architecture ('llama_gqa', 'llama_mqa', 'qwen2_window', 'llama_medium',
+    'llama_real')."""
     import transformers
 
     common = dict(
@@ -158,6 +162,13 @@ def hf_config(arch: str) -> Any:
         return transformers.LlamaConfig(
             hidden_size=512, intermediate_size=1408, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
             **{**common, "num_hidden_layers": 6, "max_position_embeddings": 1024, "initializer_range": 0.05},
+        )
+    if arch == "llama_real":
+        # for bench/ only (issue 30): a real model's width (1024, FFN 2816, 16/4 heads), 8 layers, ~90M parameters
+        # in the layers; random weights, not stored in the repository
+        return transformers.LlamaConfig(
+            hidden_size=1024, intermediate_size=2816, num_attention_heads=16, num_key_value_heads=4, head_dim=64,
+            **{**common, "num_hidden_layers": 8, "max_position_embeddings": 1024, "initializer_range": 0.03},
         )
     if arch == "qwen2_window":
         # layer 0 full attention, layer 1 a sliding window of 8 (layer_types); q/k/v have biases.
@@ -629,7 +640,20 @@ def main() -> None:
         help="instead, build the benchmark's medium model (6 layers, width 512, GQA 8/2) as "
         "llama_medium_fp32 and llama_medium_int4 folders under this directory",
     )
+    parser.add_argument(
+        "--real",
+        type=Path,
+        default=None,
+        help="instead, build the benchmark's real-width model (8 layers, width 1024, FFN 2816, GQA 16/4) as "
+        "llama_real_fp32 and llama_real_int4 (the builder's CPU default, accuracy_level 4) under this directory",
+    )
     args = parser.parse_args()
+    if args.real is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            for precision in ("fp32", "int4"):
+                print(f"-- llama_real_{precision}", flush=True)
+                builder_fixture(f"llama_real_{precision}", "llama_real", 31, precision, {}, Path(tmp), args.real)
+        return
     if args.medium is not None:
         with tempfile.TemporaryDirectory() as tmp:
             for precision, extra in (("fp32", {}), ("int4", {"accuracy_level": "1"})):

@@ -5,16 +5,51 @@ blocks of n-bit integers, and GatherBlockQuantized, a Gather from such a table (
 ``n_blocks = ceil(K / block_size)`` blocks of ``block_size`` values, each block packed ``8 / bits`` values per byte,
 lowest bits first. Block (n, b) dequantizes as ``(q - zero_point[n, b]) * scales[n, b]``; the zero point is packed
 the same way in uint8 (default ``2^(bits - 1)`` when absent) or given in the scales' float type. The packed
-weights stay the program's input: the unpacking is jnp shifts and masks, so a weight lives on device at its
-packed size and XLA fuses the dequantization into the product.
+weights stay the program's input: a weight lives on device at its packed size.
+
+On CPU, 4-bit float32 products run the int4 kernel (`onnx2jax.ops.nbits_kernel`): the packed bytes are read
+as they are, one device's shard at a time, and no float weight is made, at decode or prefill. Elsewhere
+(GPU/TPU, other bit widths or float types, g_idx, ``jax.export``, or the kernel not built) the unpacking is
+jnp shifts and masks in the same program as the dot, which XLA fuses on GPU/TPU; on CPU it materialises
+the float weight every call.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from typing import Iterator
+
 import jax
 import jax.numpy as jnp
 
+from onnx2jax.ops import nbits_kernel
 from onnx2jax.ops.registry import register
+
+_PORTABLE = contextvars.ContextVar("onnx2jax_nbits_portable", default=False)
+
+
+@contextlib.contextmanager
+def portable() -> Iterator[None]:
+    """Traces MatMulNBits without the CPU kernel: a ``jax.export`` artifact can hold no custom call of ours."""
+    token = _PORTABLE.set(True)
+    try:
+        yield
+    finally:
+        _PORTABLE.reset(token)
+
+
+def _kernel_applies(a, scales, zero_points, bits: int, accuracy_level: int) -> bool:
+    """Whether this product runs the int4 CPU kernel (which notes once if it was not built)."""
+    if bits != 4 or a.dtype != jnp.float32 or scales.dtype != jnp.float32 or _PORTABLE.get():
+        return False
+    if zero_points is not None and zero_points.dtype not in (jnp.uint8, jnp.float32):
+        return False
+    if accuracy_level == 4 and zero_points is not None and zero_points.dtype != jnp.uint8:
+        return False  # int8 compute with float zero points: the JAX path rounds A the same way
+    if jax.default_backend() != "cpu":
+        return False
+    return nbits_kernel.available()
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -64,12 +99,20 @@ def matmul_nbits(
     ``accuracy_level`` 4 (int8 compute, what the model builder writes for CPU) rounds float32 activations to
     int8 per block first, as onnxruntime's x86 CPU kernels do where they have an int8 path (4 and 8 bits; 2 bits
     from block size 32): greedy tokens then match onnxruntime's exactly rather than being slightly more
-    accurate. Other levels, and the other cases, compute in the input type.
+    accurate. Other levels, and the other cases, compute in the input type. On CPU at 4 bits and float32
+    the int4 kernel computes it from the packed bytes (module docstring).
     """
     if g_idx is not None:
         raise NotImplementedError("MatMulNBits with g_idx (act-order group indices) is not implemented")
     if bits not in (2, 4, 8):
         raise NotImplementedError(f"MatMulNBits with bits={bits}: only 2, 4 and 8 are implemented")
+    if _kernel_applies(a, scales, zero_points, bits, accuracy_level):
+        n_blocks = -(-K // block_size)
+        y = nbits_kernel.product(
+            a, b.reshape(N, n_blocks, block_size // 2), scales, zero_points, block_size=block_size,
+            accuracy=4 if accuracy_level == 4 else 0,
+        )
+        return y if bias is None else y + bias.astype(y.dtype)
     w = dequantize_nbits(b, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size).astype(a.dtype)
     if accuracy_level == 4 and a.dtype == jnp.float32 and (bits != 2 or block_size >= 32):
         a = _int8_blocks(a, block_size)

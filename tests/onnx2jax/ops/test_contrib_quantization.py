@@ -72,16 +72,28 @@ def test_matmul_with_bias_weights_as_inputs(zero_points):
 
 
 def test_packed_weights_stay_packed_in_the_program():
-    """The program's input is the packed uint8 blob; no host-side unpacking makes a float weight of it."""
+    """The program's input is the packed uint8 blob; no host-side unpacking makes a float weight of it. On CPU
+    the int4 kernel reads it (no float [N, K] value in the program); traced portably (``jax.export``), the
+    unpacking is shifts in the program."""
     import jax
 
-    from onnx2jax.ops.contrib_quantization import matmul_nbits
+    from onnx2jax.ops import nbits_kernel
+    from onnx2jax.ops.contrib_quantization import matmul_nbits, portable
 
     k, n, block_size = 64, 8, 32
     b, scales, zero, _, _ = _weights(k, n, 4, block_size, "uint8", bias=False)
-    jaxpr = jax.make_jaxpr(lambda a, b: matmul_nbits(a, b, scales, zero, K=k, N=n, block_size=block_size))(_f(2, k), b)
+
+    def program(a, b):
+        return matmul_nbits(a, b, scales, zero, K=k, N=n, block_size=block_size)
+
+    with portable():
+        jaxpr = jax.make_jaxpr(program)(_f(2, k), b)
     assert jaxpr.in_avals[1].dtype == np.uint8 and jaxpr.in_avals[1].shape == b.shape
     assert "shift_right_logical" in {eqn.primitive.name for eqn in jaxpr.jaxpr.eqns}
+    if nbits_kernel.available():
+        hlo = jax.jit(lambda a, b: program(a, b)).lower(_f(2, k), b).as_text()  # not the portable trace, cached
+        assert nbits_kernel.TARGET in hlo
+        assert f"tensor<{n}x{k}xf32>" not in hlo and f"tensor<{k}x{n}xf32>" not in hlo
 
 
 def test_matmul_float16():
@@ -132,3 +144,20 @@ def test_gather_block_quantized_4_bit_types(with_zero_points, axes):
     zero = RNG.integers(-8, 8, blocks).astype(ml_dtypes.int4)
     arrays = [data, np.array([[1], [4]], np.int64), scales] + ([zero] if with_zero_points else [])
     _check_gather(arrays, inits=(0, 2, 3), gather_axis=gather_axis, quantize_axis=quantize_axis, block_size=16)
+
+
+def test_without_the_kernel_the_jax_path_runs_and_says_so_once(monkeypatch, capfd):
+    """No compiler at install: the extension is missing, MatMulNBits dequantizes in JAX (still onnxruntime's
+    values) and one line on stderr says so and what it costs, once per process."""
+    import functools
+
+    from onnx2jax.ops import nbits_kernel
+
+    monkeypatch.setattr(nbits_kernel, "_load", lambda: "ImportError: no module named _matmul_nbits")
+    monkeypatch.setattr(nbits_kernel, "_noted", functools.cache(nbits_kernel._noted.__wrapped__))
+    k, n, block_size = 64, 12, 32
+    for _ in range(2):
+        weights = _weights(k, n, 4, block_size, "uint8", bias=False)
+        _check(_f(2, k), weights, weights_as_inputs=False, K=k, N=n, bits=4, block_size=block_size)
+    notes = [line for line in capfd.readouterr().err.splitlines() if "int4 CPU kernel was not built" in line]
+    assert len(notes) == 1 and "dequantizes every weight" in notes[0] and "_matmul_nbits" in notes[0], notes

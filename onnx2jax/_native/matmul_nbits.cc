@@ -1,0 +1,816 @@
+// MatMulNBits (com.microsoft) at 4 bits on the CPU: Y[M, N] = A[M, K] @ dequantize(B)^T, read packed.
+//
+// B is uint8 [N, n_blocks * block_size / 2] (or [N, n_blocks, block_size / 2]): row n (output feature n) cut along K into blocks of block_size
+// values, two values a byte, lowest nibble first. Block (n, b) is (q - zero_point[n, b]) * scale[n, b]; the
+// zero point is absent (8), packed uint8 [N, ceil(n_blocks / 2)] (two a byte, lowest first) or float [N, n_blocks].
+//
+// Two ways, as onnxruntime's CPU kernel (MLAS SQNBitGemm) has them:
+// - accuracy 4 (int8): each block of A is rounded to int8 (scale = max|a| / 127, half to even), the block's
+//   integer dot with (q - zero_point) is exact, and the blocks add up as dot * a_scale * b_scale in float;
+// - otherwise (float): each row of B is dequantized to float (a block at a time, into a buffer the size of
+//   one row) and multiplied with every row of A: the weight is never materialised whole.
+//
+// Work is split over N in chunks run on XLA's intra-op thread pool (the calling thread takes chunks too and
+// waits only for chunks already claimed, so nothing waits on a task that has not started). On x86-64 the
+// inner loops use AVX2 (and AVX512-VNNI's u8 x s8 dot for int8) where the CPU has them (checked at run time),
+// plain C++ otherwise; the attribute `simd` caps them (0 plain, 1 AVX2, 2 all; the tests compare each with
+// onnxruntime). Blocks of 32 and more unpack B's bytes in registers for up to 4 rows of A at a time; blocks
+// of 16 go through a row buffer.
+//
+// A row of A is permuted within each chunk of C values (C = 32, or 16 for blocks of 16) so that a chunk of
+// B's packed bytes needs no interleaving: its low nibbles meet A's even positions, its high nibbles the odd.
+
+#include <Python.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define O2J_X86 1
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kPanelRows = 8;  // from this many rows of A, B is dequantized into panels (AVX-512)
+
+struct Problem {
+  int64_t M, N, K, block, blocks, chunk;  // chunk: C values a SIMD step (32, or 16 for blocks of 16)
+  const uint8_t* b;                        // [N, blocks * block / 2]
+  const float* scales;                     // [N, blocks]
+  int zp_kind;                             // 0 none, 1 packed uint8, 2 float
+  const uint8_t* zp_packed;                // [N, ceil(blocks / 2)]
+  const float* zp_float;                   // [N, blocks]
+  float* y;                                // [M, N]
+  // Prepared A, rows of Kp = blocks * block values, permuted per chunk:
+  const float* af;   // float path
+  const int8_t* aq;  // int8 path
+  const float* ascale;  // [M, blocks] int8 path
+  const int32_t* asum;  // [M, blocks] int8 path: each block's sum of A's int8 values
+  const uint8_t* au;    // [M, Kp] int8 path: A's int8 values + 128 (the AVX-512 VNNI tiles)
+  const float* adq;     // [M, Kp] int8 path, many rows: A's int8 values times their block's scale
+  int simd;             // 0 plain C++, 1 AVX2, 2 AVX-512 (F, BW, DQ, VL, VNNI) where the CPU has them
+};
+
+inline float zero_point(const Problem& p, int64_t n, int64_t b) {
+  if (p.zp_kind == 1) {
+    uint8_t byte = p.zp_packed[n * ((p.blocks + 1) / 2) + b / 2];
+    return static_cast<float>((b & 1) ? (byte >> 4) : (byte & 15));
+  }
+  if (p.zp_kind == 2) return p.zp_float[n * p.blocks + b];
+  return 8.0f;
+}
+
+inline int zero_point_int(const Problem& p, int64_t n, int64_t b) {
+  if (p.zp_kind == 1) {
+    uint8_t byte = p.zp_packed[n * ((p.blocks + 1) / 2) + b / 2];
+    return (b & 1) ? (byte >> 4) : (byte & 15);
+  }
+  return 8;
+}
+
+// The value of B at packed chunk position j (0 <= j < C) of a chunk starting at byte `bytes`: positions below
+// C/2 are the low nibbles, the others the high nibbles (A is permuted to match).
+inline int nibble(const uint8_t* bytes, int64_t j, int64_t half) {
+  return j < half ? (bytes[j] & 15) : (bytes[j - half] >> 4);
+}
+
+// ---- float path ----
+
+// Row n of B dequantized into w[Kp] (chunk-permuted like A).
+void dequantize_row(const Problem& p, int64_t n, float* w) {
+  const int64_t row_bytes = p.blocks * p.block / 2, half = p.chunk / 2;
+  const uint8_t* row = p.b + n * row_bytes;
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const float s = p.scales[n * p.blocks + b], z = zero_point(p, n, b);
+    for (int64_t c = 0; c < p.block; c += p.chunk) {
+      const uint8_t* bytes = row + (b * p.block + c) / 2;
+      float* out = w + b * p.block + c;
+      for (int64_t j = 0; j < p.chunk; ++j) out[j] = (static_cast<float>(nibble(bytes, j, half)) - z) * s;
+    }
+  }
+}
+
+float dot_plain(const float* a, const float* w, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * w[i + j];
+  float total = 0;
+  for (int j = 0; j < 8; ++j) total += acc[j];
+  for (; i < n; ++i) total += a[i] * w[i];
+  return total;
+}
+
+#ifdef O2J_X86
+__attribute__((target("avx2,fma"))) inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) void dequantize_row_avx2(const Problem& p, int64_t n, float* w) {
+  const int64_t row_bytes = p.blocks * p.block / 2;
+  const uint8_t* row = p.b + n * row_bytes;
+  const __m128i low = _mm_set1_epi8(15);
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const __m256 s = _mm256_set1_ps(p.scales[n * p.blocks + b]);
+    const __m256 z = _mm256_set1_ps(zero_point(p, n, b));
+    for (int64_t c = 0; c < p.block; c += p.chunk) {
+      const uint8_t* bytes = row + (b * p.block + c) / 2;
+      float* out = w + b * p.block + c;
+      __m128i v;
+      if (p.chunk == 32) {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+        const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+        const __m128i parts[2] = {lo, hi};
+        for (int h = 0; h < 2; ++h) {
+          v = parts[h];
+          __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+          __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8)));
+          _mm256_storeu_ps(out + 16 * h, _mm256_mul_ps(_mm256_sub_ps(f0, z), s));
+          _mm256_storeu_ps(out + 16 * h + 8, _mm256_mul_ps(_mm256_sub_ps(f1, z), s));
+        }
+      } else {  // chunk of 16: 8 bytes
+        const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
+        const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+        __m256 f0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+        __m256 f1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+        _mm256_storeu_ps(out, _mm256_mul_ps(_mm256_sub_ps(f0, z), s));
+        _mm256_storeu_ps(out + 8, _mm256_mul_ps(_mm256_sub_ps(f1, z), s));
+      }
+    }
+  }
+}
+
+// Four rows of A against one dequantized row w (Kp a multiple of 16).
+__attribute__((target("avx2,fma"))) void dot4_avx2(const float* a, int64_t lda, int64_t rows, const float* w,
+                                                   int64_t kp, float* out) {
+  __m256 acc[4][2];
+  for (int r = 0; r < 4; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kp; k += 16) {
+    const __m256 w0 = _mm256_loadu_ps(w + k), w1 = _mm256_loadu_ps(w + k + 8);
+    for (int r = 0; r < 4; ++r) {
+      if (r < rows) {
+        acc[r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(a + r * lda + k), w0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(_mm256_loadu_ps(a + r * lda + k + 8), w1, acc[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < rows; ++r) out[r] = hsum256(_mm256_add_ps(acc[r][0], acc[r][1]));
+}
+#endif
+
+void rows_float(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t kp = p.blocks * p.block;
+  std::vector<float> w(kp);
+  for (int64_t n = n0; n < n1; ++n) {
+#ifdef O2J_X86
+    if (p.simd) {
+      dequantize_row_avx2(p, n, w.data());
+      float out[4];
+      for (int64_t m = 0; m < p.M; m += 4) {
+        const int64_t rows = std::min<int64_t>(4, p.M - m);
+        dot4_avx2(p.af + m * kp, kp, rows, w.data(), kp, out);
+        for (int64_t r = 0; r < rows; ++r) p.y[(m + r) * p.N + n] = out[r];
+      }
+      continue;
+    }
+#endif
+    dequantize_row(p, n, w.data());
+    for (int64_t m = 0; m < p.M; ++m) p.y[m * p.N + n] = dot_plain(p.af + m * kp, w.data(), kp);
+  }
+}
+
+// ---- int8 path ----
+
+void rows_int8_plain(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t kp = p.blocks * p.block, row_bytes = kp / 2, half = p.chunk / 2;
+  std::vector<int8_t> w(kp);
+  for (int64_t n = n0; n < n1; ++n) {
+    const uint8_t* row = p.b + n * row_bytes;
+    for (int64_t b = 0; b < p.blocks; ++b) {
+      const int z = zero_point_int(p, n, b);
+      for (int64_t c = 0; c < p.block; c += p.chunk)
+        for (int64_t j = 0; j < p.chunk; ++j)
+          w[b * p.block + c + j] = static_cast<int8_t>(nibble(row + (b * p.block + c) / 2, j, half) - z);
+    }
+    for (int64_t m = 0; m < p.M; ++m) {
+      const int8_t* a = p.aq + m * kp;
+      float total = 0;
+      for (int64_t b = 0; b < p.blocks; ++b) {
+        int32_t dot = 0;
+        for (int64_t j = 0; j < p.block; ++j) dot += int32_t(a[b * p.block + j]) * int32_t(w[b * p.block + j]);
+        total += static_cast<float>(dot) * (p.ascale[m * p.blocks + b] * p.scales[n * p.blocks + b]);
+      }
+      p.y[m * p.N + n] = total;
+    }
+  }
+}
+
+#ifdef O2J_X86
+// One row of B as signed int8 (q - zero point), chunk-permuted, into w[Kp]; |w| <= 15.
+__attribute__((target("avx2,fma"))) void signed_row_avx2(const Problem& p, int64_t n, int8_t* w) {
+  const int64_t row_bytes = p.blocks * p.block / 2;
+  const uint8_t* row = p.b + n * row_bytes;
+  const __m128i low = _mm_set1_epi8(15);
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const __m128i z = _mm_set1_epi8(static_cast<char>(zero_point_int(p, n, b)));
+    for (int64_t c = 0; c < p.block; c += p.chunk) {
+      const uint8_t* bytes = row + (b * p.block + c) / 2;
+      int8_t* out = w + b * p.block + c;
+      if (p.chunk == 32) {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bytes));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_sub_epi8(_mm_and_si128(packed, low), z));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 16),
+                         _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(packed, 4), low), z));
+      } else {
+        const __m128i packed = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(bytes));
+        const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm_sub_epi8(_mm_unpacklo_epi64(lo, hi), z));
+      }
+    }
+  }
+}
+
+// The int32 dot of 32 int8 values a and w (|w| <= 15, |a| <= 127: no saturation), as 8 int32 lanes.
+__attribute__((target("avx2,fma"))) inline __m256i dot32(__m256i a, __m256i w) {
+  const __m256i prod = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
+  return _mm256_madd_epi16(prod, _mm256_set1_epi16(1));
+}
+
+__attribute__((target("avx2,fma"))) void rows_int8_avx2(const Problem& p, int64_t n0, int64_t n1) {
+  const int64_t kp = p.blocks * p.block;
+  std::vector<int8_t> w(kp);
+  std::vector<float> s(p.blocks);
+  for (int64_t n = n0; n < n1; ++n) {
+    signed_row_avx2(p, n, w.data());
+    for (int64_t b = 0; b < p.blocks; ++b) s[b] = p.scales[n * p.blocks + b];
+    for (int64_t m = 0; m < p.M; ++m) {
+      const int8_t* a = p.aq + m * kp;
+      const float* as = p.ascale + m * p.blocks;
+      __m256 acc = _mm256_setzero_ps();
+      if (p.block >= 32) {
+        for (int64_t b = 0; b < p.blocks; ++b) {
+          __m256i dot = _mm256_setzero_si256();
+          for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+            const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + c));
+            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.data() + c));
+            dot = _mm256_add_epi32(dot, dot32(av, wv));
+          }
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(as[b] * s[b]), acc);
+        }
+      } else {  // blocks of 16: two blocks a 32-byte step, each half with its own scale
+        int64_t b = 0;
+        for (; b + 2 <= p.blocks; b += 2) {
+          const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + b * 16));
+          const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.data() + b * 16));
+          const __m256 scale = _mm256_setr_m128(_mm_set1_ps(as[b] * s[b]), _mm_set1_ps(as[b + 1] * s[b + 1]));
+          acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot32(av, wv)), scale, acc);
+        }
+        if (b < p.blocks) {
+          const __m128i av = _mm_loadu_si128(reinterpret_cast<const __m128i*>(a + b * 16));
+          const __m128i wv = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w.data() + b * 16));
+          const __m128i prod = _mm_maddubs_epi16(_mm_abs_epi8(wv), _mm_sign_epi8(av, wv));
+          const __m128i dot = _mm_madd_epi16(prod, _mm_set1_epi16(1));
+          const __m128 part = _mm_mul_ps(_mm_cvtepi32_ps(dot), _mm_set1_ps(as[b] * s[b]));
+          acc = _mm256_add_ps(acc, _mm256_insertf128_ps(_mm256_setzero_ps(), part, 0));
+        }
+      }
+      p.y[m * p.N + n] = hsum256(acc);
+    }
+  }
+}
+#endif
+
+#ifdef O2J_X86
+// ---- fused loops (blocks of 32 and more): B's bytes unpacked in registers, up to 4 rows of A at once ----
+
+// Int8: the unsigned nibbles (0..15) times A's int8 values summed exactly per block (u8 x s8 products), the
+// zero point's share taken off as an integer (zero_point * the block's sum of A), then scaled in float.
+#define O2J_INT8_FUSED(NAME, TARGET, DOT)                                                                       \
+  template <int R>                                                                                              \
+  __attribute__((target(TARGET))) void NAME(const Problem& p, int64_t n, int64_t m0) {                         \
+    const int64_t kp = p.blocks * p.block;                                                                      \
+    const uint8_t* row = p.b + n * (kp / 2);                                                                    \
+    const __m128i low = _mm_set1_epi8(15);                                                                      \
+    __m256 acc[R];                                                                                              \
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();                                                   \
+    for (int64_t b = 0; b < p.blocks; ++b) {                                                                    \
+      __m256i dot[R];                                                                                           \
+      for (int r = 0; r < R; ++r) dot[r] = _mm256_setzero_si256();                                              \
+      for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {                                           \
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2));                 \
+        const __m256i w = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(packed, low)),           \
+                                                  _mm_and_si128(_mm_srli_epi16(packed, 4), low), 1);            \
+        for (int r = 0; r < R; ++r)                                                                             \
+          dot[r] = DOT(dot[r], w, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.aq + (m0 + r) * kp + c))); \
+      }                                                                                                         \
+      const float ws = p.scales[n * p.blocks + b];                                                              \
+      const int z = zero_point_int(p, n, b);                                                                    \
+      for (int r = 0; r < R; ++r) {                                                                             \
+        const int64_t i = (m0 + r) * p.blocks + b;                                                              \
+        const __m256i fix = _mm256_zextsi128_si256(_mm_cvtsi32_si128(z * p.asum[i]));                           \
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(dot[r], fix)),                             \
+                                 _mm256_set1_ps(p.ascale[i] * ws), acc[r]);                                     \
+      }                                                                                                         \
+    }                                                                                                           \
+    for (int r = 0; r < R; ++r) p.y[(m0 + r) * p.N + n] = hsum256(acc[r]);                                      \
+  }
+
+#define O2J_DOT_AVX2(acc, w, a) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1)))
+#define O2J_DOT_VNNI(acc, w, a) _mm256_dpbusd_epi32(acc, w, a)
+O2J_INT8_FUSED(int8_fused_avx2, "avx2,fma", O2J_DOT_AVX2)
+O2J_INT8_FUSED(int8_fused_vnni, "avx2,fma,avx512f,avx512vl,avx512vnni", O2J_DOT_VNNI)
+
+// Float: (q - zero_point) times A summed per block in float, then times the block's scale.
+template <int R>
+__attribute__((target("avx2,fma"))) void float_fused_avx2(const Problem& p, int64_t n, int64_t m0) {
+  const int64_t kp = p.blocks * p.block;
+  const uint8_t* row = p.b + n * (kp / 2);
+  const __m128i low = _mm_set1_epi8(15);
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const __m256 z = _mm256_set1_ps(zero_point(p, n, b));
+    __m256 block[R];
+    for (int r = 0; r < R; ++r) block[r] = _mm256_setzero_ps();
+    for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2));
+      const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+      __m256 w[4];
+      w[0] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), z);
+      w[1] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), z);
+      w[2] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), z);
+      w[3] = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), z);
+      for (int r = 0; r < R; ++r) {
+        const float* a = p.af + (m0 + r) * kp + c;
+        for (int j = 0; j < 4; ++j) block[r] = _mm256_fmadd_ps(_mm256_loadu_ps(a + 8 * j), w[j], block[r]);
+      }
+    }
+    const __m256 s = _mm256_set1_ps(p.scales[n * p.blocks + b]);
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_fmadd_ps(block[r], s, acc[r]);
+  }
+  for (int r = 0; r < R; ++r) p.y[(m0 + r) * p.N + n] = hsum256(acc[r]);
+}
+
+// Float, AVX-512: a tile of RB rows of B by RA rows of A. Each row of B is dequantized a chunk of 32 at a time
+// in registers, (q - zero_point) * scale as onnxruntime dequantizes it, and multiplied into RA x RB
+// accumulators of 16 lanes along K, added up once at the end.
+template <int RA, int RB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void float_tile_avx512(const Problem& p, int64_t n0,
+                                                                                       int64_t m0) {
+  const int64_t kp = p.blocks * p.block;
+  const __m128i low = _mm_set1_epi8(15);
+  __m512 acc[RA][RB];
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    __m512 z[RB], s[RB];
+    for (int q = 0; q < RB; ++q) {
+      z[q] = _mm512_set1_ps(zero_point(p, n0 + q, b));
+      s[q] = _mm512_set1_ps(p.scales[(n0 + q) * p.blocks + b]);
+    }
+    for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+      __m512 w[RB][2];
+      for (int q = 0; q < RB; ++q) {
+        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.b + (n0 + q) * (kp / 2) + c / 2));
+        const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+        w[q][0] = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), z[q]), s[q]);
+        w[q][1] = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), z[q]), s[q]);
+      }
+      for (int r = 0; r < RA; ++r) {
+        const float* a = p.af + (m0 + r) * kp + c;
+        const __m512 a0 = _mm512_loadu_ps(a), a1 = _mm512_loadu_ps(a + 16);
+        for (int q = 0; q < RB; ++q) {
+          acc[r][q] = _mm512_fmadd_ps(a0, w[q][0], acc[r][q]);
+          acc[r][q] = _mm512_fmadd_ps(a1, w[q][1], acc[r][q]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < RB; ++q) p.y[(m0 + r) * p.N + n0 + q] = _mm512_reduce_add_ps(acc[r][q]);
+}
+
+template <int RB>
+void float_tiles_avx512(const Problem& p, int64_t n) {
+  int64_t m = 0;
+  for (; m + 4 <= p.M; m += 4) float_tile_avx512<4, RB>(p, n, m);
+  switch (p.M - m) {
+    case 3: float_tile_avx512<3, RB>(p, n, m); break;
+    case 2: float_tile_avx512<2, RB>(p, n, m); break;
+    case 1: float_tile_avx512<1, RB>(p, n, m); break;
+    default: break;
+  }
+}
+
+void float_rows_avx512(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) float_tiles_avx512<4>(p, n);
+  switch (n1 - n) {
+    case 3: float_tiles_avx512<3>(p, n); break;
+    case 2: float_tiles_avx512<2>(p, n); break;
+    case 1: float_tiles_avx512<1>(p, n); break;
+    default: break;
+  }
+}
+
+// Many rows of A (a prompt), AVX-512: rows of B are dequantized once, (q - zero_point) * scale, into a float
+// panel (chunk-permuted like A) that every row of A then reads, 4 rows of A by 4 of B per tile with 16
+// accumulators of 16 lanes along K. Used for float compute, and for int8 compute with A's
+// int8 blocks given back as floats (a_q * a_scale: the same products, added in float).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_dequantize(const Problem& p, int64_t n,
+                                                                                    float* panel) {
+  const int64_t kp = p.blocks * p.block;
+  const __m128i low = _mm_set1_epi8(15);
+  const uint8_t* row = p.b + n * (kp / 2);
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    const __m512 z = _mm512_set1_ps(zero_point(p, n, b)), s = _mm512_set1_ps(p.scales[n * p.blocks + b]);
+    for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2));
+      const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
+      _mm512_storeu_ps(panel + c, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), z), s));
+      _mm512_storeu_ps(panel + c + 16, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), z), s));
+    }
+  }
+}
+
+template <int RA, int RB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_tile(const Problem& p, const float* a,
+                                                                              const float* panel, int64_t n0,
+                                                                              int64_t m0) {
+  const int64_t kp = p.blocks * p.block;
+  __m512 acc[RA][RB];
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kp; k += 16) {
+    __m512 w[RB];
+    for (int q = 0; q < RB; ++q) w[q] = _mm512_loadu_ps(panel + q * kp + k);
+    for (int r = 0; r < RA; ++r) {
+      const __m512 x = _mm512_loadu_ps(a + (m0 + r) * kp + k);
+      for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_fmadd_ps(x, w[q], acc[r][q]);
+    }
+  }
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < RB; ++q) p.y[(m0 + r) * p.N + n0 + q] = _mm512_reduce_add_ps(acc[r][q]);
+}
+
+template <int RA>
+void panel_group(const Problem& p, const float* a, const float* panel, int64_t n, int64_t rows, int64_t m) {
+  const int64_t kp = p.blocks * p.block;
+  int64_t g = 0;
+  for (; g + 4 <= rows; g += 4) panel_tile<RA, 4>(p, a, panel + g * kp, n + g, m);
+  switch (rows - g) {
+    case 3: panel_tile<RA, 3>(p, a, panel + g * kp, n + g, m); break;
+    case 2: panel_tile<RA, 2>(p, a, panel + g * kp, n + g, m); break;
+    case 1: panel_tile<RA, 1>(p, a, panel + g * kp, n + g, m); break;
+    default: break;
+  }
+}
+
+// Rows [n0, n1) of B in panels of up to kPanel rows (dequantized once, kept in L2 while every 4 rows of A, in
+// L1, pass over them).
+constexpr int64_t kPanel = 32;
+
+void panel_product(const Problem& p, const float* a, int64_t n0, int64_t n1) {
+  const int64_t kp = p.blocks * p.block;
+  std::vector<float> panel(kPanel * kp);
+  for (int64_t n = n0; n < n1; n += kPanel) {
+    const int64_t rows = std::min<int64_t>(kPanel, n1 - n);
+    for (int64_t q = 0; q < rows; ++q) panel_dequantize(p, n + q, panel.data() + q * kp);
+    int64_t m = 0;
+    for (; m + 4 <= p.M; m += 4) panel_group<4>(p, a, panel.data(), n, rows, m);
+    switch (p.M - m) {
+      case 3: panel_group<3>(p, a, panel.data(), n, rows, m); break;
+      case 2: panel_group<2>(p, a, panel.data(), n, rows, m); break;
+      case 1: panel_group<1>(p, a, panel.data(), n, rows, m); break;
+      default: break;
+    }
+  }
+}
+
+// Rows [n0, n1) of B against every row of A, 4 rows of A at a time.
+template <template <int> class Kernel>
+void fused_rows(const Problem& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    int64_t m = 0;
+    for (; m + 4 <= p.M; m += 4) Kernel<4>::run(p, n, m);
+    switch (p.M - m) {
+      case 3: Kernel<3>::run(p, n, m); break;
+      case 2: Kernel<2>::run(p, n, m); break;
+      case 1: Kernel<1>::run(p, n, m); break;
+      default: break;
+    }
+  }
+}
+template <int R> struct Int8Avx2 { static void run(const Problem& p, int64_t n, int64_t m) { int8_fused_avx2<R>(p, n, m); } };
+template <int R> struct Int8Vnni { static void run(const Problem& p, int64_t n, int64_t m) { int8_fused_vnni<R>(p, n, m); } };
+template <int R> struct FloatAvx2 { static void run(const Problem& p, int64_t n, int64_t m) { float_fused_avx2<R>(p, n, m); } };
+
+// Int8, AVX-512 VNNI: a tile of 2 * PB rows of B by RA rows of A, a chunk of 32 values at a time. Two rows of B
+// share a register (lanes 0-7 and 8-15), A's chunk broadcast to both halves. The products are u8 x s8: A is
+// shifted to unsigned (a + 128, prepared once) and B made signed (q - zero_point), so the shift's share,
+// 128 * sum(q - zero_point), is one more dot per chunk shared by every row of A; the block's integer dot is
+// exact, then scaled in float as onnxruntime does.
+template <int RA, int PB>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))) void int8_tile_vnni(const Problem& p, int64_t n0,
+                                                                                             int64_t m0) {
+  const int64_t kp = p.blocks * p.block;
+  const __m128i low = _mm_set1_epi8(15);
+  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[RA][PB];
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < PB; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < p.blocks; ++b) {
+    __m512i z[PB], dot[RA][PB], shift[PB];
+    __m512 ws[PB];
+    for (int q = 0; q < PB; ++q) {
+      const int64_t n = n0 + 2 * q;
+      z[q] = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(zero_point_int(p, n, b))),
+                                _mm256_set1_epi8(static_cast<char>(zero_point_int(p, n + 1, b))), 1);
+      ws[q] = _mm512_insertf32x8(_mm512_set1_ps(p.scales[n * p.blocks + b]),
+                                 _mm256_set1_ps(p.scales[(n + 1) * p.blocks + b]), 1);
+      shift[q] = _mm512_setzero_si512();
+      for (int r = 0; r < RA; ++r) dot[r][q] = _mm512_setzero_si512();
+    }
+    for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+      __m512i w[PB];
+      for (int q = 0; q < PB; ++q) {
+        __m256i half[2];
+        for (int h = 0; h < 2; ++h) {
+          const __m128i packed =
+              _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.b + (n0 + 2 * q + h) * (kp / 2) + c / 2));
+          half[h] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(packed, low)),
+                                            _mm_and_si128(_mm_srli_epi16(packed, 4), low), 1);
+        }
+        w[q] = _mm512_sub_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1), z[q]);
+        shift[q] = _mm512_dpbusd_epi32(shift[q], c128, w[q]);
+      }
+      for (int r = 0; r < RA; ++r) {
+        const __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.au + (m0 + r) * kp + c)));
+        for (int q = 0; q < PB; ++q) dot[r][q] = _mm512_dpbusd_epi32(dot[r][q], a, w[q]);
+      }
+    }
+    for (int r = 0; r < RA; ++r) {
+      const __m512 as = _mm512_set1_ps(p.ascale[(m0 + r) * p.blocks + b]);
+      for (int q = 0; q < PB; ++q)
+        acc[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][q], shift[q])),
+                                    _mm512_mul_ps(as, ws[q]), acc[r][q]);
+    }
+  }
+  for (int r = 0; r < RA; ++r)
+    for (int q = 0; q < PB; ++q) {
+      p.y[(m0 + r) * p.N + n0 + 2 * q] = hsum256(_mm512_castps512_ps256(acc[r][q]));
+      p.y[(m0 + r) * p.N + n0 + 2 * q + 1] = hsum256(_mm512_extractf32x8_ps(acc[r][q], 1));
+    }
+}
+
+template <int PB>
+void int8_tiles_vnni(const Problem& p, int64_t n) {
+  int64_t m = 0;
+  for (; m + 4 <= p.M; m += 4) int8_tile_vnni<4, PB>(p, n, m);
+  switch (p.M - m) {
+    case 3: int8_tile_vnni<3, PB>(p, n, m); break;
+    case 2: int8_tile_vnni<2, PB>(p, n, m); break;
+    case 1: int8_tile_vnni<1, PB>(p, n, m); break;
+    default: break;
+  }
+}
+
+// Rows [n0, n1): pairs of rows in tiles; an odd last row through the one-row loop.
+void int8_rows_vnni(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) int8_tiles_vnni<2>(p, n);
+  if (n + 2 <= n1) {
+    int8_tiles_vnni<1>(p, n);
+    n += 2;
+  }
+  if (n < n1) fused_rows<Int8Vnni>(p, n, n1);
+}
+#endif
+
+// ---- A prepared: padded to whole blocks, permuted per chunk; int8 blocks for accuracy 4 ----
+
+void permute_row(const float* src, int64_t k, int64_t kp, int64_t chunk, float* dst) {
+  const int64_t half = chunk / 2;
+  for (int64_t c = 0; c < kp; c += chunk)
+    for (int64_t j = 0; j < half; ++j) {
+      const int64_t even = c + 2 * j, odd = even + 1;
+      dst[c + j] = even < k ? src[even] : 0.0f;
+      dst[c + half + j] = odd < k ? src[odd] : 0.0f;
+    }
+}
+
+void quantize_row(const float* a, int64_t blocks, int64_t block, int8_t* q, float* scale, int32_t* sum) {
+  for (int64_t b = 0; b < blocks; ++b) {
+    float amax = 0;
+    for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::fabs(a[b * block + j]));
+    const float s = amax / 127.0f;
+    const float inverse = s != 0.0f ? 1.0f / s : 0.0f;
+    scale[b] = s;
+    int32_t total = 0;
+    for (int64_t j = 0; j < block; ++j) {
+      const float v = std::nearbyint(a[b * block + j] * inverse);  // half to even
+      q[b * block + j] = static_cast<int8_t>(std::max(-127.0f, std::min(127.0f, v)));
+      total += q[b * block + j];
+    }
+    sum[b] = total;
+  }
+}
+
+// ---- threads ----
+
+// Runs body(n0, n1) over [0, N) in chunks on XLA's intra-op pool and the calling thread.
+template <typename Body>
+void parallel_rows(ffi::ThreadPool* pool, int64_t N, int64_t work_per_row, Body body) {
+  const int64_t threads = pool ? std::max<int64_t>(1, pool->num_threads()) : 1;
+  // Chunks of at least ~64K multiply-adds, 4 per thread for balance.
+  int64_t step = std::max<int64_t>(1, (65536 + work_per_row - 1) / std::max<int64_t>(1, work_per_row));
+  step = std::max(step, (N + 4 * threads - 1) / (4 * threads));
+  step = std::min(step, N);
+  const int64_t chunks = (N + step - 1) / step;
+  if (threads == 1 || chunks == 1) {
+    body(0, N);
+    return;
+  }
+  struct Shared {
+    std::atomic<int64_t> next{0};
+    std::atomic<int64_t> done{0};
+    std::mutex mutex;
+    std::condition_variable finished;
+  };
+  auto shared = std::make_shared<Shared>();
+  auto run = [shared, chunks, step, N, body]() {
+    for (;;) {
+      const int64_t c = shared->next.fetch_add(1);
+      if (c >= chunks) return;
+      body(c * step, std::min(N, (c + 1) * step));
+      if (shared->done.fetch_add(1) + 1 == chunks) {
+        std::lock_guard<std::mutex> lock(shared->mutex);
+        shared->finished.notify_all();
+      }
+    }
+  };
+  const int64_t helpers = std::min(threads, chunks) - 1;
+  for (int64_t t = 0; t < helpers; ++t) {
+    auto task = run;
+    pool->Schedule(std::move(task));
+  }
+  run();
+  std::unique_lock<std::mutex> lock(shared->mutex);
+  shared->finished.wait(lock, [&] { return shared->done.load() == chunks; });
+}
+
+bool have_vnni() {
+#ifdef O2J_X86
+  static const bool yes = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                          __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+                          __builtin_cpu_supports("avx512vnni");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+bool have_avx2() {
+#ifdef O2J_X86
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return yes;
+#else
+  return false;
+#endif
+}
+
+ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::Buffer<ffi::U8> b,
+                           ffi::Buffer<ffi::F32> scales, ffi::AnyBuffer zero_points,
+                           ffi::ResultBuffer<ffi::F32> y, int64_t block_size, int64_t accuracy,
+                           int64_t zp_kind, int64_t simd) {
+  const auto a_dims = a.dimensions(), b_dims = b.dimensions();
+  if (a_dims.size() != 2 || b_dims.size() < 2) return ffi::Error::InvalidArgument("A must be 2-D, B at least 2-D");
+  if (block_size < 16 || (block_size & (block_size - 1)))
+    return ffi::Error::InvalidArgument("block_size must be a power of two, at least 16");
+  Problem p{};
+  p.M = a_dims[0];
+  p.K = a_dims[1];
+  p.N = b_dims[0];
+  p.block = block_size;
+  p.blocks = (p.K + block_size - 1) / block_size;
+  p.chunk = block_size >= 32 ? 32 : 16;
+  if (static_cast<int64_t>(b.element_count()) != p.N * p.blocks * block_size / 2)
+    return ffi::Error::InvalidArgument("B's row is not ceil(K / block_size) packed blocks");
+  if (static_cast<int64_t>(scales.element_count()) != p.N * p.blocks)
+    return ffi::Error::InvalidArgument("scales must hold N * ceil(K / block_size) values");
+  p.b = b.typed_data();
+  p.scales = scales.typed_data();
+  p.zp_kind = static_cast<int>(zp_kind);
+  if (zp_kind == 1) {
+    if (zero_points.element_type() != ffi::U8 ||
+        static_cast<int64_t>(zero_points.element_count()) != p.N * ((p.blocks + 1) / 2))
+      return ffi::Error::InvalidArgument("packed zero points must be uint8 [N, ceil(blocks / 2)]");
+    p.zp_packed = static_cast<const uint8_t*>(zero_points.untyped_data());
+  } else if (zp_kind == 2) {
+    if (zero_points.element_type() != ffi::F32 || static_cast<int64_t>(zero_points.element_count()) != p.N * p.blocks)
+      return ffi::Error::InvalidArgument("float zero points must be float32 [N, blocks]");
+    p.zp_float = static_cast<const float*>(zero_points.untyped_data());
+  }
+  p.y = y->typed_data();
+  p.simd = !have_avx2() ? 0 : (simd >= 2 && have_vnni()) ? 2 : std::min<int64_t>(simd, 1);
+  const bool int8 = accuracy == 4;
+  if (int8 && zp_kind == 2) return ffi::Error::InvalidArgument("int8 compute needs integer zero points");
+
+  const int64_t kp = p.blocks * p.block;
+  // A's prepared copies live in buffers of the calling thread, kept between calls (a decode step makes dozens
+  // of small calls); the pool's threads only read them while this call waits for them.
+  thread_local std::vector<float> af;
+  thread_local std::vector<int8_t> aq;
+  thread_local std::vector<float> ascale;
+  thread_local std::vector<int32_t> asum;
+  thread_local std::vector<uint8_t> au;
+  af.resize(p.M * kp);
+  for (int64_t m = 0; m < p.M; ++m) permute_row(a.typed_data() + m * p.K, p.K, kp, p.chunk, af.data() + m * kp);
+  if (int8) {
+    aq.resize(p.M * kp);
+    ascale.resize(p.M * p.blocks);
+    asum.resize(p.M * p.blocks);
+    // The permutation stays inside a chunk, and a chunk inside a block: the block's max and values are the same.
+    for (int64_t m = 0; m < p.M; ++m)
+      quantize_row(af.data() + m * kp, p.blocks, p.block, aq.data() + m * kp, ascale.data() + m * p.blocks,
+                   asum.data() + m * p.blocks);
+    p.aq = aq.data();
+    p.ascale = ascale.data();
+    p.asum = asum.data();
+    if (p.simd == 2 && p.block >= 32 && p.M >= kPanelRows) {
+      for (int64_t m = 0; m < p.M; ++m)
+        for (int64_t i = 0; i < kp; ++i) af[m * kp + i] = aq[m * kp + i] * ascale[m * p.blocks + i / p.block];
+      p.adq = af.data();
+    } else if (p.simd == 2 && p.block >= 32) {
+      au.resize(p.M * kp);
+      for (int64_t i = 0; i < p.M * kp; ++i) au[i] = static_cast<uint8_t>(aq[i] + 128);
+      p.au = au.data();
+    }
+  } else {
+    p.af = af.data();
+  }
+  const Problem& q = p;
+  parallel_rows(&pool, p.N, p.M * kp, [&q, int8](int64_t n0, int64_t n1) {
+#ifdef O2J_X86
+    if (q.simd == 2 && q.block >= 32 && q.M >= kPanelRows) return panel_product(q, int8 ? q.adq : q.af, n0, n1);
+    if (q.simd && q.block >= 32) {
+      if (!int8) return q.simd == 2 ? float_rows_avx512(q, n0, n1) : fused_rows<FloatAvx2>(q, n0, n1);
+      return q.simd == 2 ? int8_rows_vnni(q, n0, n1) : fused_rows<Int8Avx2>(q, n0, n1);
+    }
+    if (int8 && q.simd) return rows_int8_avx2(q, n0, n1);
+#endif
+    if (int8) return rows_int8_plain(q, n0, n1);
+    rows_float(q, n0, n1);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(MatMulNBits4, MatMulNBitsImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::U8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("block_size")
+                                  .Attr<int64_t>("accuracy")
+                                  .Attr<int64_t>("zp_kind")
+                                  .Attr<int64_t>("simd"));
+
+// The Python module: the handler as a capsule (jax.ffi.register_ffi_target takes it) and whether this CPU
+// runs the AVX2 loops.
+static PyMethodDef kMethods[] = {{nullptr, nullptr, 0, nullptr}};
+static PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_matmul_nbits", nullptr, -1, kMethods};
+
+PyMODINIT_FUNC PyInit__matmul_nbits(void) {
+  PyObject* module = PyModule_Create(&kModule);
+  if (module == nullptr) return nullptr;
+  PyObject* capsule = PyCapsule_New(reinterpret_cast<void*>(&MatMulNBits4), nullptr, nullptr);
+  if (capsule == nullptr || PyModule_AddObject(module, "matmul_nbits4", capsule) < 0) {
+    Py_XDECREF(capsule);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  PyModule_AddIntConstant(module, "avx2", have_avx2() ? 1 : 0);
+  PyModule_AddIntConstant(module, "vnni", have_vnni() ? 1 : 0);
+  return module;
+}

@@ -1,0 +1,96 @@
+"""The int4 CPU kernel (onnx2jax/_native/matmul_nbits.cc) against onnxruntime's MatMulNBits, node by node.
+
+Block sizes 16/32/64/128, zero points absent, packed uint8 or float, K not a multiple of the block (odd K),
+N not a multiple of anything the kernel tiles by (its row chunks, 4-row groups of A, 32-value SIMD steps),
+one row (decode), a few, and 128 (a prompt), every accuracy_level; the kernel's loops at each cap (AVX512-VNNI,
+AVX2, plain C++; on a CPU without them the capped runs take the loops it has).
+Tolerances: levels 0-3 (float compute: onnxruntime dequantizes to float and runs its SGEMM, we add in
+another order) within 2e-6 relative to the largest |y| of the product; level 4 (A rounded to int8 per block,
+integer block dots, both exact) within 1e-6 of it: the float sums of block products in another order.
+"""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+import opcheck
+from onnx2jax.ops import nbits_kernel
+
+pytestmark = pytest.mark.skipif(
+    not nbits_kernel.available(), reason="the int4 kernel was not built (no compiler at install)"
+)
+
+RNG = np.random.default_rng(30)
+TOLERANCE = {0: 2e-6, 1: 2e-6, 2: 2e-6, 3: 2e-6, 4: 1e-6}
+
+
+def _case(m, k, n, block_size, zero_points):
+    blocks = -(-k // block_size)
+    a = RNG.standard_normal((m, k)).astype(np.float32)
+    b = RNG.integers(0, 256, (n, blocks, block_size // 2)).astype(np.uint8)
+    scales = (RNG.random((n, blocks)) * 0.1 + 0.01).astype(np.float32)
+    zero = None
+    if zero_points == "uint8":
+        zero = RNG.integers(0, 256, (n, -(-blocks // 2))).astype(np.uint8)
+    elif zero_points == "float":
+        zero = RNG.standard_normal((n, blocks)).astype(np.float32)
+    return a, b, scales, zero
+
+
+def _onnxruntime(a, b, scales, zero, *, k, n, block_size, accuracy_level):
+    model, feeds = opcheck.single_node_model(
+        "MatMulNBits", 1, [a, b, scales.reshape(-1), None if zero is None else zero.reshape(-1)],
+        inits=(1, 2, 3), trim=True, domain="com.microsoft", K=k, N=n, bits=4, block_size=block_size,
+        accuracy_level=accuracy_level,
+    )
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)[0]
+
+
+def _kernel(a, b, scales, zero, *, block_size, accuracy_level, simd):
+    import jax
+
+    accuracy = 4 if accuracy_level == 4 else 0
+    run = jax.jit(lambda a, b, s, z: nbits_kernel.product(a, b, s, z, block_size=block_size, accuracy=accuracy,
+                                                         simd=simd))
+    return np.asarray(run(a, b, scales, zero))
+
+
+def _compare(m, k, n, block_size, zero_points, accuracy_level, simd=2):
+    a, b, scales, zero = _case(m, k, n, block_size, zero_points)
+    expected = _onnxruntime(a, b, scales, zero, k=k, n=n, block_size=block_size, accuracy_level=accuracy_level)
+    actual = _kernel(a, b, scales, zero, block_size=block_size, accuracy_level=accuracy_level, simd=simd)
+    assert actual.shape == expected.shape == (m, n)
+    error = np.abs(actual.astype(np.float64) - expected).max() / np.abs(expected).max()
+    assert error <= TOLERANCE[accuracy_level], (error, TOLERANCE[accuracy_level])
+
+
+@pytest.mark.parametrize("simd", [2, 1, 0], ids=["vnni", "avx2", "plain"])
+@pytest.mark.parametrize("zero_points", [None, "uint8"])
+@pytest.mark.parametrize("accuracy_level", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+def test_block_sizes_levels_and_zero_points(block_size, accuracy_level, zero_points, simd):
+    """One row (decode) and three, K a few blocks and a partial one, N = 37 (no tile divides it)."""
+    k = 3 * block_size + 7
+    for m in (1, 3):
+        _compare(m, k, 37, block_size, zero_points, accuracy_level, simd)
+
+
+@pytest.mark.parametrize("accuracy_level", [0, 4])
+@pytest.mark.parametrize("k,block_size", [(257, 32), (48, 16), (1023, 128), (64, 64)])
+def test_prompt_rows(k, block_size, accuracy_level):
+    """128 rows of A (a prompt's prefill) against 75 outputs; odd K."""
+    _compare(128, k, 75, block_size, "uint8", accuracy_level)
+
+
+@pytest.mark.parametrize("simd", [2, 1, 0], ids=["vnni", "avx2", "plain"])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_float_zero_points(block_size, simd):
+    """Zero points in the scales' float type (float compute: the kernel is not used for them at level 4)."""
+    _compare(5, 5 * block_size - 3, 19, block_size, "float", 0, simd)
+
+
+def test_wide_product_runs_on_several_threads():
+    """A product large enough that its rows are split in chunks over XLA's intra-op threads."""
+    _compare(2, 1024, 1408, 32, "uint8", 4)
+    _compare(2, 1024, 1408, 32, None, 0)
