@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Callable
 
 from google.protobuf.message import DecodeError
@@ -118,11 +119,17 @@ def describe_sharding_error(error: ShardingError) -> str:
 
 
 def run_guarded(command: str, func: Callable[[], int], debug: bool = False) -> int:
-    """Runs one sub-command; maps its exceptions to one line on stderr and an exit status."""
+    """Runs one sub-command; maps its exceptions to one line on stderr and an exit status.
+
+    Warnings the library issues meanwhile (Python's ``warnings``) print as the command's own notes,
+    ``onnx2jax run: note: ...``, without Python's source line and category (:func:`notes_for`); in
+    Python they stay warnings.
+    """
     debug = debug_requested(debug)
     prefix = f"onnx2jax {command}: " if command else "onnx2jax: "
     try:
-        return func()
+        with notes_for(prefix):
+            return func()
     except CliError as e:
         if debug:
             raise
@@ -154,6 +161,29 @@ def run_guarded(command: str, func: Callable[[], int], debug: bool = False) -> i
                 "(rerun with --debug for the traceback and report it)"
             )
         return USER_ERROR
+
+
+class notes_for(warnings.catch_warnings):
+    """Inside the ``with`` block, a warning shown prints as ``PREFIXnote: MESSAGE`` on stderr.
+
+    Which warnings show is left to Python's filters (each once per place by default, ``-W`` and
+    ``PYTHONWARNINGS`` obeyed); only their form changes. The previous handler comes back on exit.
+    """
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self._prefix = prefix
+
+    def __enter__(self):
+        entered = super().__enter__()
+        prefix = self._prefix
+
+        def show(message, category, filename, lineno, file=None, line=None) -> None:
+            text = " ".join(str(message).split())  # one line, whatever the message's own breaks
+            print(f"{prefix}note: {text}", file=sys.stderr if file is None else file, flush=True)
+
+        warnings.showwarning = show
+        return entered
 
 
 def _say(text: str) -> None:

@@ -372,3 +372,37 @@ def test_invalid_annotations_are_listed_without_a_traceback(tmp_path, capsys):
     first, *problems = captured.err.strip().splitlines()
     assert first.startswith("onnx2jax run: error: ") and "sharding error" in first
     assert any("node 'mm' (MatMul)" in line for line in problems)
+
+
+def _notes_only(capsys, command: str) -> list[str]:
+    """stderr's lines, each the command's own note: no Python source line, no warning category."""
+    err = capsys.readouterr().err
+    assert "Warning:" not in err and ".py:" not in err, err
+    lines = err.strip().splitlines()
+    assert lines and all(line.startswith(f"onnx2jax {command}: note: ") for line in lines), err
+    return lines
+
+
+def test_a_warning_is_the_commands_own_one_line_note(capsys):
+    """demo over 3 devices: the logits' 256 columns do not split in 3, so they come back replicated (said)."""
+    assert main(["demo", "--devices", "3", "--no-cache"]) == 0
+    (note,) = _notes_only(capsys, "demo")
+    assert "output 'logits' [2, 16, 256]" in note and note.endswith("so it comes back replicated")
+
+
+def test_generate_without_a_cache_notes_the_quadratic_recompute(capsys):
+    assert main(["generate", "data:tiny_llama", "--prompt-ids", "1,2,3", "--max-new-tokens", "1"]) == 0
+    (note,) = _notes_only(capsys, "generate")
+    assert "no KV cache inputs" in note
+
+
+def test_in_python_a_warning_stays_a_warning():
+    import warnings
+
+    from onnx2jax.cli.errors import run_guarded
+
+    shown = warnings.showwarning
+    assert run_guarded("demo", lambda: warnings.warn("inside", stacklevel=1) or 0) == 0
+    assert warnings.showwarning is shown
+    with pytest.warns(UserWarning, match="outside"):
+        warnings.warn("outside", stacklevel=1)
