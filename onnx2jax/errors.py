@@ -1,6 +1,7 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
-onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`
+onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
+`ParameterError`, `ConfigurationError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
 `ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
@@ -52,6 +53,31 @@ class InputError(TypeError, ValueError):
     A ``TypeError`` (as a Python function's wrong arguments are) and a ``ValueError`` (a user's mistake, not
     a bug of onnx2jax: the command line prints it as one line).
     """
+
+
+class ParameterError(InputError):
+    """Parameters given to an executable (``apply``, ``to_onnx``) that it does not have, or of another shape
+    or dtype than it holds them; the message names the parameter, what was given and what is expected.
+    """
+
+
+class ConfigurationError(ValueError):
+    """The device configuration to compile is not settled: the model defines several and none was chosen,
+    or the one chosen is not defined. The message names the configurations the model defines.
+
+    Attributes:
+      defined: the configurations' names, in the model's order.
+      asked: the name asked for (None when none was).
+    """
+
+    def __init__(self, defined: tuple[str, ...], asked: str | None = None):
+        self.defined, self.asked = tuple(defined), asked
+        if asked is None:
+            message = (f"the model defines {len(self.defined)} device configurations {list(self.defined)}; "
+                       "choose one: onnx2jax.compile(..., configuration=NAME) (--configuration NAME)")
+        else:
+            message = f"configuration {asked!r} is not defined in the model; it defines {list(self.defined)}"
+        super().__init__(message)
 
 
 class InputRangeError(ValueError):
