@@ -78,11 +78,16 @@ def find(name: str) -> str:
 def resolve(argument: str) -> str:
     """A command-line path argument with ``data:NAME`` made the shipped file's path; any other is returned as is.
 
+    ``data:FOLDER/FILE`` names a file inside a shipped folder (``data:llama_gqa/model.onnx``).
+
     Raises:
       FileNotFoundError: ``data:NAME`` where no such file ships, listing the ones that do.
     """
     if not argument.startswith(PREFIX):
         return argument
+    head, sep, rest = argument[len(PREFIX):].partition("/")
+    if sep and head in FILES:  # a file inside a shipped folder: data:llama_gqa/model.onnx
+        return str(data_path(head) / rest)
     return str(data_path(find(argument[len(PREFIX):])))
 
 

@@ -12,7 +12,10 @@ import onnx2jax  # lazy: its names import jax on first use
 from onnx2jax.benchmark import max_abs_diff
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
-from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
+from onnx2jax.cli.errors import describe as describe_error
+from onnx2jax.cli.inputs import (
+    conform, defaulted_dims_hint, parse_dims, random_inputs, read_input_files, symbolic_dims,
+)
 from onnx2jax.cli import summary
 from onnx2jax.cli.options import add_scan_argument, add_verbose_argument, ensure_devices, scan_setting
 from onnx2jax.runtime import compilation_cache
@@ -88,7 +91,12 @@ def run(args: argparse.Namespace) -> int:
     for note in drawn.notes + given.notes:
         console.print(f"note: {note}", markup=False)
     with console.status(f"tracing and compiling {args.model} ..."), compilation_cache.watch() as lookups:
-        first, outputs, steady, calls = _timed_calls(runner, inputs)
+        try:
+            first, outputs, steady, calls = _timed_calls(runner, inputs)
+        except Exception as e:  # noqa: BLE001 - re-raised; a run on sizes nobody gave says which to give
+            if not drawn.defaulted:
+                raise
+            raise CliError(f"{describe_error(e)}; {defaulted_dims_hint(drawn.defaulted)}") from e
     console.print(
         f"first call {first:.2f}s (trace + {lookups.describe()} + run), "
         f"then {_ms(steady)} per call (mean of {calls} calls back to back)"

@@ -403,3 +403,22 @@ def test_in_python_a_warning_stays_a_warning():
     assert warnings.showwarning is shown
     with pytest.warns(UserWarning, match="outside"):
         warnings.warn("outside", stacklevel=1)
+
+
+def test_export_refuses_a_symbolic_dim_nobody_sized_naming_it(tmp_path, capsys):
+    """No silent 2: the artifact would take that size only. Either size (--dim seq=N) or keep it (=symbolic)."""
+    artifact = tmp_path / "x.jaxexport"
+    assert main(["export", "data:tiny_llama", "-o", str(artifact), "--dim", "batch=2"]) == 2
+    err = _one_line_error(capsys, "export")
+    assert "symbolic dim 'seq' of the model has no size: give --dim seq=N" in err and "--dim seq=symbolic" in err
+    assert "'batch'" not in err and not artifact.exists()
+
+
+def test_run_that_fails_on_dims_nobody_sized_says_which_to_give(capsys):
+    """A genai decoder at 2 for each of its symbolic dims fails inside GroupQueryAttention: the error says
+    which dims took 2 and how to size them."""
+    assert main(["run", "data:llama_gqa/model.onnx", "--no-cache"]) == 1
+    err = _one_line_error(capsys, "run")
+    assert "GroupQueryAttention" in err
+    assert err.endswith("give the sizes the model expects (--dim batch_size=N --dim sequence_length=N "
+                        "--dim total_sequence_length=N --dim past_sequence_length=N --dim kv_cache_dim=N)")
