@@ -1,6 +1,6 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
-onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
+onnx2jax's own: `ModelLoadError` (defined in `sharding.model_arg`, which raises it too), `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
 `ParameterError`, `ConfigurationError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
@@ -11,13 +11,10 @@ that no one device mesh expresses), `BackwardEdgeError` (a partition with an edg
 from __future__ import annotations
 
 from sharding.diagnostics import ShardingError as ShardingError
+from sharding.model_arg import ModelLoadError as ModelLoadError
 from sharding.mesh.layout import MeshMappingError as MeshMappingError
 from sharding.partition import BackwardEdgeError as BackwardEdgeError
 from sharding.text import SpecSyntaxError as SpecSyntaxError
-
-
-class ModelLoadError(ValueError):
-    """The model file, or its external data, cannot be read safely."""
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -74,7 +71,8 @@ class ConfigurationError(ValueError):
         self.defined, self.asked = tuple(defined), asked
         if asked is None:
             message = (f"the model defines {len(self.defined)} device configurations {list(self.defined)}; "
-                       "choose one: onnx2jax.compile(..., configuration=NAME) (--configuration NAME)")
+                       "choose one: onnx2jax.compile(..., configuration=NAME) "
+                       "(onnx2jax run --configuration NAME)")
         else:
             message = f"configuration {asked!r} is not defined in the model; it defines {list(self.defined)}"
         super().__init__(message)

@@ -13,6 +13,7 @@ from onnx2jax.benchmark import max_abs_diff
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.cli.errors import describe as describe_error
+from onnx2jax.errors import ConfigurationError
 from onnx2jax.cli.inputs import (
     conform, defaulted_dims_hint, parse_dims, random_inputs, read_input_files, symbolic_dims,
 )
@@ -41,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--devices", type=int, default=None, metavar="N",
                         help="run sharded from the model's annotations, with N devices visible (N >= the "
                              "configuration's devices; the configuration's count is used and said)")
+    parser.add_argument("--configuration", metavar="NAME", default=None,
+                        help="with --devices: the device configuration to run, for a model that defines several")
     parser.add_argument("--microbatches", type=int, default=1, metavar="M",
                         help="with --devices, for a model with pipeline stages: split each call's batch into M "
                              "micro-batches run fill-drain through the stages (default 1)")
@@ -65,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
         ensure_devices(args.devices)
     console = terminal.make_console()
     if args.devices:
-        used = _check_annotated(args.model, args.devices)
+        used = _check_annotated(args.model, args.devices, args.configuration)
         if used < args.devices:
             console.print(f"note: the model's configuration has {used} devices: running on {used} of the "
                           f"{args.devices} asked for", markup=False)
         runner = onnx2jax.compile(
             args.model, microbatches=args.microbatches, scan_layers=scan_setting(args.scan_layers),
-            check_indices=args.check_indices,
+            check_indices=args.check_indices, configuration=args.configuration,
         )
         model = runner.model
     else:
@@ -152,8 +155,13 @@ def _check_output_path(path: str | None) -> None:
         raise UsageError(f"--output {path}: folder {folder} does not exist")
 
 
-def _check_annotated(path: str, devices: int) -> int:
-    """``--devices N`` needs a model with a device configuration of at most N devices; returns its count."""
+def _check_annotated(path: str, devices: int, asked: str | None = None) -> int:
+    """``--devices N`` needs a model with a device configuration of at most N devices; returns its count.
+
+    Raises:
+      ConfigurationError: the model defines several configurations and ``--configuration`` names none
+        of them (as ``onnx2jax.compile`` would, before any work).
+    """
     configurations = device_configurations(as_model_proto(path))  # external weights stay on disk
     if not configurations:
         raise CliError(
@@ -161,7 +169,12 @@ def _check_annotated(path: str, devices: int) -> int:
             f"annotate it first (onnx2jax annotate {path} --plan megatron --devices {devices} -o out.onnx) "
             "or leave out --devices"
         )
-    name, config = next(iter(configurations.items()))
+    if asked is not None or len(configurations) > 1:
+        if asked not in configurations:
+            raise ConfigurationError(tuple(configurations), asked)
+        name, config = asked, configurations[asked]
+    else:
+        name, config = next(iter(configurations.items()))
     if config.num_devices > devices:
         raise CliError(f"configuration {name!r} of {path} needs {config.num_devices} devices; "
                        f"pass --devices {config.num_devices}")
