@@ -1,4 +1,4 @@
-"""The files that ship inside the package: the demo model, and the small models and inputs of the README's examples.
+"""The files that ship inside the package: the demo model, and the small models and inputs of the guides' examples.
 
 They live in ``onnx2jax/data`` (in the wheel too), so examples run from any folder:
 

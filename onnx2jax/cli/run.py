@@ -112,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
     for index, (name, out) in enumerate(zip(model.output_names, outputs)):
         line = f"{name}: shape {out.shape} dtype {out.dtype}"
         if reference is not None:
-            diff = max_abs_diff(out, reference[index])
+            ours, theirs = _comparable(out), _comparable(reference[index])
+            diff = max_abs_diff(ours, theirs)
             worst = max(worst, diff)
             line += f"  max |diff| vs onnxruntime {diff:.3g}"
-            nonfinite += _nonfinite_where_finite(name, out, reference[index])
+            nonfinite += _nonfinite_where_finite(name, ours, theirs)
         console.print(line, markup=False)
     if args.output:
         console.print(f"wrote {args.output}: {', '.join(model.output_names)}", markup=False)
@@ -199,6 +200,21 @@ def _timed_calls(runner, inputs: dict[str, np.ndarray], budget: float = 1.0, mos
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.2f}s"
+
+
+def _comparable(value) -> np.ndarray:
+    """An output as a numeric array: a sequence of maps (a ZipMap's class probabilities) as rows by sorted key.
+
+    onnxruntime returns such an output as a list of dicts, onnx2jax as an object array of them; any other
+    output is the array it is.
+    """
+    items = list(value) if isinstance(value, (list, tuple)) or getattr(value, "dtype", None) == object else None
+    if items and all(isinstance(item, dict) for item in items):
+        keys = sorted(items[0])
+        if any(sorted(item) != keys for item in items):
+            return np.asarray([np.inf])  # different keys: never equal
+        return np.array([[item[k] for k in keys] for item in items], np.float64)
+    return np.asarray(value)
 
 
 def _nonfinite_where_finite(name: str, out: np.ndarray, reference: np.ndarray) -> list[str]:

@@ -7,7 +7,7 @@ Keys cover the program, the jax/jaxlib version, the devices and the compile
 options, so a stale entry is never used.
 
 The Python API leaves the cache to the user (it is a process-wide jax
-setting); :func:`enable` is the one call that turns it on (see README).
+setting); :func:`enable` is the one call that turns it on (see docs/cli.md, "Compilation cache").
 
 Where the CLI keeps it (:func:`default_dir`): ``$ONNX2JAX_CACHE_DIR`` when set, else
 ``$XDG_CACHE_HOME/onnx2jax/xla``, else ``~/.cache/onnx2jax/xla``. Deleting the folder clears it
