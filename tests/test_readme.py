@@ -10,7 +10,7 @@ What runs:
   word for word in several files (a README quickstart that is also its guide's first example) runs once.
 - Each ```bash or ```sh block runs line by line (``\\`` continuations joined, ``# comments`` dropped) in
   one fresh empty folder per block, in this process: a line ``onnx2jax ...`` through the CLI's ``main``
-  (exit status 0 expected), with the shipped models named ``data:NAME`` (``onnx2jax data``). An
+  (exit status 0 expected, or N where the line's comment says ``exit status N``), with the shipped models named ``data:NAME`` (``onnx2jax data``). An
   install line (``pip install ...``) is what CI did before the suite and ``python -m pytest ...`` is the
   suite itself: both are skipped; any other line is an error, so that nothing is silently left untested.
 - A fenced block whose info string names a file (```yaml file=shard.yaml) is written into the folder of
@@ -119,16 +119,18 @@ def test_python_block_runs(block_id, code, tmp_path):
     assert result.returncode == 0, f"block {block_id} failed:\n{code}\n{result.stderr[-3000:]}"
 
 
-def command_lines(code: str) -> list[list[str]]:
-    """A shell block's commands as argument lists: continuations joined, comments dropped, ``&&`` split."""
+def command_lines(code: str) -> list[tuple[list[str], int]]:
+    """A shell block's commands as (argument list, expected exit status): continuations joined, comments
+    dropped, ``&&`` split. A comment saying ``exit status N`` expects N (a documented refusal), else 0."""
     joined = re.sub(r"\\\n\s*", " ", code)
     commands = []
     for line in joined.splitlines():
+        expected = re.search(r"#.*\bexit status (\d+)", line)
         words = shlex.split(line, comments=True)
         while words:
             cut = words.index("&&") if "&&" in words else len(words)
             if words[:cut]:
-                commands.append(words[:cut])
+                commands.append((words[:cut], int(expected.group(1)) if expected else 0))
             words = words[cut + 1:]
     return commands
 
@@ -150,13 +152,13 @@ def test_command_block_runs(block_id, path, block, tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     for name, content in _files_of(path).items():
         (tmp_path / name).write_text(content)
-    for argv in command_lines(block["code"]):
+    for argv, expected in command_lines(block["code"]):
         if argv[:2] == ["pip", "install"] or argv[:3] == ["python", "-m", "pytest"]:
             continue  # CI installed onnx2jax before running the suite; the suite is this run
         assert argv[0] == "onnx2jax", f"{block_id}: {shlex.join(argv)} is no onnx2jax command; mark the block not run"
         status = main(argv[1:])
         printed = capsys.readouterr()
-        assert status == 0, f"{block_id}: {shlex.join(argv)} exited {status}:\n{printed.err[-3000:]}"
+        assert status == expected, f"{block_id}: {shlex.join(argv)} exited {status}:\n{printed.err[-3000:]}"
 
 
 def command_line_synopsis(text: str) -> dict[str, str]:
