@@ -81,6 +81,8 @@ def test_check_says_which_configuration_it_checked_and_that_compile_asks(tmp_pat
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "checked configuration 'a', the first of ['a', 'b']; onnx2jax.compile and onnx2jax run refuse to guess" in out
+    assert main(["explain", str(path)]) == 0
+    assert "explained configuration 'a', the first of ['a', 'b']" in capsys.readouterr().out
     assert main(["check", str(path), "--configuration", "b"]) == 0
     assert "checked configuration 'b' of ['a', 'b']" in capsys.readouterr().out
     assert main(["run", str(path), "--devices", "2"]) == 1
