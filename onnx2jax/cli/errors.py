@@ -13,10 +13,11 @@ here, so no sub-command needs its own ``try``/``except``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from google.protobuf.message import DecodeError
 from onnx.checker import ValidationError
@@ -163,27 +164,21 @@ def run_guarded(command: str, func: Callable[[], int], debug: bool = False) -> i
         return USER_ERROR
 
 
-class notes_for(warnings.catch_warnings):
-    """Inside the ``with`` block, a warning shown prints as ``PREFIXnote: MESSAGE`` on stderr.
+@contextlib.contextmanager
+def notes_for(prefix: str) -> Iterator[None]:
+    """Inside the ``with`` block, a warning shown prints as ``PREFIXnote: MESSAGE`` on stderr, one line.
 
     Which warnings show is left to Python's filters (each once per place by default, ``-W`` and
     ``PYTHONWARNINGS`` obeyed); only their form changes. The previous handler comes back on exit.
     """
 
-    def __init__(self, prefix: str):
-        super().__init__()
-        self._prefix = prefix
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())  # one line, whatever the message's own breaks
+        print(f"{prefix}note: {text}", file=sys.stderr if file is None else file, flush=True)
 
-    def __enter__(self):
-        entered = super().__enter__()
-        prefix = self._prefix
-
-        def show(message, category, filename, lineno, file=None, line=None) -> None:
-            text = " ".join(str(message).split())  # one line, whatever the message's own breaks
-            print(f"{prefix}note: {text}", file=sys.stderr if file is None else file, flush=True)
-
+    with warnings.catch_warnings():
         warnings.showwarning = show
-        return entered
+        yield
 
 
 def _say(text: str) -> None:
