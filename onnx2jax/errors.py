@@ -1,7 +1,7 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
-onnx2jax's own: `ModelLoadError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
-`ScheduleError`, `PipelineJitError`
+onnx2jax's own: `ModelLoadError` (defined in `sharding.model_arg`, which raises it too), `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
+`ParameterError`, `ConfigurationError`, `ScheduleError`, `PipelineJitError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
 `ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
@@ -18,13 +18,10 @@ from sharding.auto.errors import DeviceSplitError as DeviceSplitError
 from sharding.auto.errors import MemoryLimitError as MemoryLimitError
 from sharding.auto.errors import MeshShapeError as MeshShapeError
 from sharding.diagnostics import ShardingError as ShardingError
+from sharding.model_arg import ModelLoadError as ModelLoadError
 from sharding.mesh.layout import MeshMappingError as MeshMappingError
 from sharding.partition import BackwardEdgeError as BackwardEdgeError
 from sharding.text import SpecSyntaxError as SpecSyntaxError
-
-
-class ModelLoadError(ValueError):
-    """The model file, or its external data, cannot be read safely."""
 
 
 class UnsupportedOpError(NotImplementedError):
@@ -60,6 +57,32 @@ class InputError(TypeError, ValueError):
     A ``TypeError`` (as a Python function's wrong arguments are) and a ``ValueError`` (a user's mistake, not
     a bug of onnx2jax: the command line prints it as one line).
     """
+
+
+class ParameterError(InputError):
+    """Parameters given to an executable (``apply``, ``to_onnx``) that it does not have, or of another shape
+    or dtype than it holds them; the message names the parameter, what was given and what is expected.
+    """
+
+
+class ConfigurationError(ValueError):
+    """The device configuration to compile is not settled: the model defines several and none was chosen,
+    or the one chosen is not defined. The message names the configurations the model defines.
+
+    Attributes:
+      defined: the configurations' names, in the model's order.
+      asked: the name asked for (None when none was).
+    """
+
+    def __init__(self, defined: tuple[str, ...], asked: str | None = None):
+        self.defined, self.asked = tuple(defined), asked
+        if asked is None:
+            message = (f"the model defines {len(self.defined)} device configurations {list(self.defined)}; "
+                       "choose one: onnx2jax.compile(..., configuration=NAME) "
+                       "(onnx2jax run --configuration NAME)")
+        else:
+            message = f"configuration {asked!r} is not defined in the model; it defines {list(self.defined)}"
+        super().__init__(message)
 
 
 class InputRangeError(ValueError):

@@ -26,7 +26,7 @@ import onnx.numpy_helper
 
 import onnx2jax.scan as _scan
 import sharding.segments as _segments
-from sharding.shapes import InferredModel
+from sharding.shapes import InferredModel, topological_order
 from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
@@ -105,6 +105,7 @@ class JaxModel:
         self.proto = proto
         self._inferred = inferred  # the model's shape inference, when a compile's plan has it
         graph = proto.graph
+        topological_order(graph)  # a cycle is a ModelLoadError naming its nodes, not an undefined input later
         self.opsets = opsets_of(proto)
         missing = unsupported_ops(graph, self.opsets)
         if missing:

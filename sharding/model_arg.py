@@ -21,6 +21,13 @@ from typing import Any, TypeVar, Union
 
 import onnx
 
+class ModelLoadError(ValueError):
+    """The model file, or its external data, cannot be read safely; or its graph cannot be run at all (a cycle).
+
+    Defined here, jax-free, so that ``sharding`` raises it too; ``onnx2jax.errors.ModelLoadError`` is this class.
+    """
+
+
 ModelArg = Union[onnx.ModelProto, str, os.PathLike, bytes, Any]
 
 

@@ -27,6 +27,7 @@ import onnx.shape_inference
 
 from sharding import codes
 from sharding.diagnostics import Diagnostic
+from sharding.model_arg import ModelLoadError
 
 Dim = int | str | None
 Shape = tuple[Dim, ...]  # as sharding.rules.base.Shape: ints, symbols or None per axis
@@ -140,7 +141,7 @@ def infer_model(
         order: The nodes' topological order, if already known.
 
     Raises:
-        ValueError: the graph has a cycle (naming its nodes).
+        ModelLoadError: the graph has a cycle (naming its nodes).
     """
     order = tuple(topological_order(model.graph) if order is None else order)
     diags = []
@@ -219,7 +220,7 @@ def topological_order(graph: onnx.GraphProto | Sequence[onnx.NodeProto]) -> list
     """Node indices with producers first, graph order among ready nodes (stored order when it is one).
 
     Raises:
-        ValueError: The graph has a cycle, naming (up to ten of) its nodes.
+        ModelLoadError (a ValueError): the graph has a cycle, naming (up to ten of) its nodes.
     """
     nodes = graph.node if isinstance(graph, onnx.GraphProto) else graph
     producer: dict[str, int] = {}
@@ -250,7 +251,7 @@ def topological_order(graph: onnx.GraphProto | Sequence[onnx.NodeProto]) -> list
     if len(order) != len(nodes):
         done = set(order)
         stuck = [nodes[i].name or f"#{i}" for i in range(len(nodes)) if i not in done]
-        raise ValueError(f"the graph has a cycle through nodes {stuck[:10]}")
+        raise ModelLoadError(f"the graph has a cycle through nodes {stuck[:10]}: ONNX graphs are acyclic (a loop is a Loop node)")
     return order
 
 

@@ -1,16 +1,31 @@
-"""Every ```python block of README.md runs as written, from an empty temporary folder.
+"""Every ```python block and every command of README.md and the guides in docs/ runs as written, from an empty
+temporary folder outside the checkout.
 
-Each block runs in its own interpreter (a block may configure jax before it
-starts), with 8 fake CPU devices asked for through the environment, in a fresh
-empty folder: a block reaches the models it runs through onnx2jax's own
-accessors (``onnx2jax.demo_model_path()``, ``onnx2jax.data_path(...)``), never
-through a path relative to the checkout, and files it writes stay in that
-folder. Blocks are found when the suite is collected, so a section added later
-is tested too.
+What runs:
+
+- Each ```python block runs in its own interpreter (a block may configure jax before it starts), with 8
+  fake CPU devices asked for through the environment, in a fresh empty folder. A block reaches the models
+  it runs through onnx2jax's own accessors (``onnx2jax.demo_model_path()``, ``onnx2jax.data_path(...)``),
+  never through a path of the checkout, and the files it writes stay in that folder. A block that appears
+  word for word in several files (a README quickstart that is also its guide's first example) runs once.
+- Each ```bash or ```sh block runs line by line (``\\`` continuations joined, ``# comments`` dropped) in
+  one fresh empty folder per block, in this process: a line ``onnx2jax ...`` through the CLI's ``main``
+  (exit status 0 expected, or N where the line's comment says ``exit status N``), with the shipped models named ``data:NAME`` (``onnx2jax data``). An
+  install line (``pip install ...``) is what CI did before the suite and ``python -m pytest ...`` is the
+  suite itself: both are skipped; any other line is an error, so that nothing is silently left untested.
+- A fenced block whose info string names a file (```yaml file=shard.yaml) is written into the folder of
+  every command block of the same file before it runs.
+
+The convention for a block that cannot run here: the line right above its fence is
+``<!-- not run: REASON -->``, REASON saying what it needs (GPUs, a TPU, several hosts, a checkout of the
+repository, minutes of benchmarking). Such blocks are listed by ``test_blocks_not_run_say_why`` and
+nowhere run. Blocks are found when the suite is collected, so a section or guide added later is tested
+too.
 """
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -19,11 +34,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 TIMEOUT = 600
+NOT_RUN = re.compile(r"<!-- not run: (.+?) -->")
 
 
-def python_blocks(text: str) -> list[tuple[str, str]]:
-    """(id, code) of each ```python block: the id names the section heading and the block's line."""
+def fenced_blocks(text: str) -> list[dict]:
+    """Every fenced block: its info string, code, section heading, first line and not-run reason (or None)."""
     blocks = []
     heading = "top"
     lines = text.splitlines()
@@ -32,28 +49,64 @@ def python_blocks(text: str) -> list[tuple[str, str]]:
         line = lines[index]
         if line.startswith("#"):
             heading = re.sub(r"[^a-z0-9]+", "-", line.lstrip("#").strip().lower()).strip("-")
-        if line.strip() == "```python":
+        if line.startswith("```"):
+            info = line[3:].strip()
             start = index + 1
             end = start
-            while end < len(lines) and lines[end].strip() != "```":
+            while end < len(lines) and not lines[end].startswith("```"):
                 end += 1
-            blocks.append((f"{heading}-line{start}", "\n".join(lines[start:end]) + "\n"))
+            reason = NOT_RUN.search(lines[index - 1]) if index else None
+            blocks.append({
+                "info": info, "code": "\n".join(lines[start:end]) + "\n", "heading": heading, "line": start,
+                "not_run": reason.group(1) if reason else None,
+            })
             index = end
         index += 1
     return blocks
 
 
-def test_the_readme_has_python_blocks():
-    assert len(python_blocks(README.read_text())) >= 2
+def _blocks(kinds: tuple[str, ...], *, runnable: bool = True) -> list[tuple[str, Path, dict]]:
+    found = []
+    for path in DOCS:
+        for block in fenced_blocks(path.read_text()):
+            if block["info"].split(" ")[0] in kinds and (block["not_run"] is None) == runnable:
+                found.append((f"{path.stem}-{block['heading']}-line{block['line']}", path, block))
+    return found
+
+
+def python_blocks() -> list[tuple[str, str]]:
+    """(id, code) of each runnable ```python block, each distinct code once."""
+    seen, unique = set(), []
+    for block_id, _, block in _blocks(("python",)):
+        if block["code"] not in seen:
+            seen.add(block["code"])
+            unique.append((block_id, block["code"]))
+    return unique
+
+
+def test_the_readme_and_guides_have_blocks():
+    assert len([b for b in fenced_blocks(README.read_text()) if b["info"] == "python"]) >= 3
+    assert len(python_blocks()) >= 10 and len(_blocks(("bash", "sh"))) >= 8
 
 
 def test_no_block_reads_a_file_of_the_checkout():
-    for block_id, code in python_blocks(README.read_text()):
-        assert "tests/" not in code, f"{block_id} reads a file of the checkout"
+    for block_id, _, block in _blocks(("python", "bash", "sh")):
+        code = block["code"]
+        assert not re.search(r"(?<![\w.])tests/|(?<![\w.])examples/|(?<![\w.])bench/", code), (
+            f"{block_id} reads a file of the checkout"
+        )
 
 
-@pytest.mark.parametrize(("block_id", "code"), python_blocks(README.read_text()), ids=lambda v: v if "\n" not in v else "")
-def test_readme_python_block_runs(block_id, code, tmp_path):
+def test_blocks_not_run_say_why():
+    """Blocks that cannot run here (GPUs, several hosts, a checkout) are marked, each with its reason."""
+    skipped = _blocks(("python", "bash", "sh"), runnable=False)
+    for block_id, _, block in skipped:
+        assert len(block["not_run"].split()) >= 3, f"{block_id}: say what it needs"
+    assert len(skipped) <= 12, [b for b, _, _ in skipped]  # a few: most blocks must run
+
+
+@pytest.mark.parametrize(("block_id", "code"), python_blocks(), ids=[b[0] for b in python_blocks()])
+def test_python_block_runs(block_id, code, tmp_path):
     env = {
         **os.environ,
         "JAX_NUM_CPU_DEVICES": "8",
@@ -63,7 +116,49 @@ def test_readme_python_block_runs(block_id, code, tmp_path):
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=TIMEOUT
     )
-    assert result.returncode == 0, f"README block {block_id} failed:\n{code}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"block {block_id} failed:\n{code}\n{result.stderr[-3000:]}"
+
+
+def command_lines(code: str) -> list[tuple[list[str], int]]:
+    """A shell block's commands as (argument list, expected exit status): continuations joined, comments
+    dropped, ``&&`` split. A comment saying ``exit status N`` expects N (a documented refusal), else 0."""
+    joined = re.sub(r"\\\n\s*", " ", code)
+    commands = []
+    for line in joined.splitlines():
+        expected = re.search(r"#.*\bexit status (\d+)", line)
+        words = shlex.split(line, comments=True)
+        while words:
+            cut = words.index("&&") if "&&" in words else len(words)
+            if words[:cut]:
+                commands.append((words[:cut], int(expected.group(1)) if expected else 0))
+            words = words[cut + 1:]
+    return commands
+
+
+def _files_of(path: Path) -> dict[str, str]:
+    """The blocks of ``path`` that name a file (```yaml file=shard.yaml): name -> content."""
+    files = {}
+    for block in fenced_blocks(path.read_text()):
+        match = re.search(r"\bfile=(\S+)", block["info"])
+        if match:
+            files[match.group(1)] = block["code"]
+    return files
+
+
+@pytest.mark.parametrize(("block_id", "path", "block"), _blocks(("bash", "sh")), ids=[b[0] for b in _blocks(("bash", "sh"))])
+def test_command_block_runs(block_id, path, block, tmp_path, monkeypatch, capsys):
+    from onnx2jax.cli.app import main
+
+    monkeypatch.chdir(tmp_path)
+    for name, content in _files_of(path).items():
+        (tmp_path / name).write_text(content)
+    for argv, expected in command_lines(block["code"]):
+        if argv[:2] == ["pip", "install"] or argv[:3] == ["python", "-m", "pytest"]:
+            continue  # CI installed onnx2jax before running the suite; the suite is this run
+        assert argv[0] == "onnx2jax", f"{block_id}: {shlex.join(argv)} is no onnx2jax command; mark the block not run"
+        status = main(argv[1:])
+        printed = capsys.readouterr()
+        assert status == expected, f"{block_id}: {shlex.join(argv)} exited {status}:\n{printed.err[-3000:]}"
 
 
 def command_line_synopsis(text: str) -> dict[str, str]:
@@ -71,7 +166,7 @@ def command_line_synopsis(text: str) -> dict[str, str]:
 
     The top-level line (``onnx2jax --version ...``) is under the key ``""``.
     """
-    section = text[text.index("## Command line"):]
+    section = text[text.index("## Synopsis"):]
     block = section[section.index("```\n") + 4:]
     block = block[:block.index("```")]
     entries: dict[str, str] = {}
@@ -103,7 +198,7 @@ def test_the_command_line_section_names_every_command_and_option_the_parsers_hav
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    synopsis = command_line_synopsis(README.read_text())
+    synopsis = command_line_synopsis((ROOT / "docs" / "cli.md").read_text())
     assert set(synopsis) == set(sub.choices) | {""}, sorted(synopsis)
     for name, child in sub.choices.items():
         text = synopsis[name]
@@ -118,3 +213,39 @@ def test_the_command_line_section_names_every_command_and_option_the_parsers_hav
         assert not stale, (name, stale)
     top = _options(parser) | {"--help", "--debug"}
     assert _mentioned(synopsis[""]) <= top and {"--version", "--help", "--debug"} <= _mentioned(synopsis[""])
+
+
+# Guides other engineers write at the same time; the README links them before they land.
+PENDING_GUIDES = {"generation.md", "generation-architectures.md", "quantized.md", "auto-plans.md",
+                  "pipeline-training.md", "serving.md"}
+
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchors of a markdown file's headings (outside fenced blocks)."""
+    anchors, fenced = set(), False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            title = re.sub(r"[`*]", "", line.lstrip("#").strip().lower())
+            anchors.add(re.sub(r"[^a-z0-9 _-]", "", title).replace(" ", "-"))
+    return anchors
+
+
+def test_links_between_the_readme_and_the_guides_point_at_files_and_headings():
+    for path in DOCS:
+        text = path.read_text()
+        for target, anchor in re.findall(r"\]\(([\w./-]*?\.md|)(?:#([\w-]+))?\)", text):
+            if target in PENDING_GUIDES or target.startswith("docs/") and target[5:] in PENDING_GUIDES:
+                continue
+            linked = path if not target else (path.parent / target)
+            assert linked.is_file(), f"{path.name} links {target}, which does not exist"
+            if anchor:
+                assert anchor in _anchors(linked.read_text()), f"{path.name} links {target}#{anchor}: no such heading"
+
+
+def test_every_guide_has_a_table_of_contents():
+    for path in DOCS[1:]:
+        if path.name in ("architecture.md",):
+            continue  # the tree's map, read whole
+        assert "**Contents**" in path.read_text(), f"{path.name} has no table of contents"

@@ -16,11 +16,12 @@ import sys
 from typing import Sequence
 
 from onnx2jax import __version__
-from onnx2jax.cli import annotate, bench, check, conformance, demo, explain, export, generate, run
+from onnx2jax import bundled
+from onnx2jax.cli import annotate, bench, check, conformance, data, demo, explain, export, generate, run
 from onnx2jax.cli.errors import run_guarded
 from onnx2jax.runtime import compilation_cache
 
-COMMANDS = (demo, run, generate, conformance, annotate, check, explain, bench, export)
+COMMANDS = (demo, run, generate, conformance, annotate, check, explain, bench, export, data)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,11 +62,41 @@ def _finish(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) ->
         child.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
 
 
+def resolve_data_names(args: argparse.Namespace) -> None:
+    """Makes every ``data:NAME`` among the model and input-file arguments the shipped file's path (:mod:`onnx2jax.bundled`).
+
+    Raises:
+      FileNotFoundError: a ``data:NAME`` that names no shipped file (the message lists those that ship).
+    """
+    for attribute in ("model", "models"):
+        value = getattr(args, attribute, None)
+        if isinstance(value, str):
+            setattr(args, attribute, bundled.resolve(value))
+        elif isinstance(value, list):
+            setattr(args, attribute, [bundled.resolve(v) for v in value])
+    if isinstance(getattr(args, "input", None), list):
+        args.input = [_resolve_input(item) for item in args.input]
+
+
+def _resolve_input(item: str) -> str:
+    """``--input NAME=data:FILE`` or ``--input data:FILE.npz`` with the shipped file's path."""
+    name, sep, path = item.partition("=")
+    if sep and not name.startswith(bundled.PREFIX):
+        return f"{name}={bundled.resolve(path)}"
+    return bundled.resolve(item)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onnx2jax`` script: parses, runs one sub-command, returns the exit status."""
     args = build_parser().parse_args(argv)
+
+    def dispatch() -> int:
+        resolve_data_names(args)
+        compilation_cache.apply_arguments(args)
+        return args.handler(args)
+
     try:
-        return run_guarded(args.command, lambda: compilation_cache.apply_arguments(args) or args.handler(args), args.debug)
+        return run_guarded(args.command, dispatch, args.debug)
     except BrokenPipeError:
         # The reader went away (``onnx2jax ... | head``): stop quietly, and keep Python
         # from complaining again when it flushes stdout at exit.

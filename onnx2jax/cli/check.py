@@ -27,6 +27,7 @@ from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.loading import open_model
 from sharding import codes, segments
 from sharding.check import check_and_infer, merge
+from sharding.configuration import choose_configuration
 from sharding.diagnostics import Diagnostic
 from sharding.segment_sharding import merged_inference, shard_segments
 from sharding.validate import validate_model
@@ -183,9 +184,11 @@ def run(args: argparse.Namespace) -> int:
     with terminal.make_console(stderr=True).status(f"checking {args.model} ..."):  # a spinner on terminals
         diags, _, _ = checked(model, args.configuration, parse_input_shapes(args.input_shape), args.strict)
     counts = severity_counts(diags)
+    which = configuration_line(model, args.configuration)
     if args.json:
         print(json.dumps({
             "model": args.model,
+            "configuration": choose_configuration(model, args.configuration).name,
             "valid": counts["error"] == 0,
             "counts": counts,
             "diagnostics": [dataclasses.asdict(d) for d in diags],
@@ -196,9 +199,26 @@ def run(args: argparse.Namespace) -> int:
         if shown:
             console.print(diagnostics_table(shown, f"{args.model}: sharding annotations"))
         print_stages(console, diags)
+        if which:
+            console.print(which, markup=False)
         hidden = "" if args.notes or not counts["note"] else " (--notes lists the notes)"
         console.print(summary_line(counts) + hidden)
     return 1 if counts["error"] else 0
+
+
+def configuration_line(model: onnx.ModelProto, asked: str | None) -> str | None:
+    """Which configuration was checked, for a model that defines several; None when it defines one or none.
+
+    ``check`` takes the first when none is asked for; ``compile`` (and ``run``) refuse to guess, so the
+    line says so.
+    """
+    choice = choose_configuration(model, asked)
+    if len(choice.defined) < 2 or choice.unknown:
+        return None
+    if asked is not None:
+        return f"checked configuration {asked!r} of {list(choice.defined)}"
+    return (f"checked configuration {choice.name!r}, the first of {list(choice.defined)}; onnx2jax.compile and "
+            "onnx2jax run refuse to guess: pass configuration=NAME (--configuration NAME, here too)")
 
 
 def checked(model: onnx.ModelProto, configuration: str | None, shapes: dict, strict: bool):

@@ -13,9 +13,11 @@ here, so no sub-command needs its own ``try``/``except``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 
 from google.protobuf.message import DecodeError
 from onnx.checker import ValidationError
@@ -118,11 +120,17 @@ def describe_sharding_error(error: ShardingError) -> str:
 
 
 def run_guarded(command: str, func: Callable[[], int], debug: bool = False) -> int:
-    """Runs one sub-command; maps its exceptions to one line on stderr and an exit status."""
+    """Runs one sub-command; maps its exceptions to one line on stderr and an exit status.
+
+    Warnings the library issues meanwhile (Python's ``warnings``) print as the command's own notes,
+    ``onnx2jax run: note: ...``, without Python's source line and category (:func:`notes_for`); in
+    Python they stay warnings.
+    """
     debug = debug_requested(debug)
     prefix = f"onnx2jax {command}: " if command else "onnx2jax: "
     try:
-        return func()
+        with notes_for(prefix):
+            return func()
     except CliError as e:
         if debug:
             raise
@@ -154,6 +162,23 @@ def run_guarded(command: str, func: Callable[[], int], debug: bool = False) -> i
                 "(rerun with --debug for the traceback and report it)"
             )
         return USER_ERROR
+
+
+@contextlib.contextmanager
+def notes_for(prefix: str) -> Iterator[None]:
+    """Inside the ``with`` block, a warning shown prints as ``PREFIXnote: MESSAGE`` on stderr, one line.
+
+    Which warnings show is left to Python's filters (each once per place by default, ``-W`` and
+    ``PYTHONWARNINGS`` obeyed); only their form changes. The previous handler comes back on exit.
+    """
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        text = " ".join(str(message).split())  # one line, whatever the message's own breaks
+        print(f"{prefix}note: {text}", file=sys.stderr if file is None else file, flush=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 def _say(text: str) -> None:

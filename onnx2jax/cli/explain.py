@@ -28,6 +28,7 @@ from rich.table import Table
 from onnx2jax.cli.check import (
     add_common_arguments,
     checked,
+    configuration_line,
     diagnostics_table,
     load,
     parse_input_shapes,
@@ -235,6 +236,9 @@ def run(args: argparse.Namespace) -> int:
         print_stages(console, inference.diagnostics)
         for line in _segment_lines(sharded):
             console.print(line, markup=False)
+        which = configuration_line(model, args.configuration)
+        if which:
+            console.print(which.replace("checked", "explained", 1), markup=False)
         console.print(summary_line(severity_counts(diagnostics)) + ("" if listed else " (--verbose lists every node)"))
     if args.write:
         # The weights stay in the source's external data (a small .onnx beside it); see onnx2jax.saving.

@@ -3,7 +3,9 @@
 The artifact (``onnx2jax.export``) holds the sharded program at one input
 signature and its parameters; ``onnx2jax.export.load(path)(inputs)`` runs it
 with jax alone. The example inputs come from ``--input`` files or are drawn
-at random as ``onnx2jax run`` draws them (``--dim`` sizes symbolic dims).
+at random as ``onnx2jax run`` draws them; every symbolic dim of a drawn input
+needs ``--dim`` (a size, or ``symbolic``): an artifact at a size nobody chose
+would take that size only, so none is assumed and the missing ones are named.
 ``--dim NAME=symbolic`` keeps one of the model's symbolic dims symbolic in the
 artifact (jax.export shape polymorphism): one artifact then serves every size
 of it, e.g. every batch. A shape computation whose result depends on a symbolic
@@ -37,12 +39,24 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="an example input from a file (the others are drawn at random)")
     parser.add_argument("--dim", action="append", default=[], metavar="NAME=INT|symbolic",
-                        help="size of a symbolic dim (default 2), or 'symbolic' to keep it symbolic in the artifact")
+                        help="size of a symbolic dim, or 'symbolic' to keep it symbolic in the artifact (each symbolic dim "
+                        "of an input not given by --input needs one)")
     parser.add_argument("--constraint", action="append", default=[], metavar="EXPR",
                         help="what holds for the symbolic dims, as jax.export reads it (e.g. 'seq <= 512'): "
                         "decides the shape comparisons that depend on them")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     return parser
+
+
+def unsized_dims_message(names: Sequence[str]) -> str:
+    """The refusal of an export whose symbolic dims no ``--dim`` (nor ``--input`` file) sized, naming each."""
+    listed = ", ".join(map(repr, names))
+    sized = " ".join(f"--dim {n}=N" for n in names)
+    kept = " ".join(f"--dim {n}=symbolic" for n in names)
+    noun = "dim" if len(names) == 1 else "dims"
+    verb = "has" if len(names) == 1 else "have"
+    return (f"symbolic {noun} {listed} of the model {verb} no size: give {sized} for an artifact of that size, "
+            f"or {kept} for one that takes every size")
 
 
 def split_symbolic(items: Sequence[str], known: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -114,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--constraint constrains symbolic dims: keep one with --dim NAME=symbolic")
     given = conform(read_input_files(args.input, model.input_names), model)
     drawn = random_inputs(model, args.seed, dims, skip=list(given.values), symbolic=symbolic)
+    if drawn.defaulted:  # an artifact at a size nobody chose would take that size only
+        raise UsageError(unsized_dims_message(drawn.defaulted))
     kept = [f"symbolic dim {n!r} kept symbolic: the artifact takes every size of it" for n in symbolic]
     for note in given.notes + drawn.notes + kept:
         console.print(f"note: {note}", markup=False)

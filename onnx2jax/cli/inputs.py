@@ -4,7 +4,9 @@ Random inputs must be inputs the model accepts: integer ids that index an
 embedding (a ``Gather`` whose data is an initializer) are drawn below that
 table's row count, masks (integer or bool inputs named ``*mask*``) are all
 ones, and every symbolic dim gets the size the user set with ``--dim`` or 2,
-which is said. Each choice is returned as a note for the user to read.
+which is said (``run``: and named again if the run then fails; ``export``
+refuses instead, naming the dims, since its artifact would take that size
+only). Each choice is returned as a note for the user to read.
 """
 
 from __future__ import annotations
@@ -25,10 +27,22 @@ DEFAULT_INT_RANGE = 16
 
 @dataclasses.dataclass
 class Inputs:
-    """The values for a run, and one note per choice made for the user (a default, a conversion)."""
+    """The values for a run, and one note per choice made for the user (a default, a conversion).
+
+    ``defaulted``: the symbolic dims no ``--dim`` sized, which took `DEFAULT_DIM`.
+    """
 
     values: dict[str, np.ndarray]
     notes: list[str]
+    defaulted: list[str] = dataclasses.field(default_factory=list)
+
+
+def defaulted_dims_hint(defaulted: Sequence[str]) -> str:
+    """What to say when a run on defaulted symbolic dims fails: which dims to size, with ``--dim``."""
+    listed = ", ".join(map(repr, defaulted))
+    options = " ".join(f"--dim {name}=N" for name in defaulted)
+    noun = "dim" if len(defaulted) == 1 else "dims"
+    return f"symbolic {noun} {listed} took {DEFAULT_DIM}, as no --dim sized {'it' if len(defaulted) == 1 else 'them'}: give the sizes the model expects ({options})"
 
 
 def parse_dims(items: Sequence[str], symbolic: Sequence[str]) -> dict[str, int]:
@@ -199,9 +213,10 @@ def random_inputs(
             values[info.name] = rng.standard_normal(shape).astype(dtype)
             what = "random normal"
         notes.append(f"input {info.name!r} {dtype} {shape}: {what}")
-    for name in dict.fromkeys(defaulted):
+    defaulted = list(dict.fromkeys(defaulted))
+    for name in defaulted:
         notes.append(f"symbolic dim {name!r} = {DEFAULT_DIM} (set it with --dim {name}=N)")
-    return Inputs(values, notes)
+    return Inputs(values, notes, defaulted)
 
 
 def index_bounds(proto: onnx.ModelProto) -> dict[str, tuple[int, str]]:

@@ -12,7 +12,11 @@ import onnx2jax  # lazy: its names import jax on first use
 from onnx2jax.benchmark import max_abs_diff
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
-from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
+from onnx2jax.cli.errors import describe as describe_error
+from onnx2jax.errors import ConfigurationError
+from onnx2jax.cli.inputs import (
+    conform, defaulted_dims_hint, parse_dims, random_inputs, read_input_files, symbolic_dims,
+)
 from onnx2jax.cli import summary
 from onnx2jax.cli.options import add_scan_argument, add_verbose_argument, ensure_devices, scan_setting
 from onnx2jax.runtime import compilation_cache
@@ -38,6 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--devices", type=int, default=None, metavar="N",
                         help="run sharded from the model's annotations, with N devices visible (N >= the "
                              "configuration's devices; the configuration's count is used and said)")
+    parser.add_argument("--configuration", metavar="NAME", default=None,
+                        help="with --devices: the device configuration to run, for a model that defines several")
     parser.add_argument("--microbatches", type=int, default=1, metavar="M",
                         help="with --devices, for a model with pipeline stages: split each call's batch into M "
                              "micro-batches run fill-drain through the stages (default 1)")
@@ -62,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
         ensure_devices(args.devices)
     console = terminal.make_console()
     if args.devices:
-        used = _check_annotated(args.model, args.devices)
+        used = _check_annotated(args.model, args.devices, args.configuration)
         if used < args.devices:
             console.print(f"note: the model's configuration has {used} devices: running on {used} of the "
                           f"{args.devices} asked for", markup=False)
         runner = onnx2jax.compile(
             args.model, microbatches=args.microbatches, scan_layers=scan_setting(args.scan_layers),
-            check_indices=args.check_indices,
+            check_indices=args.check_indices, configuration=args.configuration,
         )
         model = runner.model
     else:
@@ -88,7 +94,12 @@ def run(args: argparse.Namespace) -> int:
     for note in drawn.notes + given.notes:
         console.print(f"note: {note}", markup=False)
     with console.status(f"tracing and compiling {args.model} ..."), compilation_cache.watch() as lookups:
-        first, outputs, steady, calls = _timed_calls(runner, inputs)
+        try:
+            first, outputs, steady, calls = _timed_calls(runner, inputs)
+        except Exception as e:  # noqa: BLE001 - re-raised; a run on sizes nobody gave says which to give
+            if not drawn.defaulted:
+                raise
+            raise CliError(f"{describe_error(e)}; {defaulted_dims_hint(drawn.defaulted)}") from e
     console.print(
         f"first call {first:.2f}s (trace + {lookups.describe()} + run), "
         f"then {_ms(steady)} per call (mean of {calls} calls back to back)"
@@ -101,10 +112,11 @@ def run(args: argparse.Namespace) -> int:
     for index, (name, out) in enumerate(zip(model.output_names, outputs)):
         line = f"{name}: shape {out.shape} dtype {out.dtype}"
         if reference is not None:
-            diff = max_abs_diff(out, reference[index])
+            ours, theirs = _comparable(out), _comparable(reference[index])
+            diff = max_abs_diff(ours, theirs)
             worst = max(worst, diff)
             line += f"  max |diff| vs onnxruntime {diff:.3g}"
-            nonfinite += _nonfinite_where_finite(name, out, reference[index])
+            nonfinite += _nonfinite_where_finite(name, ours, theirs)
         console.print(line, markup=False)
     if args.output:
         console.print(f"wrote {args.output}: {', '.join(model.output_names)}", markup=False)
@@ -144,8 +156,13 @@ def _check_output_path(path: str | None) -> None:
         raise UsageError(f"--output {path}: folder {folder} does not exist")
 
 
-def _check_annotated(path: str, devices: int) -> int:
-    """``--devices N`` needs a model with a device configuration of at most N devices; returns its count."""
+def _check_annotated(path: str, devices: int, asked: str | None = None) -> int:
+    """``--devices N`` needs a model with a device configuration of at most N devices; returns its count.
+
+    Raises:
+      ConfigurationError: the model defines several configurations and ``--configuration`` names none
+        of them (as ``onnx2jax.compile`` would, before any work).
+    """
     configurations = device_configurations(as_model_proto(path))  # external weights stay on disk
     if not configurations:
         raise CliError(
@@ -153,7 +170,12 @@ def _check_annotated(path: str, devices: int) -> int:
             f"annotate it first (onnx2jax annotate {path} --plan megatron --devices {devices} -o out.onnx) "
             "or leave out --devices"
         )
-    name, config = next(iter(configurations.items()))
+    if asked is not None or len(configurations) > 1:
+        if asked not in configurations:
+            raise ConfigurationError(tuple(configurations), asked)
+        name, config = asked, configurations[asked]
+    else:
+        name, config = next(iter(configurations.items()))
     if config.num_devices > devices:
         raise CliError(f"configuration {name!r} of {path} needs {config.num_devices} devices; "
                        f"pass --devices {config.num_devices}")
@@ -178,6 +200,21 @@ def _timed_calls(runner, inputs: dict[str, np.ndarray], budget: float = 1.0, mos
 
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.2f}s"
+
+
+def _comparable(value) -> np.ndarray:
+    """An output as a numeric array: a sequence of maps (a ZipMap's class probabilities) as rows by sorted key.
+
+    onnxruntime returns such an output as a list of dicts, onnx2jax as an object array of them; any other
+    output is the array it is.
+    """
+    items = list(value) if isinstance(value, (list, tuple)) or getattr(value, "dtype", None) == object else None
+    if items and all(isinstance(item, dict) for item in items):
+        keys = sorted(items[0])
+        if any(sorted(item) != keys for item in items):
+            return np.asarray([np.inf])  # different keys: never equal
+        return np.array([[item[k] for k in keys] for item in items], np.float64)
+    return np.asarray(value)
 
 
 def _nonfinite_where_finite(name: str, out: np.ndarray, reference: np.ndarray) -> list[str]:

@@ -7,7 +7,12 @@ Keys cover the program, the jax/jaxlib version, the devices and the compile
 options, so a stale entry is never used.
 
 The Python API leaves the cache to the user (it is a process-wide jax
-setting); :func:`enable` is the one call that turns it on (see README).
+setting); :func:`enable` is the one call that turns it on (see docs/cli.md, "Compilation cache").
+
+Where the CLI keeps it (:func:`default_dir`): ``$ONNX2JAX_CACHE_DIR`` when set, else
+``$XDG_CACHE_HOME/onnx2jax/xla``, else ``~/.cache/onnx2jax/xla``. Deleting the folder clears it
+(``rm -rf ~/.cache/onnx2jax/xla``); ``--no-cache`` runs without it. The test suite points
+``ONNX2JAX_CACHE_DIR`` at a temporary folder (``tests/conftest.py``), so tests leave nothing there.
 """
 
 from __future__ import annotations
@@ -19,8 +24,13 @@ import os
 from typing import Iterator
 
 
+ENVIRONMENT = "ONNX2JAX_CACHE_DIR"
+
+
 def default_dir() -> str:
-    """``$XDG_CACHE_HOME/onnx2jax/xla``, else ``~/.cache/onnx2jax/xla``."""
+    """``$ONNX2JAX_CACHE_DIR``, else ``$XDG_CACHE_HOME/onnx2jax/xla``, else ``~/.cache/onnx2jax/xla``."""
+    if os.environ.get(ENVIRONMENT):
+        return os.environ[ENVIRONMENT]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "onnx2jax", "xla")
 

@@ -96,12 +96,12 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       segment sharded and the data-dependent nodes on the host between them.
 
     Raises:
-      ValueError: the configuration asked for is not in the model, or the
-        model has several and none was asked for.
+      onnx2jax.errors.ConfigurationError (a ValueError): the configuration asked for is not in the
+        model, or the model has several and none was asked for; it names those the model defines.
       sharding.ShardingError: the annotations have errors (each diagnostic
         names the node, tensor and axis); at a call, a size written on a
         symbolic axis that the call's shapes contradict.
-      onnx2jax.errors.ModelLoadError: the file cannot be read safely.
+      onnx2jax.errors.ModelLoadError: the file cannot be read safely, or the graph has a cycle.
       onnx2jax.errors.MeshMappingError: a spec cannot be a NamedSharding on one mesh.
 
     Example:

@@ -23,6 +23,7 @@ from jax.sharding import Mesh
 from sharding.annotate import set_spec
 from sharding.spec import ShardingSpec
 
+from onnx2jax.errors import DeviceCountError
 from onnx2jax.runtime.kv_cache import CacheLayout
 from onnx2jax.runtime.plan import make_plan
 from onnx2jax.runtime.spmd import Compiled
@@ -59,7 +60,7 @@ class Placement:
             raise ValueError(f"tensor-parallel generation needs 2 or more devices, got {size}")
         have = len(jax.devices())
         if mesh is None and size > have:
-            raise ValueError(f"devices={size} but JAX has {have} devices")
+            raise DeviceCountError(None, size, have)  # names how to get them (fake CPU devices, ...)
         self.devices = size
         self.layout = layout
         split = cache_splits(layout, size)

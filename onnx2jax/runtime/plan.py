@@ -28,6 +28,7 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh
 
+from onnx2jax.errors import ConfigurationError
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.runtime.constraints import Placement, SpecKey
 from onnx2jax.runtime.placements import mesh_for, placements_on, spec_layouts
@@ -204,8 +205,9 @@ def make_plan(
     """The one analysis of a compile (see the module docstring); arguments as :func:`onnx2jax.compile`'s.
 
     Raises:
-      ValueError: the configuration asked for is not in the model, or the model has
-        several and none was asked for; ``microbatches`` without pipeline stages.
+      onnx2jax.errors.ConfigurationError (a ValueError): the configuration asked for is not in the
+        model, or the model has several and none was asked for, naming those it has.
+      ValueError: ``microbatches`` without pipeline stages.
       sharding.ShardingError, sharding.mesh.layout.MeshMappingError: as :func:`program_plan`.
     """
     proto, external_dir = open_model(model)
@@ -216,9 +218,9 @@ def make_plan(
     mesh = auto_axes(context_mesh() if mesh is None else mesh)
     choice = choose_configuration(proto, configuration)
     if choice.unknown:
-        raise ValueError(f"configuration {configuration!r} not in the model; it has {sorted(choice.defined)}")
+        raise ConfigurationError(choice.defined, configuration)
     if choice.guessed:
-        raise ValueError(f"the model has several device configurations {sorted(choice.defined)}; pass configuration=")
+        raise ConfigurationError(choice.defined)
     config = choice.name
     kind: Kind = "whole"
     if config is not None and has_stages(proto, config):

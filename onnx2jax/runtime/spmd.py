@@ -42,7 +42,7 @@ from onnx2jax.runtime.collective_sources import differences
 from onnx2jax.runtime.report import Report, count_collectives, example_inputs, loop_note, node_rows, param_bytes_per_device
 from onnx2jax.runtime.scan_sharded import layer_specs_differ, place_stacked
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
-from onnx2jax.runtime.training import initializer_values, trainable_keys, write_onnx
+from onnx2jax.runtime.training import full_params, initializer_values, trainable_keys, write_onnx
 from onnx2jax.runtime.user_mesh import auto_input, tracing
 from onnx2jax.runtime.xla_options import compiler_options
 from onnx2jax.scan import per_layer_names
@@ -297,10 +297,40 @@ class Compiled:
         resharded inside the program, so that gradients reach ``params`` alone.
         A model with 64-bit tensors needs ``jax.enable_x64`` around the trace
         (``JaxModel.evaluate`` says so otherwise); inputs that set shapes must be concrete.
+
+        ``params`` may hold only some parameters (``compiled.trainable``'s, say): the others are the
+        executable's own. A name it does not have or a value of another shape is a ``ParameterError``
+        naming the parameter (:func:`~onnx2jax.runtime.training.full_params`). Concrete token ids are
+        checked as a call checks them (``InputRangeError``); under ``jax.jit`` they are tracers, and
+        :meth:`checked_apply` checks them on device.
         """
+        params = full_params(self, params)
+        self.model.index_check.call(inputs, named)  # skips tracers: see checked_apply
         with tracing(self.mesh):
             placed, static, _, _, signature = self._prepare(inputs, named)
             return self._evaluate(signature, params, None, {**placed, **static})
+
+    def checked_apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
+        """:meth:`apply` with the token-id check on device, for use under ``jax.jit``: ``(error, outputs)``.
+
+        ``error`` is a ``jax.experimental.checkify.Error``; ``error.throw()`` raises when an index input
+        (a token id, say) was outside its table, naming the input, the node and the table, where
+        :meth:`apply` under ``jit`` would compute with clamped or NaN rows::
+
+            error, (logits,) = jax.jit(compiled.checked_apply)(params, ids)
+            error.throw()
+        """
+        from jax.experimental import checkify
+
+        from onnx2jax.runtime.index_checkify import check_on_device
+
+        index_check = self.model.index_check
+        if index_check.enabled:
+            bound = {**dict(zip(self.model.input_names, inputs)), **named}
+            error, _ = checkify.checkify(lambda values: check_on_device(index_check.uses, values))(bound)
+        else:
+            error, _ = checkify.checkify(lambda: None)()
+        return error, self.apply(params, *inputs, **named)
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """Runs the sharded program; returns jax.Arrays in ONNX output order.

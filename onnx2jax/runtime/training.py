@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from onnx2jax.errors import ParameterError
 from onnx2jax.trainable import trainable_names
 
 if TYPE_CHECKING:
@@ -53,6 +54,49 @@ def trainable_keys(compiled: "Compiled") -> tuple[str, ...]:
     )
 
 
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(int(d) for d in np.shape(value))  # np.shape reads .shape first: a tracer's too
+
+
+def _unknown(names: list[str], known: Mapping[str, Any]) -> str:
+    """Each of ``names`` said not to be a parameter, with the parameters its spelling is closest to."""
+    import difflib
+
+    parts = []
+    for name in sorted(names):
+        near = difflib.get_close_matches(name, list(known), n=2)
+        parts.append(f"{name!r} is not a parameter of this model" + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""))
+    listed = ", ".join(sorted(known)[:8]) + (", ..." if len(known) > 8 else "")
+    return f"{'; '.join(parts)}; its {len(known)} parameters: {listed}"
+
+
+def full_params(compiled: "Compiled", params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters an ``apply`` traces with: ``params`` over the executable's own placed ones.
+
+    ``params`` may be any subset of ``compiled.params`` (the trainable ones, say): the others are
+    taken from the executable, constants of the trace, so gradients flow to the given ones alone.
+    Each given value must have the shape ``compiled.params`` holds it in (its stored layout).
+
+    Raises:
+      ParameterError: a name that is not a parameter, or a value of another shape, naming the
+        parameter with the expected and the given shape.
+    """
+    own = compiled.params
+    unknown = [name for name in params if name not in own]
+    if unknown:
+        raise ParameterError(f"apply: {_unknown(unknown, own)}")
+    for name, value in params.items():
+        want, got = tuple(own[name].shape), _shape(value)
+        if got != want:
+            logical = tuple(compiled.model.params[name].shape) if name in compiled.model.params else want
+            held = f" (its ONNX shape {list(logical)}, held padded or unfused)" if logical != want else ""
+            raise ParameterError(
+                f"apply: parameter {name!r} has shape {list(got)}, expected {list(want)} as compiled.params "
+                f"holds it{held}"
+            )
+    return {**own, **params}
+
+
 def initializer_values(compiled: "Compiled", params: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Every initializer's value by ONNX name and shape: ``params`` (laid out as ``compiled.params``) over the model's.
 
@@ -61,16 +105,32 @@ def initializer_values(compiled: "Compiled", params: Mapping[str, Any]) -> dict[
     initializer's dtype.
 
     Raises:
-      KeyError: a key is not a parameter of the model.
+      ParameterError (a KeyError's place): a key is not a parameter of the model, or its value's shape
+        or dtype is not the one the executable holds it in (``compiled.params``; the initializer's for a
+        constant), naming both.
       NotImplementedError: a key is a sparse initializer's.
     """
     model = compiled.model
     values: dict[str, np.ndarray] = {**model.constants, **model.params}
     stacked = _stacked_slots(compiled)
     sparse = {s.values.name for s in compiled.plan.proto.graph.sparse_initializer}
+    unknown = [key for key in params if key not in stacked and key not in values and key not in compiled.params]
+    if unknown:
+        raise ParameterError(f"to_onnx: {_unknown(unknown, compiled.params)}")
     for key, value in params.items():
         if key in sparse:
             raise NotImplementedError(f"{key!r} is a sparse initializer: writing it back is not supported")
+        held = compiled.params.get(key)
+        want_shape = tuple(held.shape) if held is not None else tuple(values[key].shape)
+        want_dtype = np.dtype(held.dtype) if held is not None else values[key].dtype
+        got_shape, got_dtype = _shape(value), np.dtype(getattr(value, "dtype", np.asarray(value).dtype))
+        if got_shape != want_shape or got_dtype != want_dtype:
+            raise ParameterError(
+                f"to_onnx: parameter {key!r} is {got_dtype} {list(got_shape)}, expected {want_dtype} "
+                f"{list(want_shape)} as compiled.params holds it (the initializer is "
+                f"{values[stacked[key][0]].dtype if key in stacked else values[key].dtype}); "
+                "onnxruntime would refuse the model it wrote"
+            )
         if key in stacked:
             host = np.asarray(value)
             for layer, name in enumerate(stacked[key]):
@@ -160,5 +220,6 @@ def parts_to_onnx(
 
 
 __all__ = [
-    "EXTERNAL_DATA_BYTES", "EXTERNAL_TENSOR_BYTES", "initializer_values", "parts_to_onnx", "trainable_keys", "write_onnx",
+    "EXTERNAL_DATA_BYTES", "EXTERNAL_TENSOR_BYTES", "full_params", "initializer_values", "parts_to_onnx", "trainable_keys",
+    "write_onnx",
 ]

@@ -42,3 +42,40 @@ def test_the_demo_model_is_the_tiny_llama():
 def test_an_unknown_name_lists_what_ships():
     with pytest.raises(FileNotFoundError, match="ships no file 'tiny_gpt2.onnx'; it ships tiny_llama.onnx, "):
         onnx2jax.data_path("tiny_gpt2.onnx")
+
+
+def test_onnx2jax_data_lists_every_shipped_file_and_prints_one_path(capsys):
+    from onnx2jax.cli.app import main
+
+    assert main(["data"]) == 0
+    listing = capsys.readouterr().out
+    for name in FILES:
+        assert f"data:{name}" in listing and str(onnx2jax.data_path(name)) in listing
+    assert main(["data", "tiny_llama"]) == 0
+    assert capsys.readouterr().out.strip() == str(onnx2jax.data_path("tiny_llama.onnx"))
+    assert main(["data", "tiny_gpt2"]) == 1
+    assert "ships no file 'tiny_gpt2'" in capsys.readouterr().err
+
+
+def test_data_names_stand_for_the_shipped_paths_in_every_command_argument(monkeypatch, tmp_path):
+    """``data:NAME`` as a model, in bench's model list, and as an --input file (bare or NAME=)."""
+    from onnx2jax.cli import app
+
+    seen = {}
+    monkeypatch.chdir(tmp_path)  # nothing of the checkout is reachable by a relative path
+    for command in app.COMMANDS:
+        monkeypatch.setattr(command, "run", lambda args, c=command: seen.setdefault(c.__name__, vars(args)) and 0)
+    llama, ids = str(onnx2jax.data_path("tiny_llama.onnx")), str(onnx2jax.data_path("tiny_llama.inputs.npz"))
+    app.main(["run", "data:tiny_llama", "--input", "data:tiny_llama.inputs.npz", "--input", "input_ids=data:tiny_llama.inputs.npz"])
+    assert seen["onnx2jax.cli.run"]["model"] == llama
+    assert seen["onnx2jax.cli.run"]["input"] == [ids, f"input_ids={ids}"]
+    app.main(["generate", "data:llama_gqa", "--prompt-ids", "1,2"])
+    assert seen["onnx2jax.cli.generate"]["model"] == str(onnx2jax.data_path("llama_gqa"))
+    app.main(["bench", "data:tiny_llama.onnx", "data:random_forest"])
+    assert seen["onnx2jax.cli.bench"]["models"] == [llama, str(onnx2jax.data_path("random_forest.onnx"))]
+    app.main(["demo", "--model", "data:tiny_llama"])
+    assert seen["onnx2jax.cli.demo"]["model"] == llama
+    for command in ("check", "explain", "export", "annotate"):
+        extra = {"export": ["-o", "x.jaxexport"], "annotate": ["-o", "x.onnx"]}.get(command, [])
+        app.main([command, "data:tiny_llama", *extra])
+        assert seen[f"onnx2jax.cli.{command}"]["model"] == llama

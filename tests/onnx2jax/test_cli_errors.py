@@ -129,11 +129,15 @@ def test_debug_environment_variable(embedding, monkeypatch):
 def test_demo_on_a_device_count_that_divides_no_layer_still_splits_the_vocabulary(capsys):
     """3 devices divide no head or width of tiny Llama, but its vocabulary splits unevenly (issue 21): the
     plan shards something, and the sharded run equals the unsharded one. (A plan that shards nothing is
-    refused: test_annotate_plan_that_writes_nothing.)"""
-    with pytest.warns(UserWarning, match="comes back replicated"):
-        assert main(["demo", "--devices", "3", "--verbose"]) == 0
-    printed = capsys.readouterr().out
-    assert "0:3 @ [0..2]" in printed and "max |sharded - unsharded| = 0 OK" in printed
+    refused: test_annotate_plan_that_writes_nothing.) The logits come back replicated, which the command says
+    as its own one-line note: no Python source line, no ``UserWarning:``."""
+    assert main(["demo", "--devices", "3", "--verbose", "--no-cache"]) == 0
+    printed = capsys.readouterr()
+    assert "0:3 @ [0..2]" in printed.out and "max |sharded - unsharded| = 0 OK" in printed.out
+    assert "Warning:" not in printed.err and ".py:" not in printed.err, printed.err
+    (note,) = printed.err.strip().splitlines()
+    assert note.startswith("onnx2jax demo: note: output 'logits' [2, 16, 256]: ")
+    assert note.endswith("so it comes back replicated")
 
 
 def test_annotate_plan_that_writes_nothing(tmp_path, capsys):
@@ -372,3 +376,49 @@ def test_invalid_annotations_are_listed_without_a_traceback(tmp_path, capsys):
     first, *problems = captured.err.strip().splitlines()
     assert first.startswith("onnx2jax run: error: ") and "sharding error" in first
     assert any("node 'mm' (MatMul)" in line for line in problems)
+
+
+def _notes_only(capsys, command: str) -> list[str]:
+    """stderr's lines, each the command's own note: no Python source line, no warning category."""
+    err = capsys.readouterr().err
+    assert "Warning:" not in err and ".py:" not in err, err
+    lines = err.strip().splitlines()
+    assert lines and all(line.startswith(f"onnx2jax {command}: note: ") for line in lines), err
+    return lines
+
+
+def test_generate_without_a_cache_notes_the_quadratic_recompute(capsys):
+    assert main(["generate", "data:tiny_llama", "--prompt-ids", "1,2,3", "--max-new-tokens", "1"]) == 0
+    (note,) = _notes_only(capsys, "generate")
+    assert "no KV cache inputs" in note
+
+
+def test_in_python_a_warning_stays_a_warning():
+    import warnings
+
+    from onnx2jax.cli.errors import run_guarded
+
+    shown = warnings.showwarning
+    assert run_guarded("demo", lambda: warnings.warn("inside", stacklevel=1) or 0) == 0
+    assert warnings.showwarning is shown
+    with pytest.warns(UserWarning, match="outside"):
+        warnings.warn("outside", stacklevel=1)
+
+
+def test_export_refuses_a_symbolic_dim_nobody_sized_naming_it(tmp_path, capsys):
+    """No silent 2: the artifact would take that size only. Either size (--dim seq=N) or keep it (=symbolic)."""
+    artifact = tmp_path / "x.jaxexport"
+    assert main(["export", "data:tiny_llama", "-o", str(artifact), "--dim", "batch=2"]) == 2
+    err = _one_line_error(capsys, "export")
+    assert "symbolic dim 'seq' of the model has no size: give --dim seq=N" in err and "--dim seq=symbolic" in err
+    assert "'batch'" not in err and not artifact.exists()
+
+
+def test_run_that_fails_on_dims_nobody_sized_says_which_to_give(capsys):
+    """A genai decoder at 2 for each of its symbolic dims fails inside GroupQueryAttention: the error says
+    which dims took 2 and how to size them."""
+    assert main(["run", "data:llama_gqa/model.onnx", "--no-cache"]) == 1
+    err = _one_line_error(capsys, "run")
+    assert "GroupQueryAttention" in err
+    assert err.endswith("give the sizes the model expects (--dim batch_size=N --dim sequence_length=N "
+                        "--dim total_sequence_length=N --dim past_sequence_length=N --dim kv_cache_dim=N)")

@@ -20,6 +20,7 @@ MODEL = str(ROOT / "tests" / "data" / "tiny_gpt2.onnx")
 
 def _cli(args: list[str], home: pathlib.Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "XDG_CACHE_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.pop(compilation_cache.ENVIRONMENT)  # conftest's temporary folder: here the default folder is tested
     code = "import sys; from onnx2jax.cli.app import main; sys.exit(main())"
     return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, cwd=ROOT)
 
@@ -57,5 +58,33 @@ def test_a_cache_dir_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys
 
 
 def test_default_dir_follows_xdg(monkeypatch, tmp_path):
+    monkeypatch.delenv(compilation_cache.ENVIRONMENT)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert compilation_cache.default_dir() == str(tmp_path / "onnx2jax" / "xla")
+
+
+def test_onnx2jax_cache_dir_comes_first(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv(compilation_cache.ENVIRONMENT, str(tmp_path / "mine"))
+    assert compilation_cache.default_dir() == str(tmp_path / "mine")
+
+
+def test_tests_keep_the_cli_cache_in_a_temporary_folder(tmp_path):
+    """A CLI run in the test process writes its executables under the temporary folder, none in the user's cache."""
+    import tempfile
+
+    import jax
+
+    folder = compilation_cache.default_dir()
+    assert folder.startswith(tempfile.gettempdir()) and not folder.startswith(os.path.expanduser("~/.cache"))
+    before = set(os.listdir(folder)) if os.path.isdir(folder) else set()
+    assert main(["run", MODEL]) == 0
+    assert jax.config.jax_compilation_cache_dir == folder
+    assert set(os.listdir(folder)) - before, "the run cached nothing where the tests keep the cache"
+
+
+def test_the_cache_is_off_again_in_the_next_test():
+    """conftest turns the process-wide cache off after the test above, so later tests write nothing."""
+    import jax
+
+    assert jax.config.jax_compilation_cache_dir is None

@@ -123,3 +123,12 @@ def test_check_on_the_same_model_exits_1_naming_the_same_error(malformed, capsys
 def test_debug_shows_the_exception(malformed):
     with pytest.raises(ShardingError):
         main(["run", str(malformed), "--devices", "2", "--debug"])
+
+
+def test_generate_on_more_devices_than_jax_has_says_how_to_get_them():
+    """The issue's first stumble: the generation block at devices=2 on one CPU device. Here 16 > 8."""
+    import onnx2jax
+    from onnx2jax.errors import DeviceCountError
+
+    with pytest.raises(DeviceCountError, match=r"the model needs 16 devices, JAX has 8; on CPU, start Python with XLA_FLAGS"):
+        onnx2jax.generate(onnx2jax.data_path("llama_gqa_torch"), [1, 42], max_new_tokens=1, devices=16)

@@ -12,7 +12,7 @@ import pytest
 from jax.sharding import Mesh
 
 import onnx2jax
-from onnx2jax.errors import NodeError
+from onnx2jax.errors import ConfigurationError, NodeError
 from onnx2jax.translate import JaxModel
 from sharding.annotate import add_configuration, set_stage
 from test_segments_sharded import nonzero_then_matmul
@@ -56,7 +56,7 @@ def test_a_data_dependent_stage_is_refused_before_anything_is_translated(monkeyp
 
 
 def test_several_configurations_need_one_named() -> None:
-    with pytest.raises(ValueError, match=r"several device configurations \['pp', 'tp'\]; pass configuration="):
+    with pytest.raises(ConfigurationError, match=r"device configurations \['\w+', '\w+'\]; choose one"):
         onnx2jax.compile(_staged(nonzero_then_matmul(), {"row"}))
 
 
@@ -81,5 +81,5 @@ def test_stage_inputs_are_checked_like_a_models() -> None:
 
 
 def test_compile_refuses_an_unknown_configuration_by_the_same_rule() -> None:
-    with pytest.raises(ValueError, match=r"configuration 'nope' not in the model; it has \['pp', 'tp'\]"):
+    with pytest.raises(ConfigurationError, match=r"configuration 'nope' is not defined in the model; it defines \['\w+', '\w+'\]"):
         onnx2jax.compile(_staged(nonzero_then_matmul(), {"row"}), configuration="nope")
