@@ -34,6 +34,7 @@ from onnx2jax.runtime.executable import x64_scope
 from onnx2jax.runtime.generate_sharding import CachePlacement
 from onnx2jax.runtime.sampling import Search, choose
 from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.runtime.xla_options import compiler_options
 from onnx2jax.translate import JaxModel
 
 State = dict[str, jax.Array]
@@ -170,7 +171,9 @@ class Decoder:
         if found is None:
             steps = _Steps(self.compiled, self.layout, self.placement, self.traces, search)
             fn = {"prefill": steps.prefill, "decode": steps.decode, "recompute": steps.recompute}[kind]
-            found = self._programs[key] = Program(jax.jit(fn, donate_argnums=donate), self.compiled.model.uses_64bit)
+            options = compiler_options(self.compiled.mesh.devices.flat[0].platform)  # as every executable's
+            jitted = jax.jit(fn, donate_argnums=donate, compiler_options=options)
+            found = self._programs[key] = Program(jitted, self.compiled.model.uses_64bit)
         return found
 
 
