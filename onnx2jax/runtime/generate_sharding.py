@@ -30,7 +30,8 @@ from sharding.megatron.plan import megatron_layout, write_megatron_plan
 from sharding.megatron.specs import split_spec
 
 from onnx2jax.runtime.kv_cache import CacheLayout
-from onnx2jax.runtime.placements import input_placements
+from onnx2jax.runtime.placement_keys import Placement
+from onnx2jax.runtime.placements import input_placements, input_sharding
 from onnx2jax.runtime.spmd import Compiled
 
 CONFIGURATION = "tp"
@@ -83,8 +84,11 @@ class CachePlacement:
         self.devices = int(compiled.mesh.devices.size)
         self._shardings: dict[tuple[int, ...], jax.sharding.Sharding] = {}
         self.cache_ways, self.note = 1, ""
+        plan = compiled.plan
+        # the past's placement in the plan at the model's own shapes (its heads axis is fixed), when it has one
+        self._planned = input_placements(plan.proto, plan.placements).get(layout.past[0]) if layout.past else None
         if layout.past and layout.kv_heads is not None and self.devices > 1:
-            self.cache_ways = _heads_ways(compiled, layout.past[0])
+            self.cache_ways = _heads_ways(compiled, self._planned)
             self.note = _note(layout.kv_heads, self.cache_ways, self.devices)
 
     def _sharding(self, batch: int, capacity: int) -> jax.sharding.Sharding:
@@ -92,6 +96,9 @@ class CachePlacement:
         layout = self.layout
         shape = (batch, layout.kv_heads, capacity, layout.head_size)
         found = self._shardings.get(shape)
+        if found is None and (self._compiled.inference is None or (self._planned and not self._planned.fused)):
+            # unannotated (replicated), or planned at the model's shapes: no inference at the decode step's shapes
+            found = self._shardings[shape] = input_sharding(shape, self._planned, self._compiled.mesh)
         if found is None:
             width = capacity if layout.kind == "shared" else capacity + 1  # the concat kind's mask: past + new
             shapes = {name: shape for name in layout.past}
@@ -115,10 +122,8 @@ class CachePlacement:
         return jax.lax.with_sharding_constraint(array, self._shardings[tuple(array.shape)])
 
 
-def _heads_ways(compiled: Compiled, past: str) -> int:
-    """In how many parts the plan splits the past input ``past`` on its heads axis, read from the plan at the
-    model's own shapes (no inference at other shapes)."""
-    placement = input_placements(compiled.plan.proto, compiled.plan.placements).get(past)
+def _heads_ways(compiled: Compiled, placement: Placement | None) -> int:
+    """In how many parts the plan's ``placement`` of a past input splits its heads axis."""
     if placement is None or placement.fused:
         return 1
     axes = placement.sharding.spec[1] if len(placement.sharding.spec) > 1 else None
