@@ -1,7 +1,7 @@
 """A decoder LLM ready to generate: its model, cache layout, parameters on device and compiled steps.
 
-:class:`Decoder` loads a model (a genai folder, an .onnx file, a :class:`~onnx2jax.translate.JaxModel`), finds
-its cache (:mod:`onnx2jax.runtime.kv_cache`) and compiles two programs per (batch, capacity): the prefill (the
+:class:`Decoder` holds a model compiled once (made by :func:`onnx2jax.load`, :mod:`onnx2jax.runtime.load`) and its
+cache layout (:mod:`onnx2jax.runtime.kv_cache`), and compiles two programs per (batch, capacity): the prefill (the
 prompt; one program per prompt width, rounded up to `PREFILL_BUCKET` where the layout pads on the right) and
 the decode program (up to `DECODE_STEPS` tokens, one step for each, in one call). Both take the cache as a
 donated argument and return it updated, so it stays on the device and is written in place; the decode program
@@ -16,9 +16,6 @@ call back to back in a ``while`` loop (35 µs a step against 92 µs as one call 
 ``bench/RESULTS.md``), and the loop stops on device once every row is at eos.
 
 A model without a cache runs :meth:`Decoder.recompute`: the whole sequence each step, compiled per length.
-
-A :class:`Decoder` is made by :func:`onnx2jax.load` (:mod:`onnx2jax.runtime.load`), which opens, plans and
-compiles the model once.
 """
 
 from __future__ import annotations
