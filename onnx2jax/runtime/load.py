@@ -104,13 +104,14 @@ def _key(model: Any, size: int, mesh: Mesh | None) -> Hashable | None:
         hash(mesh)
     except TypeError:
         return None
-    files = [os.path.realpath(_model_path(model))]
     config = _genai.find_config(model)
-    if config is not None:
-        files.append(os.path.realpath(config))
+    files = [os.path.realpath(_model_path(model))] + ([os.path.realpath(config)] if config is not None else [])
     stats = []
     for name in files:
-        stat = os.stat(name)
+        try:
+            stat = os.stat(name)
+        except OSError:  # loading says what is missing, by name
+            return None
         stats.append((name, stat.st_ino, stat.st_size, stat.st_mtime_ns))
     return (tuple(stats), size, mesh)
 
