@@ -93,3 +93,16 @@ def test_generate_on_two_devices(capsys):
     args = ["generate", str(GENAI / "llama_gqa_torch"), "--prompt-ids", "1,42", "--max-new-tokens", "4", "--devices", "2"]
     assert main(args) == 0
     assert capsys.readouterr().out.splitlines()[0] == "1 42 | " + " ".join(map(str, want["tokens"][2][2:6]))
+
+
+def test_a_second_run_loads_its_programs_from_the_persistent_cache(tmp_path, capsys):
+    # a prompt width and length no other test compiles, so that nothing of this process serves it from memory
+    args = ["generate", str(GENAI / "llama_gqa_torch"), "--prompt-ids", "1,42,7,99,5,6,8,9,10,11,12",
+            "--max-new-tokens", "7", "--cache", str(tmp_path)]
+    assert main(args) == 0
+    first = capsys.readouterr().out.splitlines()[1]
+    assert main(args) == 0
+    second = capsys.readouterr().out.splitlines()[1]
+    assert "prefill" in first and "s, compile included)" in first
+    assert "s, executable from cache included)" in second and any(tmp_path.iterdir())
+    assert _figures(first)["new"] == _figures(second)["new"] == 7
