@@ -15,7 +15,8 @@
 A :class:`ProgramPlan` is one SPMD program's analysis (a whole model, a
 pipeline stage, a jitted segment): its inference at the model's own shapes,
 its mesh and placements, and per call-shape signature its inference at the
-call's shapes (:meth:`ProgramPlan.at_shapes`, computed once per signature).
+call's shapes (:meth:`ProgramPlan.at_shapes`; the executable keeps it per signature: the plan is a frozen value
+and caches nothing).
 """
 
 from __future__ import annotations
@@ -73,12 +74,12 @@ class ProgramPlan:
     placements: Mapping[SpecKey, Placement]
     check: bool = True
     structural: tuple[Diagnostic, ...] = ()
-    _at_shapes: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def at_shapes(
         self, input_shapes: Mapping[str, tuple[int, ...]]
     ) -> tuple[Inference, Mapping[SpecKey, Placement]]:
-        """Inference and placements at a call's input shapes, computed once per shape signature.
+        """Inference and placements at a call's input shapes (a pure function of the plan: the executable
+        keeps the result per shape signature, as :class:`~onnx2jax.runtime.spmd.Compiled` does).
 
         For an annotated program (``inference`` not None); an unannotated one has nothing to infer.
 
@@ -90,10 +91,6 @@ class ProgramPlan:
         Raises:
           sharding.ShardingError: with ``check``, the annotations have errors at these shapes.
         """
-        key = tuple(sorted((name, tuple(shape)) for name, shape in input_shapes.items()))
-        found = self._at_shapes.get(key)
-        if found is not None:
-            return found
         inference = self.inference
         laid_out = len(self.placements) == sum(
             spec is not None for node in inference.nodes.values() for spec in (*node.inputs, *node.outputs)
@@ -108,7 +105,6 @@ class ProgramPlan:
             layouts = spec_layouts(inference, strict=True)
             mapping = map_specs(layouts, self.mapping.plan.device_array().size, self.mapping.plan)
             found = (inference, placements_on(mapping, layouts, self.mesh))
-        self._at_shapes[key] = found
         return found
 
 
