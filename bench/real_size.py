@@ -21,6 +21,12 @@ an installed package's is: ``_bytecode_env``).
 
     python bench/real_size.py --models gpt2 --folder /tmp/models --runs ort,jax1,annotate
     python bench/real_size.py --make synthetic --folder /tmp/models
+    python bench/real_size.py --models gpt2_cache,llama_cache --runs gen-ort,gen1,gen8
+
+Generation (``gen-ort``, ``gen1``, ``gen8``, issue 28) runs on torch exports with their caches, made by
+``scripts/make_torch_cache_exports.py --real-size bench/models/real_size``: a greedy run of 32 tokens after a
+128-token prompt; "first" is the first new token's time from the process's start (onnxruntime: its session
+and the prefill; onnx2jax: ``onnx2jax.load`` and the prefill), decode tokens/s over the decode time alone.
 """
 
 from __future__ import annotations
@@ -50,6 +56,11 @@ MMAP_THRESHOLD = 0
 rises to 32 MB once a large buffer is freed, after which freed output buffers stay in the heap: with 8 fake
 devices each call's replicated outputs then add to the peak; ``--mmap-threshold 1048576`` fixes it)."""
 RUNS = ("ort", "jax1", "tp8", "pp2x4", "annotate", "check")
+GENERATION_RUNS = ("gen-ort", "gen1", "gen8")
+"""Generation (issue 28) on a torch export with its cache (``--models gpt2_cache,llama_cache``, made by
+``scripts/make_torch_cache_exports.py --real-size``): onnxruntime's session and prefill then a greedy loop
+feeding the presents back, against ``onnx2jax.load`` + ``Generator`` on 1 and 8 devices."""
+PROMPT, NEW_TOKENS = 128, 32
 
 
 class _StreamGraph(mt._Graph):
@@ -144,8 +155,8 @@ def _status(field: str) -> int:
 def _child(run: str, path: str, kind: str, folder: str) -> dict:
     """One measurement, in this (fresh) process; prints and returns its JSON line."""
     result: dict = {"run": run}
-    if run == "ort":
-        import onnxruntime as ort
+    if run in ("ort", "gen-ort"):
+        import onnxruntime as ort  # noqa: F401 - imported before the baseline, as jax is for the others
     else:
         import jax
         import jax.numpy as jnp
@@ -157,6 +168,12 @@ def _child(run: str, path: str, kind: str, folder: str) -> dict:
     baseline = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # resets VmHWM to the current RSS
+    if run in GENERATION_RUNS:
+        result.update(_generation(run, path))
+        result["peak_over_baseline"] = _status("VmHWM") - baseline
+        result["baseline"] = baseline
+        print("RESULT " + json.dumps(result), flush=True)
+        return result
     feeds = _inputs(kind)
     start = time.perf_counter()
     if run in ("annotate", "check"):
@@ -210,6 +227,68 @@ def _child(run: str, path: str, kind: str, folder: str) -> dict:
     return result
 
 
+def _prompt() -> list[int]:
+    return np.random.default_rng(28).integers(4, 30000, PROMPT).tolist()
+
+
+def _generation(run: str, path: str) -> dict:
+    """Greedy generation of NEW_TOKENS after a PROMPT-token prompt: the first token's time from the process's
+    start (session creation or loading, and the prefill), then the decode rate over the decode time alone."""
+    prompt = _prompt()
+    out: dict = {}
+    if run == "gen-ort":
+        import onnxruntime as ort
+
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        out["load_s"] = time.time() - float(os.environ["REAL_SIZE_SPAWNED"])
+        past = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+                for i in session.get_inputs() if i.name.startswith("past_key_values")}
+        names = [o.name for o in session.get_outputs()]
+        ids, tokens, step = list(prompt), [], np.array([prompt], np.int64)
+        for n in range(NEW_TOKENS):
+            start = len(ids) - step.shape[1]
+            feeds = {"input_ids": step, "attention_mask": np.ones((1, len(ids)), np.int64),
+                     "position_ids": np.arange(start, len(ids))[None], **past}
+            outputs = dict(zip(names, session.run(None, feeds)))
+            token = int(outputs["logits"][0, -1].argmax())
+            if n == 0:
+                out["first_s"] = time.time() - float(os.environ["REAL_SIZE_SPAWNED"])
+                first = time.perf_counter()
+            tokens.append(token)
+            ids.append(token)
+            past = {name: outputs[name.replace("past_key_values", "present")] for name in past}
+            step = np.array([[token]], np.int64)
+            del outputs
+    else:
+        import onnx2jax
+
+        if os.environ.get("REAL_SIZE_CACHE"):
+            from onnx2jax.runtime import compilation_cache
+
+            compilation_cache.enable(os.environ["REAL_SIZE_CACHE"])
+        model = onnx2jax.load(path, devices=8 if run == "gen8" else None)
+        out["load_s"] = time.time() - float(os.environ["REAL_SIZE_SPAWNED"])
+        out["note"] = model.placement.note
+        generator = onnx2jax.Generator(model, prompt, max_new_tokens=NEW_TOKENS)
+        tokens = []
+        for n, token in enumerate(generator):
+            if n == 0:
+                out["first_s"] = time.time() - float(os.environ["REAL_SIZE_SPAWNED"])
+                first = time.perf_counter()
+            tokens.append(int(token[0]))
+        out["decode_tokens_per_s"] = (len(tokens) - 1) / (time.perf_counter() - first)  # its compile included
+        # loaded once: the same prompt again, the programs compiled (the decode rate without its compile)
+        again = iter(onnx2jax.Generator(model, prompt, max_new_tokens=NEW_TOKENS))
+        next(again)
+        start = time.perf_counter()
+        out["decode_loaded_tokens_per_s"] = sum(1 for _ in again) / (time.perf_counter() - start)
+        out["tokens"] = tokens
+        return out
+    out["decode_tokens_per_s"] = (len(tokens) - 1) / (time.perf_counter() - first)
+    out["tokens"] = tokens
+    return out
+
+
 def _bytecode_env(folder: pathlib.Path) -> dict[str, str]:
     """The environment of a measured process: this checkout's bytecode compiled once, into ``folder``.
 
@@ -230,7 +309,7 @@ def _spawn(run: str, path: pathlib.Path, kind: str, folder: pathlib.Path, timeou
     if MMAP_THRESHOLD:
         env["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    if run in ("tp8", "pp2x4"):
+    if run in ("tp8", "pp2x4", "gen8"):
         env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     command = [sys.executable, __file__, "--child", run, str(path), kind, str(folder)]
     try:
@@ -286,13 +365,18 @@ def main() -> None:
         print(make(args.make, folder))
         return
     for kind in args.models.split(","):
-        path = make(kind, folder)
+        path = folder / kind / "model.onnx" if kind.endswith("_cache") else make(kind, folder)
+        if not path.exists():
+            print(f"{kind}: {path} missing; scripts/make_torch_cache_exports.py --real-size {folder} makes it")
+            continue
         w = weight_bytes(path)
         print(f"{kind}: {path} W = {w / 1e6:,.0f} MB", flush=True)
         for run in args.runs.split(","):
             if run in ("tp8", "pp2x4", "check"):
                 _prepare("tp8" if run == "check" else run, path, kind, folder)
+            load_before = os.getloadavg()[0]
             result = _spawn(run, path, kind, folder, args.timeout)
+            result["load_average"] = [round(load_before, 1), round(os.getloadavg()[0], 1)]  # before, after
             if "peak_over_baseline" in result:
                 result["peak_x_W"] = round(result["peak_over_baseline"] / w, 3)
             result.pop("first_output", None)

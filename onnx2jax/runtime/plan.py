@@ -15,7 +15,8 @@
 A :class:`ProgramPlan` is one SPMD program's analysis (a whole model, a
 pipeline stage, a jitted segment): its inference at the model's own shapes,
 its mesh and placements, and per call-shape signature its inference at the
-call's shapes (:meth:`ProgramPlan.at_shapes`, computed once per signature).
+call's shapes (:meth:`ProgramPlan.at_shapes`; the executable keeps it per signature: the plan is a frozen value
+and caches nothing).
 """
 
 from __future__ import annotations
@@ -74,12 +75,12 @@ class ProgramPlan:
     placements: Mapping[SpecKey, Placement]
     check: bool = True
     structural: tuple[Diagnostic, ...] = ()
-    _at_shapes: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     def at_shapes(
         self, input_shapes: Mapping[str, tuple[int, ...]]
     ) -> tuple[Inference, Mapping[SpecKey, Placement]]:
-        """Inference and placements at a call's input shapes, computed once per shape signature.
+        """Inference and placements at a call's input shapes (a pure function of the plan: the executable
+        keeps the result per shape signature, as :class:`~onnx2jax.runtime.spmd.Compiled` does).
 
         For an annotated program (``inference`` not None); an unannotated one has nothing to infer.
 
@@ -91,10 +92,6 @@ class ProgramPlan:
         Raises:
           sharding.ShardingError: with ``check``, the annotations have errors at these shapes.
         """
-        key = tuple(sorted((name, tuple(shape)) for name, shape in input_shapes.items()))
-        found = self._at_shapes.get(key)
-        if found is not None:
-            return found
         inference = self.inference
         laid_out = len(self.placements) == sum(
             spec is not None for node in inference.nodes.values() for spec in (*node.inputs, *node.outputs)
@@ -109,7 +106,6 @@ class ProgramPlan:
             layouts = spec_layouts(inference, strict=True)
             mapping = map_specs(layouts, self.mapping.plan.device_array().size, self.mapping.plan)
             found = (inference, placements_on(mapping, layouts, self.mesh))
-        self._at_shapes[key] = found
         return found
 
 
@@ -201,8 +197,12 @@ def make_plan(
     devices: Sequence[int] | None = None,
     microbatches: int = 1,
     scan_layers: ScanSetting = "auto",
+    inferred: InferredModel | None = None,
 ) -> Plan:
     """The one analysis of a compile (see the module docstring); arguments as :func:`onnx2jax.compile`'s.
+
+    ``inferred``: the model's shape inference when the caller already ran it (a generation handle runs it
+    once for the Megatron plan it writes, and this plan takes it: one shape inference per model).
 
     Raises:
       onnx2jax.errors.ConfigurationError (a ValueError): the configuration asked for is not in the
@@ -212,7 +212,8 @@ def make_plan(
     """
     proto, external_dir = open_model(model)
     annotated = any(node.device_configurations for node in proto.graph.node)
-    inferred = infer_model(proto) if annotated or may_cut(proto) else None
+    if inferred is None and (annotated or may_cut(proto)):
+        inferred = infer_model(proto)
     shapes = None if inferred is None or not annotated else (inferred.shapes, inferred.diagnostics)
     structural = tuple(require_valid(proto, shapes=shapes))
     mesh = auto_axes(context_mesh() if mesh is None else mesh)

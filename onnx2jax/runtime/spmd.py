@@ -36,7 +36,13 @@ from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
 from onnx2jax.runtime.fast_call import FastCall, call_key, moved_inputs
 from onnx2jax.runtime.in_flight import InFlight
 from onnx2jax.runtime.parameters import ParameterStore
-from onnx2jax.runtime.placements import input_placements, output_placements, output_shardings, place_on_mesh
+from onnx2jax.runtime.placements import (
+    input_placements,
+    input_sharding,
+    output_placements,
+    output_shardings,
+    place_on_mesh,
+)
 from onnx2jax.runtime.plan import ProgramPlan
 from onnx2jax.runtime.collective_sources import differences
 from onnx2jax.runtime.report import Report, count_collectives, example_inputs, loop_note, node_rows, param_bytes_per_device
@@ -213,35 +219,8 @@ class Compiled:
     def _evaluate(
         self, signature: _Signature, params: Mapping[str, Any], copies: Mapping[str, Any] | None, inputs: Mapping[str, Any]
     ) -> tuple:
-        """Traces the graph with the signature's constraints over stored ``params``.
-
-        ``copies`` are the further stored layouts (``param_copies``); None: each
-        consumer of a copy reads its parameter from ``params`` and its constraint
-        reshards it inside the program (what :meth:`apply` does, so that
-        gradients reach ``params`` alone).
-        """
-        views = {}
-        for name, value in params.items():
-            view = self._store.view(name, value)
-            if view is not None:
-                views[name] = view
-        consumer_values = {}
-        for key, copy in self._store.consumer_copy.items():
-            if copies is None:
-                name = copy.rsplit("#", 1)[0]
-                consumer_values[key] = self._store.logical(name, params[name])
-            else:
-                consumer_values[key] = self._store.view(copy, copies[copy]) or self._store.logical(copy, copies[copy])
-        if self.model.scan.active and signature.placements is not self.plan.placements:
-            why = layer_specs_differ(self.model.proto, self.model.scan, signature.placements, self.model.params)
-            if why:
-                raise NodeError(
-                    f"at these input shapes the layers' specs differ ({why}), but the layers were compiled as one "
-                    "lax.scan; compile with scan_layers=False"
-                )
-        logical = self._logical_params(params)
-        hooks = ShardingHooks(signature.placements, views, consumer_values, self.model.proto.graph, logical)
-        return self.model.evaluate(logical, inputs, hooks)
+        """Traces the graph with the signature's constraints over stored ``params`` (:func:`_trace`)."""
+        return _trace(self._store, self.model, self.plan, signature, params, copies, inputs)
 
     def _program(self, inputs: Sequence[Any], named: Mapping[str, Any]):
         """The jitted program for these inputs and its runtime arguments.
@@ -256,7 +235,9 @@ class Compiled:
         args = ((self.params, self.param_copies), placed)
         jitted = self._jitted.get((key, shapes))
         if jitted is None:
-            evaluate = lambda stored, values: self._evaluate(signature, *stored, {**values, **static})  # noqa: E731
+            store, model, plan = self._store, self.model, self.plan  # not self: no cycle (_trace)
+            evaluate = lambda stored, values: _trace(  # noqa: E731
+                store, model, plan, signature, *stored, {**values, **static})
             # Output shapes matter only to outputs with a spec: without one (an unannotated model) the graph is
             # not traced twice (eval_shape, then jit: 70 ms of GPT-2's first result).
             wanted = signature.out_placements
@@ -284,6 +265,14 @@ class Compiled:
         with self._scope():
             placed, static, _, _, _ = self._prepare((), named)
         return {**placed, **static}
+
+    def input_shardings(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, jax.sharding.Sharding]:
+        """Where a call whose inputs have these ``shapes`` (every runtime input, by name) places each, as
+        :meth:`place_inputs` would, without any data: a generation loop makes its cache there directly."""
+        key = ((), tuple((k, tuple(v)) for k, v in sorted(shapes.items())))
+        with self._scope():
+            signature = self._signature(key, {k: tuple(v) for k, v in shapes.items()})
+        return {k: input_sharding(tuple(v), signature.in_placements.get(k), self.mesh) for k, v in shapes.items()}
 
     def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
         """The model as a pure function of its parameters: ``apply(compiled.params, x) == compiled(x)``.
@@ -409,3 +398,40 @@ class Compiled:
                     f"program devices {sorted(extra)} hold replicas"
                 )
         return notes + self._store.notes()
+
+
+def _trace(
+    store: ParameterStore, model: JaxModel, plan: ProgramPlan, signature: _Signature, params: Mapping[str, Any],
+    copies: Mapping[str, Any] | None, inputs: Mapping[str, Any],
+) -> tuple:
+    """Traces ``model``'s graph with the signature's constraints over stored ``params``.
+
+    ``copies`` are the further stored layouts (``param_copies``); None: each
+    consumer of a copy reads its parameter from ``params`` and its constraint
+    reshards it inside the program (what :meth:`Compiled.apply` does, so that
+    gradients reach ``params`` alone). A function of the program's parts, not
+    of the :class:`Compiled`: the jitted programs that close over it hold no
+    reference to their executable (no cycle: a dropped one is freed at once).
+    """
+    views = {}
+    for name, value in params.items():
+        view = store.view(name, value)
+        if view is not None:
+            views[name] = view
+    consumer_values = {}
+    for key, copy in store.consumer_copy.items():
+        if copies is None:
+            name = copy.rsplit("#", 1)[0]
+            consumer_values[key] = store.logical(name, params[name])
+        else:
+            consumer_values[key] = store.view(copy, copies[copy]) or store.logical(copy, copies[copy])
+    if model.scan.active and signature.placements is not plan.placements:
+        why = layer_specs_differ(model.proto, model.scan, signature.placements, model.params)
+        if why:
+            raise NodeError(
+                f"at these input shapes the layers' specs differ ({why}), but the layers were compiled as one "
+                "lax.scan; compile with scan_layers=False"
+            )
+    logical = {name: store.logical(name, value) for name, value in params.items()}
+    hooks = ShardingHooks(signature.placements, views, consumer_values, model.proto.graph, logical)
+    return model.evaluate(logical, inputs, hooks)

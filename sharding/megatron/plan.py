@@ -127,6 +127,7 @@ def megatron_layout(
     gqa: str = "replicate",
     batch: int | None = None,
     graph: PlanGraph | None = None,
+    shapes: Mapping[str, tuple] | None = None,
 ) -> MegatronLayout:
     """Finds the Megatron tensor-parallel roles of a transformer graph, by pattern.
 
@@ -148,6 +149,9 @@ def megatron_layout(
         graph: ``PlanGraph(model)`` when the caller has it already (the
             automatic search asks for several layouts of one model, with one
             shape inference).
+        shapes: The model's inferred tensor shapes, when the caller has them
+            (`sharding.shapes.infer_model`'s); else shape inference runs here
+            (unused when ``graph`` is given).
 
     Returns:
         The `MegatronLayout`: pairs, embeddings, LM head, specs and notes.
@@ -159,7 +163,7 @@ def megatron_layout(
     if gqa not in _GQA_CHOICES:
         raise ValueError(f"gqa must be one of {_GQA_CHOICES}, got {gqa!r}")
     n = num_devices
-    graph = PlanGraph(model) if graph is None else graph
+    graph = PlanGraph(model, shapes) if graph is None else graph
     notes: list[str] = []
     linears = find_linears(graph)
     paired, raw_pairs = pair_linears(graph, linears, notes)
@@ -245,9 +249,7 @@ def megatron_plan(
     name_nodes(result)
     layout = megatron_layout(result, num_devices, gqa=gqa, batch=batch)
     if node_devices is None:
-        add_configuration(result, configuration, num_devices)
-        for assignment in layout.assignments:
-            set_spec(result, assignment.node, assignment.spec, configuration)
+        write_megatron_plan(result, layout, configuration)
         return result
     wrong = sorted({len(g) for g in node_devices.values()} - {num_devices})
     if wrong:
@@ -261,6 +263,21 @@ def megatron_plan(
     return result
 
 
+def write_megatron_plan(model: onnx.ModelProto, layout: MegatronLayout, configuration: str = "tp") -> None:
+    """Writes ``layout``'s specs into ``model`` itself (no copy): the configuration, then every assignment.
+
+    For a caller that owns the model (a generation handle that opened it, its weights still on disk), so
+    that annotating it copies nothing; `megatron_plan` writes into a copy. Nodes must be named
+    (`sharding.annotate.name_nodes`) before ``layout`` is found.
+
+    Raises:
+        ValueError: the configuration exists with another number of devices.
+    """
+    add_configuration(model, configuration, layout.num_devices)
+    for assignment in layout.assignments:
+        set_spec(model, assignment.node, assignment.spec, configuration)
+
+
 __all__ = [
     "Assignment",
     "ConvPair",
@@ -270,4 +287,5 @@ __all__ = [
     "MegatronLayout",
     "megatron_layout",
     "megatron_plan",
+    "write_megatron_plan",
 ]
