@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from onnx2jax import genai_config as _genai
-from onnx2jax.runtime import kv_cache
+from onnx2jax.runtime import generate_inputs, kv_cache
 from onnx2jax.runtime.sampling import Search, choose
 from onnx2jax.translate import JaxModel, translate
 
@@ -63,6 +63,7 @@ class Decoder:
     """
 
     def __init__(self, model: str | os.PathLike | JaxModel, *, devices: int | None = None, mesh: Any = None):
+        generate_inputs.check_devices(devices, mesh)
         config_path = None if isinstance(model, JaxModel) else _genai.find_config(model)
         config = _genai.read_genai_config(config_path) if config_path else None
         if isinstance(model, JaxModel):
@@ -76,7 +77,7 @@ class Decoder:
             _genai.check_against_model(config, graph)
             self.layout = kv_cache.from_genai_config(config, graph)
         else:
-            self.layout = kv_cache.from_graph(graph, self.model.input_names)
+            self.layout = kv_cache.from_graph(graph, self.model.input_names, None if isinstance(model, JaxModel) else model)
         self.placement = None
         self._apply = self.model.fn
         if (devices is not None and devices > 1) or mesh is not None:
@@ -87,6 +88,7 @@ class Decoder:
             self.model = self.placement.compiled.model
             self._apply = self.placement.apply
         self.params = self._place_params()
+        self.vocab = generate_inputs.vocabulary(self.model.index_check.uses, self.layout.input_ids, self.layout.vocab_size)
         self.traces = {"prefill": 0, "decode": 0, "recompute": 0}
         self._programs: dict[tuple, Callable] = {}
         self._inputs = {i.name: i for i in self.model.inputs}
@@ -100,12 +102,10 @@ class Decoder:
 
     def empty_cache(self, batch: int, capacity: int) -> tuple[jax.Array, ...]:
         """Zeros for every cache input, ``[batch, kv_heads, capacity, head_size]``, on the device(s)."""
-        shape = (batch, self.layout.kv_heads, capacity, self.layout.head_size)
-        if None in shape:
-            raise ValueError(f"the cache's KV heads and head size are not fixed by the graph: {shape}")
         if self.placement is not None:
             return self.placement.zeros_cache(batch, capacity)
-        return tuple(jnp.zeros(shape, self.layout.dtype) for _ in self.layout.past)
+        heads, size = self.layout.kv_heads, self.layout.head_size
+        return tuple(jnp.zeros((batch, heads, c, size), self.layout.dtype) for c in self.layout.capacities(capacity))
 
     def buffer_capacity(self, max_length: int) -> int:
         """Positions of the cache buffer a run up to ``max_length`` tokens needs (module docstring of kv_cache)."""
@@ -128,6 +128,7 @@ class Decoder:
     def _forward(self, params, cache: tuple, **named) -> tuple[jax.Array, tuple]:
         """The model on named inputs (cast to the graph's types) and ``cache`` as the past: (logits, presents)."""
         values = {}
+        named[self.layout.input_ids] = generate_inputs.model_ids(named[self.layout.input_ids], self.vocab)
         for name, value in named.items():
             dtype = self._inputs[name].dtype
             values[name] = value.astype(dtype) if dtype is not None else value
@@ -181,7 +182,7 @@ class Decoder:
         def prefill(params, cache, ids, lengths, sampling):
             self.traces["prefill"] += 1
             batch, width = ids.shape
-            capacity = cache[0].shape[2]
+            capacity = max(c.shape[2] for c in cache)  # ring caches are shorter
             columns = jnp.arange(width, dtype=jnp.int32)[None]
             if layout.kind == "shared":  # right-padded; the mask spans the whole buffer
                 mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
@@ -238,7 +239,7 @@ class Decoder:
         def step(params, cache, state, token):
             state = dict(state)
             batch = token.shape[0]
-            capacity = cache[0].shape[2]
+            capacity = max(c.shape[2] for c in cache)  # ring caches are shorter
             ids = token[:, None]
             positions = state["lengths"][:, None]
             if layout.kind == "shared":

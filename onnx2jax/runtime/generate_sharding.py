@@ -86,8 +86,8 @@ class Placement:
         """Zeros for every cache input ``[batch, kv_heads, capacity, head_size]``, placed as the program
         places its past inputs at the decode step's shapes."""
         layout = self.layout
-        shape = (batch, layout.kv_heads, capacity, layout.head_size)
-        dummies = {name: np.zeros(shape, layout.dtype) for name in layout.past}
+        capacities = dict(zip(layout.past, layout.capacities(capacity)))  # ring caches are shorter
+        dummies = {n: np.zeros((batch, layout.kv_heads, capacities[n], layout.head_size), layout.dtype) for n in layout.past}
         width = capacity if layout.kind == "shared" else capacity + 1  # the concat kind's mask spans past + new
         for name, info in ((layout.input_ids, (batch, 1)), (layout.position_ids, (batch, 1)),
                            (layout.attention_mask, (batch, width))):
@@ -96,7 +96,7 @@ class Placement:
         dummies = {k: v.astype(self._dtypes[k]) for k, v in dummies.items()}
         placed = self.compiled.place_inputs(**dummies)
         cache = tuple(placed[name] for name in layout.past)
-        self._shardings[shape] = cache[0].sharding
+        self._shardings.update((tuple(c.shape), c.sharding) for c in cache)
         return cache
 
     @property
