@@ -77,7 +77,8 @@ class Decoder:
             _genai.check_against_model(config, graph)
             self.layout = kv_cache.from_genai_config(config, graph)
         else:
-            self.layout = kv_cache.from_graph(graph, self.model.input_names, None if isinstance(model, JaxModel) else model)
+            path = None if isinstance(model, JaxModel) else model
+            self.layout = kv_cache.from_graph(graph, self.model.input_names, path)
         self.placement = None
         self._apply = self.model.fn
         if (devices is not None and devices > 1) or mesh is not None:
@@ -88,7 +89,8 @@ class Decoder:
             self.model = self.placement.compiled.model
             self._apply = self.placement.apply
         self.params = self._place_params()
-        self.vocab = generate_inputs.vocabulary(self.model.index_check.uses, self.layout.input_ids, self.layout.vocab_size)
+        self.vocab = generate_inputs.vocabulary(self.model.index_check.uses, self.layout.input_ids,
+                                                self.layout.vocab_size)
         self.traces = {"prefill": 0, "decode": 0, "recompute": 0}
         self._programs: dict[tuple, Callable] = {}
         self._inputs = {i.name: i for i in self.model.inputs}

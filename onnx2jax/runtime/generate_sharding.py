@@ -87,7 +87,9 @@ class Placement:
         places its past inputs at the decode step's shapes."""
         layout = self.layout
         capacities = dict(zip(layout.past, layout.capacities(capacity)))  # ring caches are shorter
-        dummies = {n: np.zeros((batch, layout.kv_heads, capacities[n], layout.head_size), layout.dtype) for n in layout.past}
+        dummies = {
+            n: np.zeros((batch, layout.kv_heads, capacities[n], layout.head_size), layout.dtype) for n in layout.past
+        }
         width = capacity if layout.kind == "shared" else capacity + 1  # the concat kind's mask spans past + new
         for name, info in ((layout.input_ids, (batch, 1)), (layout.position_ids, (batch, 1)),
                            (layout.attention_mask, (batch, width))):

@@ -181,7 +181,9 @@ def _missing_config(model_path: str | None, past: str, dims: list, kind: Kind) -
     import os
 
     where = os.path.join(os.path.dirname(os.path.abspath(model_path)), CONFIG_NAME) if model_path else CONFIG_NAME
-    builder = " (a GroupQueryAttention graph: onnxruntime-genai's builder writes them there)" if kind == "shared" else ""
+    builder = ""
+    if kind == "shared":
+        builder = " (a GroupQueryAttention graph: onnxruntime-genai's builder writes them there)"
     raise GenaiConfigError(
         f"{where} is missing: the cache input {past!r} has shape {dims}, its KV heads (axis 1) and head size "
         f"(axis 3) are not fixed by the graph, and generation takes them from genai_config.json{builder}"
