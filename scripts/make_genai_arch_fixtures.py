@@ -108,6 +108,17 @@ TRIED = {"fp32", "int4"}
 # Where the builder, or onnxruntime-genai on what it wrote, fails (onnxruntime-genai 0.18.0, transformers 5.24.0,
 # CPU). Filled by running this script; kept here and in tests/data/genai/arch/README.md.
 FAILURES = {
+    # worked around (the folders are stored)
+    "gemma3_*": "builder: KeyError: 'rope_type' in make_rope_init, then AttributeError: 'Gemma3TextConfig' object "
+                "has no attribute 'rope_local_base_freq' (transformers 5's config): built through GEMMA3_SHIM",
+    "nemotron_*, phi_*": "with heads of 16 and partial_rotary_factor 0.5, onnxruntime-genai: GroupQueryAttention: "
+                         "cos_cache dimension 1 must be <= head_size / 2 and a multiple of 8: built with heads of 32",
+    "gemma2_*, gemma3_* batch": "onnxruntime-genai: GroupQueryAttention: seqlens_k[0] = 4 is too small for "
+                                "sequence_length 12 (the ring cache refuses a right-padded batch): the batch's "
+                                "reference is the windowed_kv_cache=false build of the same weights",
+    "qwen2_pad_oov_* batch": "onnxruntime-genai: Gather '/model/embed_tokens/Gather': indices element out of data "
+                             "bounds, idx=256 (it gathers the pad of a padded batch): no batch reference",
+    # not stored
     "olmo2_*": "builder: NotImplementedError: the model is not currently supported (Olmo2ForCausalLM)",
     "llama_fp16": "onnxruntime-genai on CPU: the builder writes a MultiHeadAttention graph with a float16 cache; "
                   "running it fails: Cast 'InsertedPrecisionFreeCast_/model/layers.1/attn/v_proj/repeat_kv/"
@@ -251,6 +262,12 @@ def fixture(name: str, precision: str, extra: dict[str, str], work: Path) -> str
         "builder": {"precision": precision, "execution_provider": "cpu", "extra_options": extra},
         "versions": versions(),
     })
+    if name == "phi3_longrope":
+        # LongRoPE switches to its long factors once the sequence passes original_max_position_embeddings (32):
+        # a run past it
+        stored = json.loads((out / "expected_tokens.json").read_text())
+        stored["long_run"] = {"prompt": PROMPTS[0], "max_length": 48, "tokens": genai_generate(out, PROMPTS[:1], 48)[0]}
+        write_json(out / "expected_tokens.json", stored)
     return None
 
 

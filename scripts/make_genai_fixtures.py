@@ -41,6 +41,9 @@ Run from the repository root::
     /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py [--only NAME ...]
     /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py --medium /tmp/genai_medium
 
+One folder per builder architecture (tests/data/genai/arch/) comes from the sibling
+scripts/make_genai_arch_fixtures.py, which reuses this script's helpers and virtualenv.
+
 The second builds, outside the repository, the benchmark's medium model (6 layers, width 512,
 8 query / 2 KV heads of 64, context 1024, about 17M parameters): fp32 and int4 builder folders
 with the same stored tokens and forward calls.
