@@ -103,7 +103,8 @@ class Decoder:
         return jax.device_put(dict(self.model.params))
 
     def empty_cache(self, batch: int, capacity: int) -> tuple[jax.Array, ...]:
-        """Zeros for every cache input, ``[batch, kv_heads, capacity, head_size]``, on the device(s)."""
+        """Zeros for every cache input, ``[batch, kv_heads, capacity, head_size]`` (a ring cache's positions at
+        most its window and slack: ``CacheLayout.capacities``), on the device(s)."""
         if self.placement is not None:
             return self.placement.zeros_cache(batch, capacity)
         heads, size = self.layout.kv_heads, self.layout.head_size
