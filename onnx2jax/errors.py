@@ -113,6 +113,26 @@ class InputRangeError(ValueError):
         )
 
 
+class TokenIdError(InputRangeError):
+    """A prompt's token id outside the vocabulary ``[0, bound)``: generation's :class:`InputRangeError`.
+
+    Generation checks its prompts on the host (:mod:`onnx2jax.runtime.generate_inputs`); a negative id, which
+    ONNX's Gather would read from the end, is no token. ``node``, ``op`` and ``table`` are None.
+    """
+
+    def __init__(self, input: str, position: tuple[int, int], value: int, bound: int | None):
+        self.input, self.position, self.value, self.bound = input, position, value, bound
+        self.node = self.op = self.table = None
+        self.component = None
+        vocab = f"[0, {bound})" if bound is not None else "[0, ...)"
+        ValueError.__init__(
+            self,
+            f"token id {value} at prompt {position[0]}, position {position[1]} ({input!r}) is outside the "
+            f"vocabulary {vocab}: the model would gather a row that does not exist (onnxruntime refuses it; XLA "
+            "would answer with a clamped or NaN row)",
+        )
+
+
 class BranchShapesDiffer(ValueError):
     """An If's condition is known only at run time and its branches return different shapes.
 

@@ -38,6 +38,10 @@ class GenaiConfig:
       eos_token_ids: every eos id (the config may give a list).
       pad_token_id, bos_token_id: as given (None where absent).
       search: the ``search`` section as written (defaults of a run).
+      window_layers: the layers whose cache is a window-sized ring (``model.decoder.sliding_window.layers``:
+        the builder's ``sliding_window_cache=1`` layers); empty where there is none.
+      window_size, window_slack: that block's ``window_size`` and ``cache_slack`` (positions the ring keeps
+        beyond the window, so that it compacts every ``slack + 1`` steps rather than every step); None / 0.
     """
 
     path: str
@@ -59,6 +63,9 @@ class GenaiConfig:
     pad_token_id: int | None
     bos_token_id: int | None
     search: dict[str, Any]
+    window_layers: tuple[int, ...] = ()
+    window_size: int | None = None
+    window_slack: int = 0
 
 
 def find_config(path: str | os.PathLike) -> str | None:
@@ -96,6 +103,7 @@ def read_genai_config(path: str | os.PathLike) -> GenaiConfig:
     if "input_ids" not in inputs:
         raise GenaiConfigError(f"{path}: model.decoder.inputs.input_ids is missing")
     eos = model.get("eos_token_id", ())
+    window = decoder.get("sliding_window") or {}
     return GenaiConfig(
         path=path,
         model_path=os.path.join(os.path.dirname(path), need(decoder, "filename", "model.decoder")),
@@ -116,6 +124,9 @@ def read_genai_config(path: str | os.PathLike) -> GenaiConfig:
         pad_token_id=model.get("pad_token_id"),
         bos_token_id=model.get("bos_token_id"),
         search=dict(raw.get("search", {})),
+        window_layers=tuple(int(i) for i in window.get("layers", ())),
+        window_size=int(window["window_size"]) if window.get("window_size") else None,
+        window_slack=int(window.get("cache_slack", 0) or 0),
     )
 
 

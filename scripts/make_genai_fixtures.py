@@ -42,6 +42,9 @@ Run from the repository root::
     /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py --medium /tmp/genai_medium
     /work/venvs/fixtures/bin/python scripts/make_genai_fixtures.py --real bench/models/genai_real
 
+One folder per builder architecture (tests/data/genai/arch/) comes from the sibling
+scripts/make_genai_arch_fixtures.py, which reuses this script's helpers and virtualenv.
+
 The second builds, outside the repository, the benchmark's medium model (6 layers, width 512,
 8 query / 2 KV heads of 64, context 1024, about 17M parameters): fp32 and int4 builder folders
 with the same stored tokens and forward calls. The third, the real-width model (8 layers, width 1024,

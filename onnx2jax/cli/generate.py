@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -30,7 +31,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                             description=__doc__)
     parser.add_argument("model", help="an onnxruntime-genai folder (genai_config.json), or an .onnx decoder")
     prompt = parser.add_mutually_exclusive_group(required=True)
-    prompt.add_argument("--prompt-ids", metavar="ID,ID,...", help="the prompt as token ids, comma-separated")
+    prompt.add_argument("--prompt-ids", metavar="ID,ID,...",
+                        help="the prompt as token ids, separated by commas, spaces or both")
     prompt.add_argument("--prompt", metavar="TEXT",
                         help="the prompt as text (needs tokenizer.json beside the model and the 'text' extra)")
     parser.add_argument("--max-new-tokens", type=int, metavar="N", help="new tokens at most (default: up to "
@@ -118,13 +120,18 @@ def _figures(loaded: float, times: list[float], compiled: str) -> str:
 
 
 def _parse_ids(text: str) -> list[int]:
-    try:
-        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
-    except ValueError as e:
-        raise UsageError(f"--prompt-ids takes comma-separated integers, got {text!r}") from e
-    if not ids:
+    """The prompt's ids: integers separated by commas, spaces or both (``"1,17,230"``, ``"1 17 230"``,
+    ``"1, 17, 230"``); anything else (``"1.5"``, ``"a"``, ``"1,,2"``) is refused by name. Range is checked
+    against the vocabulary later, as every prompt is."""
+    parts = [p for p in re.split(r"\s*,\s*|\s+", text.strip())] if text.strip() else []
+    bad = [p for p in parts if not re.fullmatch(r"[+-]?\d+", p)]
+    if bad:
+        raise UsageError(
+            f"--prompt-ids takes integers separated by commas or spaces, got {bad[0]!r} in {text!r}"
+        )
+    if not parts:
         raise UsageError("--prompt-ids is empty")
-    return ids
+    return [int(p) for p in parts]
 
 
 def _tokenizer(folder: str):

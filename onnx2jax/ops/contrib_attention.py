@@ -14,7 +14,17 @@ local_window_size`` (a sliding window of local_window_size tokens, the query's o
 softcapped, then attention_bias is added. The present cache is ``max(total_sequence_length, past capacity)``
 long: a past of the full capacity is updated in place (onnxruntime's shared past/present buffer), a shorter past
 is extended. Rows past a row's valid length are unspecified in onnxruntime; here they keep the past's values (or
-zeros), and a right-padded prompt's padding tokens attend to the row's valid keys.
+zeros), are never read (not even as 0 x value: a NaN there stays there), and a right-padded prompt's padding
+tokens attend to the row's valid keys.
+
+``sliding_window_cache=1`` (the builder's ring cache for sliding-window layers): the past is a buffer of ``C >=
+local_window_size = W`` positions holding only the most recent ones, at rows ``[0, end(P))`` for a row whose
+past holds P positions, where ``end(P) = P`` while ``P <= C``, else ``P`` less the whole blocks of ``gap = C - W
++ 1`` rows reclaimed (onnxruntime's ``WindowedCacheEnd``: compacting once every ``gap`` steps). A step appends
+its S new rows after the resident ones and attends over them (rotary positions stay absolute; the causal and
+window masks depend only on distances), then keeps the ``end(P + S)`` most recent rows at the front of the
+present (still ``C`` positions). Here that is one staging buffer of ``C + S + gap`` rows per step, exactly
+onnxruntime's result on every row it defines (its staging and in-place paths alike).
 """
 
 from __future__ import annotations
@@ -145,8 +155,11 @@ def group_query_attention(
         raise NotImplementedError("GroupQueryAttention with q_norm_weight/k_norm_weight is not implemented")
     if qk_output:
         raise NotImplementedError("GroupQueryAttention's output_qk (qk_output != 0) is not implemented")
-    if sliding_window_cache:
-        raise NotImplementedError("GroupQueryAttention with sliding_window_cache=1 is not implemented")
+    if sliding_window_cache and (local_window_size <= 0 or past_key is None or attention_bias is not None):
+        raise NotImplementedError(
+            "GroupQueryAttention with sliding_window_cache=1 needs local_window_size > 0 and a past (as onnxruntime "
+            "does), and is not implemented with attention_bias"
+        )
     b, s, width = query.shape
     if key is None:
         head = width // (num_heads + 2 * kv_num_heads)
@@ -178,24 +191,33 @@ def group_query_attention(
         sin = jnp.take(sin_cache, rotary_positions, axis=0)[:, None]
         q = rotate(q, cos, sin, interleaved=bool(rotary_interleaved))
         k = rotate(k, cos, sin, interleaved=bool(rotary_interleaved))
-    length = _present_length(total_sequence_length, past_key, s)
-    present_key = _write_cache(past_key, k, start, length)
-    present_value = _write_cache(past_value, v, start, length)
+    if sliding_window_cache:
+        present_key, present_value, keys, values, column_positions, rows = _ring_step(
+            past_key, past_value, k, v, start, valid, local_window_size
+        )
+    else:
+        length = _present_length(total_sequence_length, past_key, s)
+        present_key = keys = _write_cache(past_key, k, start, length)
+        present_value = values = _write_cache(past_value, v, start, length)
+        column_positions = jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32)[None], (b, length))
+        rows = valid
 
     group = num_heads // kv_num_heads
     qg = q.astype(compute).reshape(b, kv_num_heads, group, s, head)
-    scores = jnp.einsum("bkgsd,bktd->bkgst", qg, present_key.astype(compute), precision=_HIGHEST)
+    scores = jnp.einsum("bkgsd,bktd->bkgst", qg, keys.astype(compute), precision=_HIGHEST)
     scores = scores * jnp.asarray(scale if scale else 1 / np.sqrt(head), compute)
     if softcap > 0:
         scores = softcap * jnp.tanh(scores / softcap)
+    length = keys.shape[2]
     if attention_bias is not None:
         bias = attention_bias.astype(compute)[..., :length]  # columns past total_sequence_length are masked
         bias = jnp.pad(bias, [(0, 0)] * (bias.ndim - 1) + [(0, length - bias.shape[-1])])
         scores = scores + jnp.broadcast_to(bias, (bias.shape[0], num_heads, s, bias.shape[-1])).reshape(
             bias.shape[0], kv_num_heads, group, s, bias.shape[-1]
         )
-    column = jnp.arange(length, dtype=jnp.int32)[None, None, :]  # (1, 1, P)
-    allowed = column < valid[:, None, None]  # (B, S, P)
+    column = column_positions[:, None, :]  # (B, 1, P): each cache row's position in the sequence
+    readable = jnp.arange(length, dtype=jnp.int32)[None] < rows[:, None]  # (B, P): rows holding tokens
+    allowed = readable[:, None, :] & jnp.ones((1, s, 1), bool)  # (B, S, P)
     if causal:
         allowed = allowed & (column <= positions[:, :, None])
     if local_window_size > 0:
@@ -206,6 +228,42 @@ def group_query_attention(
     elif smooth_softmax:
         sink = jnp.zeros((), compute)
     probs = _masked_softmax(scores, allowed[:, None, None], sink)
-    out = jnp.einsum("bkgst,bktd->bkgsd", probs, present_value.astype(compute), precision=_HIGHEST)
+    # rows past a row's tokens are never read: 0 x NaN would be NaN
+    values = jnp.where(readable[:, None, :, None], values.astype(compute), jnp.zeros((), compute))
+    out = jnp.einsum("bkgst,bktd->bkgsd", probs, values, precision=_HIGHEST)
     out = jnp.transpose(out.reshape(b, num_heads, s, head), (0, 2, 1, 3)).reshape(b, s, num_heads * head)
     return out.astype(query.dtype), present_key, present_value
+
+
+def _ring_end(past, capacity: int, gap: int):
+    """onnxruntime's ``WindowedCacheEnd``: the resident rows of a ring of ``capacity`` after ``past`` positions."""
+    overflow = jnp.maximum(past - capacity, 0)
+    return past - gap * ((overflow + gap - 1) // gap)
+
+
+def _ring_step(past_key, past_value, k, v, start, valid, window: int):
+    """One step of a ring cache (module docstring): the new rows after the resident ones in a staging buffer.
+
+    Returns (present_key, present_value, staging keys, staging values, each staging row's position in the
+    sequence (B, rows), the staging rows holding tokens (B,)).
+    """
+    b, h, s, d = k.shape
+    capacity = past_key.shape[2]
+    gap = max(capacity - window + 1, 1)
+    end_before = _ring_end(start, capacity, gap)  # resident rows before the step, new rows appended there
+    end_after = _ring_end(valid, capacity, gap)  # resident rows after it
+    offset = start - end_before  # staging row r holds position r + offset
+    zero = jnp.zeros((), jnp.int32)
+
+    def staged(past, new):
+        base = jnp.pad(past.astype(new.dtype), ((0, 0), (0, 0), (0, s + gap), (0, 0)))
+        write = jax.vmap(lambda c, rows, at: jax.lax.dynamic_update_slice(c, rows, (zero, at, zero)))
+        return write(base, new, end_before.astype(jnp.int32))
+
+    keys, values = staged(past_key, k), staged(past_value, v)
+    shift = valid - end_after - offset  # the kept rows' first staging row
+    keep = jax.vmap(lambda c, at: jax.lax.dynamic_slice(c, (zero, at, zero), (h, capacity, d)))
+    present_key, present_value = keep(keys, shift), keep(values, shift)
+    rows = keys.shape[2]
+    positions = jnp.arange(rows, dtype=jnp.int32)[None] + offset[:, None]
+    return present_key, present_value, keys, values, positions, valid - offset

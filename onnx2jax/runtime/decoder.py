@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx2jax.runtime import kv_cache
+from onnx2jax.runtime import generate_inputs, kv_cache
 from onnx2jax.runtime.executable import x64_scope
 from onnx2jax.runtime.generate_sharding import CachePlacement
 from onnx2jax.runtime.sampling import Search, choose
@@ -73,6 +73,8 @@ class Decoder:
         self.layout = layout
         self.placement = placement
         self.devices = int(compiled.mesh.devices.size)
+        self.vocab = generate_inputs.vocabulary(compiled.model.index_check.uses, layout.input_ids, layout.vocab_size)
+        """The token ids the prompts may hold (:func:`~onnx2jax.runtime.generate_inputs.vocabulary`)."""
         self.traces = {"prefill": 0, "decode": 0, "recompute": 0}
         self._programs: dict[tuple, Program] = {}
 
@@ -206,6 +208,7 @@ class _Steps:
     def _forward(self, params, cache: tuple, **named) -> tuple[jax.Array, tuple]:
         """The model on named inputs (cast to the graph's types) and ``cache`` as the past: (logits, presents)."""
         values = {}
+        named[self.layout.input_ids] = generate_inputs.model_ids(named[self.layout.input_ids], self.vocab)
         for name, value in named.items():
             dtype = self._dtypes[name]
             values[name] = value.astype(dtype) if dtype is not None else value
@@ -236,7 +239,7 @@ class _Steps:
         self.traces["prefill"] += 1
         layout = self.layout
         batch, width = ids.shape
-        capacity = cache[0].shape[2]
+        capacity = max(c.shape[2] for c in cache)  # ring caches are shorter
         columns = jnp.arange(width, dtype=jnp.int32)[None]
         if layout.kind == "shared":  # right-padded; the mask spans the whole buffer
             mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
@@ -285,7 +288,7 @@ class _Steps:
         layout = self.layout
         state = dict(state)
         batch = token.shape[0]
-        capacity = cache[0].shape[2]
+        capacity = max(c.shape[2] for c in cache)  # ring caches are shorter
         ids = token[:, None]
         positions = state["lengths"][:, None]
         if layout.kind == "shared":

@@ -28,6 +28,7 @@ import numpy as np
 
 from onnx2jax.runtime.decoder import DECODE_STEPS, Decoder
 from onnx2jax.runtime.load import load
+from onnx2jax.runtime.generate_inputs import check_prompts
 from onnx2jax.runtime.sampling import Search
 from onnx2jax.translate import JaxModel
 
@@ -112,6 +113,7 @@ class Generator:
             pad_token_id = layout.pad_token_id if layout.pad_token_id is not None else (self.eos or (0,))[0]
         self.pad = int(pad_token_id)
         self.prompts = _prompts(input_ids, self.pad)
+        check_prompts(input_ids, self.prompts, self.decoder.vocab, layout.input_ids)
         self.batch = len(self.prompts)
         self.width = max(len(p) for p in self.prompts)
         self.max_length = self._max_length(max_length, max_new_tokens)

@@ -110,12 +110,15 @@ class CachePlacement:
         return found
 
     def zeros_cache(self, batch: int, capacity: int) -> tuple[jax.Array, ...]:
-        """Zeros for every cache input ``[batch, kv_heads, capacity, head_size]``, made on the devices where
-        the program places its past inputs (each device makes its own part: no host copy)."""
+        """Zeros for every cache input ``[batch, kv_heads, capacity, head_size]`` (a ring cache's positions at
+        most its window and slack: ``CacheLayout.capacities``), made on the devices where the program places its
+        past inputs (each device makes its own part: no host copy)."""
         layout = self.layout
-        shape = (batch, layout.kv_heads, capacity, layout.head_size)
-        zeros = _zeros(shape, jnp.dtype(layout.dtype), self._sharding(batch, capacity))
-        return tuple(zeros() for _ in layout.past)
+        dtype = jnp.dtype(layout.dtype)
+        return tuple(
+            _zeros((batch, layout.kv_heads, c, layout.head_size), dtype, self._sharding(batch, c))()
+            for c in layout.capacities(capacity)
+        )
 
     def constrain_cache(self, array: jax.Array) -> jax.Array:
         """``array`` (a present) placed as the cache of its shape is (see :meth:`zeros_cache`)."""

@@ -149,7 +149,8 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
         layout = kv_cache.from_genai_config(config, graph)
     else:
         initialized = {t.name for t in graph.initializer}
-        layout = kv_cache.from_graph(graph, [i.name for i in graph.input if i.name not in initialized])
+        path = os.fspath(_model_path(model)) if isinstance(model, (str, os.PathLike)) else None
+        layout = kv_cache.from_graph(graph, [i.name for i in graph.input if i.name not in initialized], path)
     inferred, configuration = None, None
     if size > 1 or mesh is not None:
         if size < 2:

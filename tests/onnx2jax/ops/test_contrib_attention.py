@@ -190,3 +190,59 @@ def test_gqa_smooth_softmax_and_head_sink():
 def test_gqa_float16(past):
     s, seqlens, total = (5, [4, 2], 5) if past is None else (1, [6, 3], 7)
     check_gqa(s=s, past=past, seqlens=seqlens, total=total, rotary=True, dtype=np.float16, tol=4e-3)
+
+
+def _ring_end(past, capacity, window):
+    """onnxruntime's WindowedCacheEnd, written out independently for the test (gap = C - W + 1)."""
+    gap = capacity - window + 1
+    if past <= capacity:
+        return past
+    return past - gap * (-(-(past - capacity) // gap))
+
+
+@pytest.mark.parametrize("capacity, window, steps", [
+    (4, 4, [5, 1, 3]),  # no slack: compacts every step; a prefill longer than the ring
+    (7, 4, [6, 3, 1, 1]),  # slack 3: a chunk that evicts rows its first query reads (onnxruntime's staging), then in place
+])
+def test_gqa_sliding_window_ring_cache(capacity, window, steps):
+    """sliding_window_cache=1 (the builder's ring cache): a run of steps through onnxruntime, each step's past its
+    own previous present; onnx2jax's step on the same past gives the same output and the same resident rows
+    (the first ``end(total)`` rows; the rest onnxruntime leaves unspecified)."""
+    b, heads, kv, head = 1, 4, 2, 16
+    past = [np.zeros((b, kv, capacity, head), np.float32)] * 2
+    total = 0
+    for s in steps:
+        total += s
+        qkv = _f(b, s, (heads + 2 * kv) * head)
+        arrays = [qkv, None, None, past[0], past[1], np.array([total - 1], np.int32), np.array(total, np.int32),
+                  _f(64, head // 2), _f(64, head // 2)]
+        model, feeds = opcheck.single_node_model(
+            "GroupQueryAttention", 1, arrays, consts=(6, 7, 8), n_out=3, trim=True, num_heads=heads, kv_num_heads=kv,
+            local_window_size=window, sliding_window_cache=1, do_rotary=1, **MS,
+        )
+        expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+        actual = [np.asarray(a) for a in translate(model)(*feeds.values())]
+        np.testing.assert_allclose(actual[0], expected[0], rtol=1e-5, atol=1e-5, err_msg=f"total {total}")
+        resident = _ring_end(total, capacity, window)
+        for a, e in zip(actual[1:], expected[1:]):
+            assert a.shape == e.shape == (b, kv, capacity, head)
+            np.testing.assert_allclose(a[:, :, :resident], e[:, :, :resident], rtol=1e-6, atol=1e-6)
+        past = expected[1:]
+
+
+def test_gqa_unread_cache_rows_do_not_leak():
+    """Rows past a row's length are never read: NaN there (a gathered pad id outside the vocabulary, say)
+    leaves the output as onnxruntime gives it."""
+    b, s, heads, kv, head, cap = 1, 1, 4, 2, 16, 10
+    past = [_f(b, kv, cap, head) for _ in range(2)]
+    for p in past:
+        p[:, :, 6:] = np.nan
+    arrays = [_f(b, s, (heads + 2 * kv) * head), None, None, past[0], past[1], np.array([4], np.int32),
+              np.array(5, np.int32)]
+    model, feeds = opcheck.single_node_model(
+        "GroupQueryAttention", 1, arrays, consts=(6,), n_out=3, trim=True, num_heads=heads, kv_num_heads=kv, **MS
+    )
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    actual = np.asarray(translate(model)(*feeds.values())[0])
+    assert np.isfinite(expected[0]).all()
+    np.testing.assert_allclose(actual, expected[0], rtol=1e-5, atol=1e-5)
