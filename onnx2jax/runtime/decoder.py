@@ -204,6 +204,7 @@ class _Steps:
         self.compiled, self.layout, self.placement, self.traces, self.search = (
             compiled, layout, placement, traces, search)
         self._dtypes = {i.name: i.dtype for i in compiled.model.inputs}
+        self.vocab = generate_inputs.vocabulary(compiled.model.index_check.uses, layout.input_ids, layout.vocab_size)
 
     def _forward(self, params, cache: tuple, **named) -> tuple[jax.Array, tuple]:
         """The model on named inputs (cast to the graph's types) and ``cache`` as the past: (logits, presents)."""

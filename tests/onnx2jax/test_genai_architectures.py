@@ -41,7 +41,7 @@ def decoders():
 
     def get(name: str, devices: int) -> Decoder:
         if (name, devices) not in made:
-            made[(name, devices)] = Decoder(ARCH / name, devices=devices if devices > 1 else None)
+            made[(name, devices)] = onnx2jax.load(ARCH / name, devices=devices if devices > 1 else None)
         return made[(name, devices)]
 
     return get
@@ -92,7 +92,7 @@ def test_gemma2_local_layer_has_a_ring_cache():
     as genai_config.json's sliding_window block says; layer 1 the whole run's."""
     config = json.loads((ARCH / "gemma2_fp32" / "genai_config.json").read_text())["model"]["decoder"]
     assert config["sliding_window"]["layers"] == [0] and config["sliding_window"]["window_size"] == 8
-    decoder = Decoder(ARCH / "gemma2_fp32")
+    decoder = onnx2jax.load(ARCH / "gemma2_fp32")
     shapes = [c.shape[2] for c in decoder.empty_cache(1, 24)]
     assert shapes == [8, 8, 24, 24]  # past_key_values.0.key/value, then layer 1's
 

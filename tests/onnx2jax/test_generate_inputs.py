@@ -17,7 +17,6 @@ import onnx2jax
 from onnx2jax.cli.app import main
 from onnx2jax.errors import DeviceCountError, InputError, InputRangeError
 from onnx2jax.genai_config import GenaiConfigError
-from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate import Generator
 
 GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
@@ -26,7 +25,7 @@ VOCAB = 512  # llama_gqa's embedding rows (genai_config.json vocab_size)
 
 @pytest.fixture(scope="module")
 def decoder():
-    return Decoder(GENAI / "llama_gqa")
+    return onnx2jax.load(GENAI / "llama_gqa")
 
 
 @pytest.mark.parametrize("prompt, where", [

@@ -69,7 +69,7 @@ def _programs(decoder: Decoder) -> str:
 
 @pytest.mark.parametrize("devices", [1, 8])
 def test_int4_tokens_equal_onnxruntime_genai(devices):
-    decoder = Decoder(FOLDER, devices=devices)
+    decoder = onnx2jax.load(FOLDER, devices=devices)
     want = _expected()
     got = onnx2jax.generate(decoder, want["prompts"], max_length=want["max_length"], pad_token_id=PAD)
     assert got.tolist() == want["batch_right_padded"]["tokens"]
@@ -77,12 +77,11 @@ def test_int4_tokens_equal_onnxruntime_genai(devices):
 
 @pytest.mark.parametrize("devices", [1, 8])
 def test_the_kernel_runs_per_device_with_no_float_weight_and_no_extra_collective(devices):
-    decoder = Decoder(FOLDER, devices=devices)
-    programs = _programs(decoder)
+    programs = _programs(onnx2jax.load(FOLDER, devices=devices))  # the handle is dropped after this line
     assert nbits_kernel.TARGET in programs
     assert not {s for s in _weight_shapes() if s in programs}
-    with portable():  # a new decoder, traced through the pure-JAX path
-        pure = _programs(Decoder(FOLDER, devices=devices))
+    with portable():  # a new handle (the first was dropped: load keeps none), traced through the pure-JAX path
+        pure = _programs(onnx2jax.load(FOLDER, devices=devices))
     assert nbits_kernel.TARGET not in pure
     assert _weight_shapes() & {s for s in _weight_shapes() if s in pure}  # the check above can fail
     count = lambda text: Counter(re.findall(rf"= \S+ ({COLLECTIVES})(?:-start)?\(", text))  # noqa: E731
@@ -93,7 +92,7 @@ def test_the_kernel_runs_per_device_with_no_float_weight_and_no_extra_collective
 def test_parameter_bytes_per_device_are_the_packed_bytes(devices):
     model = onnx.load(FOLDER / "model.onnx")
     stored = {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer}
-    decoder = Decoder(FOLDER, devices=devices)
+    decoder = onnx2jax.load(FOLDER, devices=devices)
     packed = [name for name in decoder.params if name.endswith("_Q4")]
     assert len(packed) == 11  # every MatMulNBits weight (2 layers x 5 + the LM head) is a parameter
     per_device, expected = 0, 0
