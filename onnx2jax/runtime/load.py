@@ -38,6 +38,7 @@ from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate_sharding import CONFIGURATION, CachePlacement, write_plan
 from onnx2jax.runtime.plan import make_plan
 from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.runtime.total_length import feed_total_length, mask_width_conditions
 from onnx2jax.translate import JaxModel
 
 _LOADED: weakref.WeakValueDictionary[Hashable, Decoder] = weakref.WeakValueDictionary()
@@ -151,6 +152,11 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
         initialized = {t.name for t in graph.initializer}
         path = os.fspath(_model_path(model)) if isinstance(model, (str, os.PathLike)) else None
         layout = kv_cache.from_graph(graph, [i.name for i in graph.input if i.name not in initialized], path)
+    if layout.kind == "shared" and mask_width_conditions(graph, layout.attention_mask):
+        if not isinstance(model, (str, os.PathLike)) and size == 1 and mesh is None:  # the caller's: copied
+            proto = copy.deepcopy(proto)
+            graph = proto.graph
+        feed_total_length(graph, layout.attention_mask)  # LongRoPE's If on the real length (total_length)
     inferred, configuration = None, None
     if size > 1 or mesh is not None:
         if size < 2:
