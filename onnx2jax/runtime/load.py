@@ -5,7 +5,8 @@ The generation front door, on the runtime's one path (:mod:`onnx2jax.runtime.pla
 :func:`onnx2jax.compile` walks it):
 
 1. open the model once (:func:`onnx2jax.loading.open_model`: external weights stay on disk, memory-mapped);
-2. its cache layout (genai_config.json, checked against the graph, or the graph's names);
+2. its cache layout (genai_config.json, checked against the graph, or the graph's names); a LongRoPE If on the
+   mask's width made to read the real total length (:mod:`onnx2jax.runtime.total_length`);
 3. tensor-parallel: its nodes named, ONNX shape inference once, the Megatron plan and the cache's specs
    written into the opened model itself (no copy; :mod:`onnx2jax.runtime.generate_sharding`);
 4. the plan (:func:`~onnx2jax.runtime.plan.make_plan`, given that shape inference: not run again), one

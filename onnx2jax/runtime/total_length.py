@@ -74,7 +74,8 @@ def feed_total_length(graph: onnx.GraphProto, attention_mask: str | None) -> str
                 replacement.append(onnx.helper.make_node(
                     "Constant", [], [name], value=onnx.numpy_helper.from_array(padded, name)))
                 tables.append(name)
-            replacement.append(onnx.helper.make_node("Where", [node.input[0], *tables], [out], name=f"{node.name}/Where{i}"))
+            where = onnx.helper.make_node("Where", [node.input[0], *tables], [out], name=f"{node.name}/Where{i}")
+            replacement.append(where)
         at = list(graph.node).index(node)
         graph.node.remove(node)
         for offset, new in enumerate(replacement):
