@@ -31,6 +31,7 @@ from onnx2jax.runtime.executable import x64_scope
 from onnx2jax.runtime.generate_sharding import CachePlacement
 from onnx2jax.runtime.sampling import Search, choose
 from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.runtime.total_length import TOTAL_LENGTH, fill_total_length
 from onnx2jax.runtime.xla_options import compiler_options
 from onnx2jax.translate import JaxModel
 
@@ -93,19 +94,26 @@ class Decoder:
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
         """One forward call of the model, cache inputs given explicitly (its token ids checked, as every
         executable checks them)."""
-        return self.compiled(*inputs, **named)
+        return self.compiled(*inputs, **self._filled(inputs, named))
 
     def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
         """The model as a pure function of ``params`` (``Compiled.apply``), sharded as compiled."""
-        return self.compiled.apply(params, *inputs, **named)
+        return self.compiled.apply(params, *inputs, **self._filled(inputs, named))
 
     def lower(self, *inputs: Any, **named: Any) -> jax.stages.Lowered:
         """One forward call's lowered program (``Compiled.lower``); a generation program's: ``decode(...).lower``."""
-        return self.compiled.lower(*inputs, **named)
+        return self.compiled.lower(*inputs, **self._filled(inputs, named))
 
     def report(self, *inputs: Any, **named: Any) -> Any:
         """What one forward call's compiled program does (``Compiled.report``)."""
-        return self.compiled.report(*inputs, **named)
+        return self.compiled.report(*inputs, **self._filled(inputs, named))
+
+    def _filled(self, inputs: tuple, named: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``named`` with the total length a rewired LongRoPE If reads (:mod:`onnx2jax.runtime.total_length`)
+        filled in as the mask's width, as the graph computed it: a call runs the model as onnxruntime does."""
+        if TOTAL_LENGTH not in self.compiled.model.input_names:
+            return named
+        return fill_total_length(self.compiled.model.input_names, self.layout.attention_mask, inputs, named)
 
     def check_ids(self, ids: Any) -> None:
         """Refuses token ids beyond the vocabulary, as a call of the model would (:mod:`onnx2jax.input_checks`).
@@ -217,12 +225,16 @@ class _Steps:
         outputs = dict(zip(self.compiled.model.output_names, self.compiled.apply(params, **values)))
         return outputs[self.layout.logits], tuple(outputs[n] for n in self.layout.present)
 
-    def _named(self, ids, mask, positions) -> dict[str, jax.Array]:
+    def _named(self, ids, mask, positions, total) -> dict[str, jax.Array]:
+        """The model's named inputs; ``total`` the run's total length (the width of onnxruntime-genai's mask),
+        fed where the graph reads it (:mod:`onnx2jax.runtime.total_length`: LongRoPE's If)."""
         named = {self.layout.input_ids: ids}
         if self.layout.attention_mask is not None:
             named[self.layout.attention_mask] = mask
         if self.layout.position_ids is not None:
             named[self.layout.position_ids] = positions
+        if TOTAL_LENGTH in self._dtypes:
+            named[TOTAL_LENGTH] = total
         return named
 
     def _pick(self, logits, state: State):
@@ -244,7 +256,8 @@ class _Steps:
         columns = jnp.arange(width, dtype=jnp.int32)[None]
         if layout.kind == "shared":  # right-padded; the mask spans the whole buffer
             mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
-            logits, presents = self._forward(params, cache, **self._named(ids, mask, columns))
+            # onnxruntime-genai's first mask is as wide as the longest prompt
+            logits, presents = self._forward(params, cache, **self._named(ids, mask, columns, jnp.max(lengths)))
             last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
             cache = tuple(self._constrain(p) for p in presents)
             state = {}
@@ -252,7 +265,7 @@ class _Steps:
             prompt_mask = columns >= (width - lengths)[:, None]
             positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
             empty = tuple(jnp.zeros((*c.shape[:2], 0, c.shape[3]), c.dtype) for c in cache)
-            logits, presents = self._forward(params, empty, **self._named(ids, prompt_mask, positions))
+            logits, presents = self._forward(params, empty, **self._named(ids, prompt_mask, positions, width))
             last = logits[:, -1]
             cache = tuple(
                 self._constrain(jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (0, 0, 0, 0)))
@@ -294,11 +307,13 @@ class _Steps:
         positions = state["lengths"][:, None]
         if layout.kind == "shared":
             mask = jnp.arange(capacity, dtype=jnp.int32)[None] < (state["lengths"] + 1)[:, None]
-            logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
+            total = jnp.max(state["lengths"]) + 1  # the width onnxruntime-genai's grown mask has
+            logits, presents = self._forward(params, cache, **self._named(ids, mask, positions, total))
             cache = tuple(self._constrain(p) for p in presents)
         else:
             mask = jnp.concatenate([state["mask"], jnp.ones((batch, 1), bool)], axis=1)
-            logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
+            total = state["slot"] + 1  # the buffer positions written, pads included, and this one
+            logits, presents = self._forward(params, cache, **self._named(ids, mask, positions, total))
             slot = state["slot"]
             zero = jnp.zeros((), slot.dtype)
             at = (zero, zero, slot, zero)
@@ -317,7 +332,7 @@ class _Steps:
         """:meth:`Decoder.recompute`'s body: the whole sequence, its last position's next token."""
         self.traces["recompute"] += 1
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-        logits, _ = self._forward(params, (), **self._named(ids, mask, positions))
+        logits, _ = self._forward(params, (), **self._named(ids, mask, positions, ids.shape[1]))
         return self._pick(logits[:, -1], state)
 
 

@@ -5,7 +5,8 @@ The generation front door, on the runtime's one path (:mod:`onnx2jax.runtime.pla
 :func:`onnx2jax.compile` walks it):
 
 1. open the model once (:func:`onnx2jax.loading.open_model`: external weights stay on disk, memory-mapped);
-2. its cache layout (genai_config.json, checked against the graph, or the graph's names);
+2. its cache layout (genai_config.json, checked against the graph, or the graph's names); a LongRoPE If on the
+   mask's width made to read the real total length (:mod:`onnx2jax.runtime.total_length`);
 3. tensor-parallel: its nodes named, ONNX shape inference once, the Megatron plan and the cache's specs
    written into the opened model itself (no copy; :mod:`onnx2jax.runtime.generate_sharding`);
 4. the plan (:func:`~onnx2jax.runtime.plan.make_plan`, given that shape inference: not run again), one
@@ -38,6 +39,7 @@ from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate_sharding import CONFIGURATION, CachePlacement, write_plan
 from onnx2jax.runtime.plan import make_plan
 from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.runtime.total_length import feed_total_length, mask_width_conditions
 from onnx2jax.translate import JaxModel
 
 _LOADED: weakref.WeakValueDictionary[Hashable, Decoder] = weakref.WeakValueDictionary()
@@ -151,6 +153,11 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
         initialized = {t.name for t in graph.initializer}
         path = os.fspath(_model_path(model)) if isinstance(model, (str, os.PathLike)) else None
         layout = kv_cache.from_graph(graph, [i.name for i in graph.input if i.name not in initialized], path)
+    if layout.kind == "shared" and mask_width_conditions(graph, layout.attention_mask):
+        if not isinstance(model, (str, os.PathLike)) and size == 1 and mesh is None:  # the caller's: copied
+            proto = copy.deepcopy(proto)
+            graph = proto.graph
+        feed_total_length(graph, layout.attention_mask)  # LongRoPE's If on the real length (total_length)
     inferred, configuration = None, None
     if size > 1 or mesh is not None:
         if size < 2:

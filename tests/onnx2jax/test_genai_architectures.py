@@ -12,6 +12,7 @@ on 8); the 8-device cases also check that the cache is split by KV heads (2 ways
 import json
 import pathlib
 
+import numpy as np
 import pytest
 
 import onnx2jax
@@ -97,15 +98,38 @@ def test_gemma2_local_layer_has_a_ring_cache():
     assert shapes == [8, 8, 24, 24]  # past_key_values.0.key/value, then layer 1's
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "LongRoPE past original_max_position_embeddings (32): the decode program passes an attention mask as wide "
-    "as the cache buffer (48), so the graph's If (Greater(total_sequence_length, 32)) takes the long factors "
-    "from the first token, where onnxruntime-genai's mask grows with the sequence and switches at 32; the "
-    "decoder needs the mask's width to follow the length across that threshold (runtime/decoder.py)"
-))
-@pytest.mark.parametrize("name", ["phi3_longrope_fp32", "phi3_longrope_int4"])
-def test_longrope_past_the_original_context(name, decoders):
+@pytest.mark.parametrize("name, devices", [
+    pytest.param("phi3_longrope_fp32", 1, id="phi3_longrope_fp32-1"),
+    pytest.param("phi3_longrope_fp32", 8, marks=pytest.mark.slow, id="phi3_longrope_fp32-8"),
+    pytest.param("phi3_longrope_int4", 1, marks=pytest.mark.slow, id="phi3_longrope_int4-1"),
+    pytest.param("phi3_longrope_int4", 8, marks=pytest.mark.slow, id="phi3_longrope_int4-8"),
+])
+def test_longrope_past_the_original_context(name, devices, decoders):
+    """A 48-token run crosses original_max_position_embeddings (32): the long rope factors start where
+    onnxruntime-genai's (growing) mask passes 32 columns, though the decode program's mask is as wide as its
+    buffer (runtime/total_length.py), and it still compiles one prefill and one decode program."""
     run = expected(name)["long_run"]
-    got = onnx2jax.generate(decoders(name, 1), run["prompt"], max_length=run["max_length"])
+    decoder = decoders(name, devices)
+    before = dict(decoder.traces)
+    got = onnx2jax.generate(decoder, run["prompt"], max_length=run["max_length"])
     assert got.tolist() == [run["tokens"]]
+    assert decoder.traces["prefill"] - before["prefill"] == 1 and decoder.traces["decode"] - before["decode"] == 1
+
+
+@pytest.mark.parametrize("width", [5, 40])
+def test_longrope_call_equals_onnxruntime(width, decoders):
+    """A plain call of the loaded handle (the rewritten If fed the mask's width) gives onnxruntime's logits on
+    the unmodified file, on either side of the switch at 32 columns (a past buffer of 48 positions)."""
+    ort = pytest.importorskip("onnxruntime")
+    folder = ARCH / "phi3_longrope_fp32"
+    decoder = decoders("phi3_longrope_fp32", 1)
+    rng = np.random.default_rng(width)
+    feed = {
+        "input_ids": rng.integers(0, 256, (1, 1), dtype=np.int64),
+        "attention_mask": np.ones((1, width), np.int64),
+        **{n: rng.standard_normal((1, 2, 48, 16)).astype(np.float32) for n in decoder.layout.past},
+    }
+    session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
+    want = session.run(["logits"], feed)[0]
+    got = dict(zip(decoder.model.output_names, decoder(**feed)))["logits"]
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4)
