@@ -1,0 +1,188 @@
+"""The model runner: the decoder's forward over a fixed set of slots and a KV cache in pages.
+
+The cache is stored in pages: for every cache input of the graph (keys and values of each layer) one array
+``[kv_heads, pages + 1, page_size, head_size]``; the last page is a scratch page that writes nobody owns go to
+(padding, idle slots). A request holds a block table (its pages in order), so its position ``i`` lives at
+offset ``i % page_size`` of page ``block[i // page_size]``.
+
+How attention meets the pages (the graph's own attention runs unchanged): each program gathers the slots'
+pages through their block tables into a contiguous view ``[slots, kv_heads, window, head_size]`` (``window``
+= pages per slot × page size), passes it to the model as the past with the attention mask saying how many
+positions hold tokens, and scatters only the positions it wrote back into the request's own pages. Where
+GroupQueryAttention writes its own cache in place (onnxruntime-genai builder graphs, layout ``"shared"``) it
+writes into the view at each row's length; for graphs that concatenate past and new (torch exports,
+``"concat"``) the new positions are the present's last ones. This is neither onnxruntime-genai's paged engine
+nor a paged-attention kernel: the view is a transient of one step (its size is that of a dense cache of the
+slots at full window), the pages are what persists, given per token as a request grows. Lowering
+GroupQueryAttention onto the pages directly (reading through the block table) would remove the gather; not done.
+
+Two programs, each compiled once per (slots, pages, page size, chunk):
+
+- ``prefill``: one request's chunk of up to ``chunk`` tokens (batch 1), right-padded; its last real token's
+  logits choose the next token when it is the prompt's last chunk.
+- ``decode``: one token for every slot (idle slots write to the scratch page and their tokens are ignored).
+
+Both take the pages and the slots' seen-token table (for the repetition penalty) donated, and sampling
+parameters as per-slot data (:mod:`onnx2jax.serving.sampler`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from onnx2jax.serving import sampler
+from onnx2jax.serving.source import ModelSource
+
+ROW_KEYS = ("temperature", "top_k", "top_p", "penalty", "seed", "step")
+"""The per-row sampling data :func:`onnx2jax.serving.sampler.pick` takes."""
+
+_ROW_DTYPES = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "penalty": np.float32,
+               "seed": np.uint32, "step": np.int32}
+
+
+def row_arrays(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-row sampling parameters as the arrays the programs take."""
+    return {k: np.array([r[k] for r in rows], _ROW_DTYPES[k]) for k in ROW_KEYS}
+
+
+class ModelRunner:
+    """The paged cache and the compiled prefill and decode programs (module docstring).
+
+    Args:
+      source: the model (:class:`~onnx2jax.serving.source.ModelSource`).
+      slots: rows of the decode batch.
+      num_pages: pages of the cache (the scratch page comes on top).
+      page_size: positions per page.
+      pages_per_slot: the most pages one request holds (its block table's width).
+      chunk: the prefill's width.
+
+    Attributes:
+      traces: how many times each program was traced: once each for a runner's life.
+    """
+
+    def __init__(self, source: ModelSource, *, slots: int, num_pages: int, page_size: int, pages_per_slot: int,
+                 chunk: int):
+        layout = source.layout
+        if layout.kv_heads is None or layout.head_size is None:
+            raise ValueError(f"{layout.source}: the cache's KV heads and head size are not fixed by the graph")
+        self.source, self.layout = source, layout
+        self.slots, self.num_pages, self.page_size = slots, num_pages, page_size
+        self.pages_per_slot, self.chunk = pages_per_slot, chunk
+        self.window = pages_per_slot * page_size
+        self.scratch = num_pages  # the page index nobody owns
+        shape = (layout.kv_heads, num_pages + 1, page_size, layout.head_size)
+        with source.x64():
+            self.pages = tuple(jnp.zeros(shape, layout.dtype) for _ in layout.past)
+            self.seen = jnp.zeros((slots, source.vocab_size), bool)
+        self.traces = {"prefill": 0, "decode": 0}
+        self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1, 2))
+        self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2))
+
+    @property
+    def page_bytes(self) -> int:
+        """Bytes of one page over every cache input."""
+        layout = self.layout
+        return len(layout.past) * layout.kv_heads * self.page_size * layout.head_size * np.dtype(layout.dtype).itemsize
+
+    # ---- host side
+
+    def prefill(self, slot: int, block: list[int], start: int, ids: list[int], row: dict[str, Any]) -> int:
+        """Writes ``ids`` (at most ``chunk``) at positions ``start..`` of the request in ``slot`` whose pages are
+        ``block``; returns the token chosen from the last one's logits (the caller keeps it only after the
+        prompt's last chunk)."""
+        padded = np.zeros(self.chunk, np.int32)
+        padded[: len(ids)] = ids
+        with self.source.x64():
+            self.pages, self.seen, token = self._prefill(
+                self.source.params, self.pages, self.seen, self._block(block)[0], np.int32(start),
+                np.int32(len(ids)), padded, np.int32(slot), row_arrays([row]),
+            )
+            return int(token)
+
+    def decode(self, blocks: list[list[int] | None], lengths: list[int], tokens: list[int],
+               rows: list[dict[str, Any] | None]) -> np.ndarray:
+        """One step of every slot: slot i (None: idle) writes ``tokens[i]`` at position ``lengths[i]`` of its
+        pages ``blocks[i]`` and chooses its next token; returns them, int32 [slots]."""
+        idle = {k: 0 for k in ROW_KEYS} | {"penalty": 1.0, "top_p": 1.0}
+        active = np.array([b is not None for b in blocks])
+        table = self._block(*[b if b is not None else [] for b in blocks])
+        with self.source.x64():
+            self.pages, self.seen, chosen = self._decode(
+                self.source.params, self.pages, self.seen, table, np.array(lengths, np.int32),
+                np.array(tokens, np.int32), active, row_arrays([r if r is not None else idle for r in rows]),
+            )
+            return np.asarray(chosen)
+
+    def _block(self, *blocks: list[int]) -> np.ndarray:
+        table = np.full((len(blocks), self.pages_per_slot), self.scratch, np.int32)
+        for i, block in enumerate(blocks):
+            table[i, : len(block)] = block
+        return table
+
+    # ---- traced
+
+    def _view(self, pages: jax.Array, table: jax.Array) -> jax.Array:
+        """The slots' pages in order: [B, kv_heads, window, head_size]."""
+        gathered = pages[:, table]  # [kv_heads, B, M, page, head]
+        b = table.shape[0]
+        return jnp.transpose(gathered, (1, 0, 2, 3, 4)).reshape(b, pages.shape[0], self.window, pages.shape[3])
+
+    def _write(self, pages: jax.Array, table: jax.Array, positions: jax.Array, valid: jax.Array,
+               new: jax.Array) -> jax.Array:
+        """``new`` [B, kv_heads, C, head] written at ``positions`` [B, C] of each row's pages; invalid ones
+        to the scratch page."""
+        index = jnp.minimum(positions // self.page_size, self.pages_per_slot - 1)
+        page = jnp.where(valid, jnp.take_along_axis(table, index, axis=1), self.scratch)
+        return pages.at[:, page, positions % self.page_size].set(jnp.transpose(new, (1, 0, 2, 3)).astype(pages.dtype))
+
+    def _run(self, params, pages, table, ids, starts, counts):
+        """The model on ``ids`` [B, C] at positions ``starts + arange(C)`` over the paged past: (logits, pages
+        with the ``counts`` real tokens' keys and values written)."""
+        layout = self.layout
+        b, c = ids.shape
+        columns = jnp.arange(c, dtype=jnp.int32)[None]
+        positions = starts[:, None] + columns
+        views = tuple(self._view(p, table) for p in pages)
+        window = jnp.arange(self.window, dtype=jnp.int32)[None]
+        if layout.kind == "shared":
+            # The chunk's padding counts as tokens: GroupQueryAttention puts the new tokens at
+            # total - width, so they start at `starts`; causality keeps the real ones from seeing the pads.
+            mask = window < (starts + c)[:, None]
+        else:
+            mask = jnp.concatenate([window < starts[:, None], jnp.ones((b, c), bool)], axis=1)
+        named = {layout.input_ids: ids}
+        if layout.attention_mask is not None:
+            named[layout.attention_mask] = mask
+        if layout.position_ids is not None:
+            named[layout.position_ids] = positions
+        logits, presents = self.source.forward(params, views, **named)
+        valid = columns < counts[:, None]
+        written = []
+        for page, present in zip(pages, presents):
+            if layout.kind == "shared":
+                new = jax.vmap(lambda p, s: jax.lax.dynamic_slice_in_dim(p, s, c, axis=1))(present, starts)
+            else:
+                new = present[:, :, -c:]
+            written.append(self._write(page, table, positions, valid, new))
+        return logits, tuple(written)
+
+    def _prefill_fn(self, params, pages, seen, block, start, count, ids, slot, rows):
+        self.traces["prefill"] += 1
+        logits, pages = self._run(params, pages, block[None], ids[None], start[None], count[None])
+        real = jnp.arange(self.chunk) < count
+        row = jnp.where(start == 0, jnp.zeros_like(seen[slot]), seen[slot])
+        row = row.at[jnp.where(real, ids, 0)].max(real)
+        seen = seen.at[slot].set(row)
+        last = jax.lax.dynamic_index_in_dim(logits[0], count - 1, axis=0, keepdims=True)
+        token = sampler.pick(last, seen[slot][None], rows)[0]
+        return pages, seen, token
+
+    def _decode_fn(self, params, pages, seen, table, lengths, tokens, active, rows):
+        self.traces["decode"] += 1
+        logits, pages = self._run(params, pages, table, tokens[:, None], lengths, active.astype(jnp.int32))
+        seen = seen.at[jnp.arange(self.slots), tokens].max(active)
+        return pages, seen, sampler.pick(logits[:, -1], seen, rows)
