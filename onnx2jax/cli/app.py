@@ -16,11 +16,11 @@ import sys
 from typing import Sequence
 
 from onnx2jax import __version__
-from onnx2jax.cli import annotate, bench, check, conformance, demo, explain, export, generate, run
+from onnx2jax.cli import annotate, bench, check, conformance, demo, explain, export, generate, run, serve
 from onnx2jax.cli.errors import run_guarded
 from onnx2jax.runtime import compilation_cache
 
-COMMANDS = (demo, run, generate, conformance, annotate, check, explain, bench, export)
+COMMANDS = (demo, run, generate, serve, conformance, annotate, check, explain, bench, export)
 
 
 def build_parser() -> argparse.ArgumentParser:

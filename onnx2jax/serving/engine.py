@@ -215,6 +215,14 @@ class Engine:
                 return
             self.step()
 
+    def warmup(self) -> None:
+        """Compiles both programs (a one-token prompt, two tokens generated, then forgotten), so that the first
+        request does not wait for them."""
+        rid = self.add_request([0], SamplingParams(max_tokens=2, ignore_eos=True))
+        for _ in self.stream(rid):
+            pass
+        self.release(rid)
+
     def run_to_completion(self) -> None:
         """Steps until no request waits or runs."""
         while self.has_work():
