@@ -7,7 +7,7 @@ width 512, 8 query / 2 KV heads, fp32 and int4) that
 
 onnxruntime-genai runs in its own virtualenv (``--genai-python``, default ``/work/venvs/fixtures/bin/python``;
 it has no jax), as a subprocess of ``bench/genai_timings.py`` printing its timings as JSON; onnx2jax runs here,
-with one :class:`~onnx2jax.runtime.decoder.Decoder` per model (compiled once, warmed up). The two alternate in
+with one handle (:func:`onnx2jax.load`, a :class:`~onnx2jax.runtime.decoder.Decoder`) per model (compiled once, warmed up). The two alternate in
 ``--rounds`` rounds of ``--repeats`` generations each, so that the shared machine's load hits both; medians
 over all rounds, the ratio onnx2jax / onnxruntime-genai of each, and the tokens of both compared.
 
@@ -90,7 +90,7 @@ def onnx2jax_run(decoder, max_length: int, repeats: int) -> dict:
 
 
 def single_device(args: argparse.Namespace) -> list[dict]:
-    from onnx2jax.runtime.decoder import Decoder
+    from onnx2jax.runtime.load import load
 
     rows = []
     for name, folder in MODELS.items():
@@ -99,7 +99,7 @@ def single_device(args: argparse.Namespace) -> list[dict]:
         if not (folder / "genai_config.json").exists():
             print(f"skipping {name}: {folder} not built (scripts/make_genai_fixtures.py --medium)", file=sys.stderr)
             continue
-        decoder = Decoder(folder)
+        decoder = load(folder)
         onnx2jax_run(decoder, args.max_length, 2)  # compiles the prefill and decode programs
         ours: dict[str, Any] = {}
         theirs: dict[str, Any] = {"version": "?"}
@@ -139,10 +139,11 @@ def step_costs(folder: pathlib.Path, max_length: int, repeats: int) -> dict:
     import jax
     import numpy as np
 
-    from onnx2jax.runtime.decoder import DECODE_STEPS, Decoder
+    from onnx2jax.runtime.decoder import DECODE_STEPS
+    from onnx2jax.runtime.load import load
     from onnx2jax.runtime.generate import Generator
 
-    decoder = Decoder(folder)
+    decoder = load(folder)
     generator = Generator(decoder, PROMPT, max_length=max_length)
     generator.generate_next_token()
     program = decoder.decode(generator.search)
@@ -194,12 +195,12 @@ def tensor_parallel(devices: list[int], max_length: int, repeats: int) -> list[d
     import jax
     import numpy as np
 
-    from onnx2jax.runtime.decoder import Decoder
+    from onnx2jax.runtime.load import load
     from onnx2jax.runtime.generate import Generator
 
     rows = []
     for n in devices:
-        decoder = Decoder(GENAI / "llama_gqa", devices=n if n > 1 else None)
+        decoder = load(GENAI / "llama_gqa", devices=n if n > 1 else None)
         generator = Generator(decoder, PROMPT, max_length=max_length)
         generator.generate_next_token()
         with decoder.x64():

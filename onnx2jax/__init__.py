@@ -23,6 +23,8 @@ _EXPORTS: dict[str, str] = {
     "SegmentedCompiled": "onnx2jax.runtime.segmented",
     "translate": "onnx2jax.translate",
     "JaxModel": "onnx2jax.translate",
+    "load": "onnx2jax.runtime.load",
+    "Decoder": "onnx2jax.runtime.decoder",
     "generate": "onnx2jax.runtime.generate",
     "Generator": "onnx2jax.runtime.generate",
     "load_model": "onnx2jax.loading",
@@ -96,7 +98,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from onnx2jax.runtime.spmd import Compiled as Compiled
     from onnx2jax.runtime.compile import compile as compile  # noqa: A001 - onnx2jax.compile(model, mesh)
     from onnx2jax.runtime.executable import Executable as Executable
+    from onnx2jax.runtime.decoder import Decoder as Decoder
     from onnx2jax.runtime.generate import Generator as Generator
+    from onnx2jax.runtime.load import load as load
     from onnx2jax.runtime.generate import generate as generate
     from onnx2jax.translate import JaxModel as JaxModel
     from onnx2jax.translate import translate as translate

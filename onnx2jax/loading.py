@@ -14,7 +14,7 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
-from typing import Union
+from typing import NamedTuple, Union
 
 import numpy as np
 import onnx
@@ -26,7 +26,20 @@ from google.protobuf.message import DecodeError
 from onnx2jax.errors import ModelLoadError
 from onnx2jax.integrity import check_model
 
-ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, "onnx_ir.Model"]  # noqa: F821 - imported lazily
+
+
+class Opened(NamedTuple):
+    """A model :func:`open_model` already opened: its proto (external weights still on disk) and their folder.
+
+    Passed where a model is taken, it is used as it is (nothing read again): a caller that must look at or
+    annotate the model before planning it (a generation handle writes its Megatron plan in place) opens it once.
+    """
+
+    proto: onnx.ModelProto
+    external_dir: str | None
+
+
+ModelLike = Union[str, os.PathLike, bytes, onnx.ModelProto, Opened, "onnx_ir.Model"]  # noqa: F821 - imported lazily
 
 
 def _from_ir(model: object) -> object:
@@ -117,8 +130,10 @@ def open_model(model: ModelLike, *, inline: bool = True) -> tuple[onnx.ModelProt
 
     Returns:
       The ModelProto and the directory its external data is read from (None
-      when it has none).
+      when it has none); an :class:`Opened` is returned as it is.
     """
+    if isinstance(model, Opened):
+        return model
     if not isinstance(model, (str, os.PathLike)):
         return load_model(model, inline=inline), None  # handles onnx_ir.Model too
     path = os.fspath(model)

@@ -1,5 +1,6 @@
 """``onnx2jax generate``: generate tokens from a decoder LLM (an onnxruntime-genai folder, a torch export with a
-cache), printing them as they come, then the time to first token and the decode speed.
+cache), printing them as they come, then its figures from the command's start: the load, the time to first
+token (load included) and the decode rate over the decode time only (docs/generation.md).
 
 Examples::
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.cli.options import ensure_devices
+from onnx2jax.runtime import compilation_cache
 
 TOKENIZER = "tokenizer.json"
 
@@ -45,11 +47,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "default genai_config's)")
     parser.add_argument("--check", action="store_true",
                         help="compare the greedy tokens with onnxruntime-genai's (needs onnxruntime-genai)")
+    compilation_cache.add_arguments(parser)
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
     """Generates from one prompt, streaming the tokens; exit 1 where --check finds a difference."""
+    start = time.perf_counter()  # the figures count from here: loading is part of the first token's wait
     if args.check and args.sample:
         raise UsageError("--check compares greedy tokens; leave out --sample")
     folder = args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model))
@@ -62,48 +66,54 @@ def run(args: argparse.Namespace) -> int:
     if args.devices:
         ensure_devices(args.devices)
     from onnx2jax.runtime.generate import Generator
+    from onnx2jax.runtime.load import load
 
+    model = load(args.model, devices=args.devices or None)
+    loaded = time.perf_counter() - start
     generator = Generator(
-        args.model, [ids], max_length=args.max_length, max_new_tokens=args.max_new_tokens,
-        devices=args.devices or None, do_sample=args.sample, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, eos_token_id=args.eos,
+        model, [ids], max_length=args.max_length, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_id=args.eos,
     )
-    placement = generator.decoder.placement
-    if placement is not None and placement.note:
-        print(f"note: {placement.note}")
+    if model.placement.note:
+        print(f"note: {model.placement.note}")
     out = sys.stdout
     out.write(tokenizer.decode(ids) if tokenizer else " ".join(map(str, ids)))
     out.write(" |" if not tokenizer else "")
     out.flush()
-    start = time.perf_counter()
-    times: list[float] = []  # when each new token came, from the start
+    times: list[float] = []  # when each new token came, from the command's start
     new: list[int] = []
     shown = ""
-    for token in generator:
-        times.append(time.perf_counter() - start)
-        new.append(int(token[0]))
-        if tokenizer:
-            text = tokenizer.decode(ids + new)[len(tokenizer.decode(ids)):]
-            out.write(text[len(shown):])
-            shown = text
-        else:
-            out.write(f" {new[-1]}")
-        out.flush()
+    with compilation_cache.watch() as lookups:
+        for token in generator:
+            times.append(time.perf_counter() - start)
+            new.append(int(token[0]))
+            if tokenizer:
+                text = tokenizer.decode(ids + new)[len(tokenizer.decode(ids)):]
+                out.write(text[len(shown):])
+                shown = text
+            else:
+                out.write(f" {new[-1]}")
+            out.flush()
     out.write("\n")
-    print(_timing(times))
+    print(_figures(loaded, times, lookups.describe()))
     if args.check:
         return _check(generator, ids, args)
     return 0
 
 
-def _timing(times: list[float]) -> str:
-    """Time to first token (the prefill, its compile included) and the decode rate after the decode step's
-    compile (which the second token pays)."""
+def _figures(loaded: float, times: list[float], compiled: str) -> str:
+    """The load time, the time to first token from the command's start (the load, the prefill's compile and the
+    prefill), and the decode rate: the tokens after the first over the time from the first to the last (the
+    decode program's compile, or its load from the persistent cache, included). ``compiled``: how the
+    programs were obtained (``compilation_cache.Lookups.describe``)."""
+    line = f"load {loaded:.3f}s"
     if not times:
-        return "no new tokens (the prompt fills max_length, or the first token was eos)"
-    line = f"{len(times)} new tokens; time to first token {times[0]:.3f}s (prefill, compile included)"
-    if len(times) > 2:
-        line += f", then {(len(times) - 2) / (times[-1] - times[1]):.1f} tokens/s (after the decode step's compile)"
+        return line + "; no new tokens (the prompt fills max_length, or the first token was eos)"
+    line += (f"; time to first token {times[0]:.3f}s from the start (load included; prefill "
+             f"{times[0] - loaded:.3f}s, {compiled} included); {len(times)} new tokens")
+    if len(times) > 1:
+        decode = times[-1] - times[0]
+        line += f"; decode {len(times) - 1} tokens in {decode:.3f}s: {(len(times) - 1) / decode:.1f} tokens/s"
     return line
 
 

@@ -16,20 +16,25 @@ call back to back in a ``while`` loop (35 µs a step against 92 µs as one call 
 ``bench/RESULTS.md``), and the loop stops on device once every row is at eos.
 
 A model without a cache runs :meth:`Decoder.recompute`: the whole sequence each step, compiled per length.
+
+A :class:`Decoder` is made by :func:`onnx2jax.load` (:mod:`onnx2jax.runtime.load`), which opens, plans and
+compiles the model once.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager, Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from onnx2jax import genai_config as _genai
 from onnx2jax.runtime import kv_cache
+from onnx2jax.runtime.executable import x64_scope
+from onnx2jax.runtime.generate_sharding import CachePlacement
 from onnx2jax.runtime.sampling import Search, choose
-from onnx2jax.translate import JaxModel, translate
+from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.translate import JaxModel
 
 State = dict[str, jax.Array]
 
@@ -42,70 +47,83 @@ tokens of a call at once: at most this many steps late."""
 
 
 class Decoder:
-    """A decoder model with its cache layout and compiled prefill and decode steps.
+    """A decoder LLM loaded once: the handle onnxruntime-genai's users know as ``og.Model``.
 
-    Args:
-      model: a folder with genai_config.json (onnxruntime-genai's builder) or a model.onnx, an .onnx path,
-        or a JaxModel.
-      devices, mesh: run tensor-parallel over this many devices, or this mesh
-        (:mod:`onnx2jax.runtime.generate_sharding`); None: on the default device.
+    Made by :func:`onnx2jax.load` (:mod:`onnx2jax.runtime.load`) from the one plan: the model opened once (its
+    weights memory-mapped, placed slice by slice), translated once, planned once (the Megatron plan and the
+    cache's specs written into it where it runs tensor-parallel), compiled through the front door as a
+    :class:`~onnx2jax.runtime.spmd.Compiled`. An :class:`~onnx2jax.runtime.executable.Executable` (``params``,
+    ``__call__``, ``apply``, ``lower`` and ``report`` are its compiled model's: one forward call with an
+    explicit past), extended with the generation programs :meth:`prefill` and :meth:`decode` (jitted over
+    ``apply``, so they run the same plan, placements and constraints), which it keeps while it lives.
+
+    The programs close over the compiled model, never over the handle: dropping the last reference to a
+    handle frees it, its programs and its device arrays at once (no garbage collection needed).
 
     Attributes:
-      model: the JaxModel.
-      placement: the sharded program and the cache's placement (None on one device).
+      compiled: the model as one SPMD program (on one device: a mesh of one).
       layout: the cache layout (:class:`~onnx2jax.runtime.kv_cache.CacheLayout`).
+      placement: where the cache lives (:class:`~onnx2jax.runtime.generate_sharding.CachePlacement`; its
+        ``note`` says how a cache whose KV heads the devices do not divide is placed).
+      devices: the tensor-parallel width (1: one device).
       traces: how many times each program was traced (``"prefill"``, ``"decode"``, ``"recompute"``): a
         program traced once per (batch, capacity) compiled once.
-
-    Raises:
-      GenaiConfigError: the folder's genai_config.json and its model disagree (naming both).
-      ValueError: a cache whose KV heads the devices cannot split (naming both).
     """
 
-    def __init__(self, model: str | os.PathLike | JaxModel, *, devices: int | None = None, mesh: Any = None):
-        config_path = None if isinstance(model, JaxModel) else _genai.find_config(model)
-        config = _genai.read_genai_config(config_path) if config_path else None
-        if isinstance(model, JaxModel):
-            self.model = model
-        else:
-            path = config.model_path if config is not None else _model_file(os.fspath(model))
-            self.model = translate(path, scan_layers=False)
-            model = path
-        graph = self.model.proto.graph
-        if config is not None:
-            _genai.check_against_model(config, graph)
-            self.layout = kv_cache.from_genai_config(config, graph)
-        else:
-            self.layout = kv_cache.from_graph(graph, self.model.input_names)
-        self.placement = None
-        self._apply = self.model.fn
-        if (devices is not None and devices > 1) or mesh is not None:
-            from onnx2jax.runtime.generate_sharding import Placement
-
-            source = model if not isinstance(model, JaxModel) else model.proto
-            self.placement = Placement(source, self.layout, devices=devices, mesh=mesh)
-            self.model = self.placement.compiled.model
-            self._apply = self.placement.apply
-        self.params = self._place_params()
+    def __init__(self, compiled: Compiled, layout: kv_cache.CacheLayout, placement: CachePlacement):
+        self.compiled = compiled
+        self.layout = layout
+        self.placement = placement
+        self.devices = int(compiled.mesh.devices.size)
         self.traces = {"prefill": 0, "decode": 0, "recompute": 0}
-        self._programs: dict[tuple, Callable] = {}
-        self._inputs = {i.name: i for i in self.model.inputs}
+        self._programs: dict[tuple, Program] = {}
 
-    # ---- placement
+    # ---- the Executable face: the compiled model's
 
-    def _place_params(self) -> dict[str, jax.Array]:
-        if self.placement is not None:
-            return self.placement.params()
-        return jax.device_put(dict(self.model.params))
+    @property
+    def model(self) -> JaxModel:
+        """The translated model (the compiled program's)."""
+        return self.compiled.model
+
+    @property
+    def params(self) -> dict[str, jax.Array]:
+        """The parameters as placed (each device holding its slice)."""
+        return self.compiled.params
+
+    def __call__(self, *inputs: Any, **named: Any) -> tuple:
+        """One forward call of the model, cache inputs given explicitly (its token ids checked, as every
+        executable checks them)."""
+        return self.compiled(*inputs, **named)
+
+    def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
+        """The model as a pure function of ``params`` (``Compiled.apply``), sharded as compiled."""
+        return self.compiled.apply(params, *inputs, **named)
+
+    def lower(self, *inputs: Any, **named: Any) -> jax.stages.Lowered:
+        """One forward call's lowered program (``Compiled.lower``); a generation program's: ``decode(...).lower``."""
+        return self.compiled.lower(*inputs, **named)
+
+    def report(self, *inputs: Any, **named: Any) -> Any:
+        """What one forward call's compiled program does (``Compiled.report``)."""
+        return self.compiled.report(*inputs, **named)
+
+    def check_ids(self, ids: Any) -> None:
+        """Refuses token ids beyond the vocabulary, as a call of the model would (:mod:`onnx2jax.input_checks`).
+
+        Raises:
+          InputRangeError: an id indexes beyond the embedding table (naming the input and node).
+        """
+        self.compiled.model.index_check.call((), {self.layout.input_ids: np.asarray(ids)})
+
+    # ---- the cache
 
     def empty_cache(self, batch: int, capacity: int) -> tuple[jax.Array, ...]:
-        """Zeros for every cache input, ``[batch, kv_heads, capacity, head_size]``, on the device(s)."""
-        shape = (batch, self.layout.kv_heads, capacity, self.layout.head_size)
-        if None in shape:
+        """Zeros for every cache input, ``[batch, kv_heads, capacity, head_size]``, made on the device(s) where
+        the plan places the cache."""
+        if self.layout.kv_heads is None or self.layout.head_size is None:
+            shape = (batch, self.layout.kv_heads, capacity, self.layout.head_size)
             raise ValueError(f"the cache's KV heads and head size are not fixed by the graph: {shape}")
-        if self.placement is not None:
-            return self.placement.zeros_cache(batch, capacity)
-        return tuple(jnp.zeros(shape, self.layout.dtype) for _ in self.layout.past)
+        return self.placement.zeros_cache(batch, capacity)
 
     def buffer_capacity(self, max_length: int) -> int:
         """Positions of the cache buffer a run up to ``max_length`` tokens needs (module docstring of kv_cache)."""
@@ -119,20 +137,80 @@ class Decoder:
             return width
         return max(width, min(capacity, -(-width // PREFILL_BUCKET) * PREFILL_BUCKET))
 
-    # ---- running
+    # ---- the programs
 
-    def x64(self):
-        """The 64-bit context the model's int64 inputs need while tracing and calling."""
-        return jax.enable_x64(self.model.uses_64bit or jax.config.jax_enable_x64)
+    def x64(self) -> ContextManager:
+        """The 64-bit context of this model (:func:`~onnx2jax.runtime.executable.x64_scope`); the programs
+        enter it themselves."""
+        return x64_scope(self.compiled.model.uses_64bit)
+
+    def prefill(self, search: Search) -> Program:
+        """The prefill program: ``(params, cache, ids [B, P] int32, lengths [B] int32, sampling) -> (cache,
+        state, first token [B])``; ids padded on the layout's side, lengths the real prompt lengths, sampling
+        ``{"key": PRNG key, "eos": int32 [n], "pad": int32 []}`` and :meth:`Search.values` (data: another eos,
+        temperature, top-k or top-p compiles nothing; ``search.do_sample`` is the program's)."""
+        return self._program("prefill", search, donate=(1,))
+
+    def decode(self, search: Search) -> Program:
+        """The decode program: ``(params, cache, state, token [B], count int32 []) -> (cache, state, last token
+        [B], tokens [B, DECODE_STEPS] int32)``: ``count`` steps (at most `DECODE_STEPS`) from ``token``, or fewer
+        where every row is done (at eos) before; column i of ``tokens`` is step i's token of each row, pad_token_id
+        after the last step run."""
+        return self._program("decode", search, donate=(1, 2))
+
+    def recompute(self, search: Search) -> Program:
+        """For a model without a cache: ``(params, ids [B, n] left-padded, mask [B, n], state) -> (next token
+        [B], done)`` with state ``{"done", "step"}`` and the sampling of :meth:`prefill`; the whole sequence
+        each call (quadratic; one compile per length n)."""
+        return self._program("recompute", search, donate=())
+
+    def _program(self, kind: str, search: Search, donate: tuple[int, ...]) -> Program:
+        key = (kind, search.do_sample)
+        found = self._programs.get(key)
+        if found is None:
+            steps = _Steps(self.compiled, self.layout, self.placement, self.traces, search)
+            fn = {"prefill": steps.prefill, "decode": steps.decode, "recompute": steps.recompute}[kind]
+            found = self._programs[key] = Program(jax.jit(fn, donate_argnums=donate), self.compiled.model.uses_64bit)
+        return found
+
+
+class Program:
+    """A generation program (jitted over the compiled model's ``apply``), called and lowered in the model's
+    64-bit scope (:func:`~onnx2jax.runtime.executable.x64_scope`, the one place x64 is entered)."""
+
+    def __init__(self, jitted: Callable, uses_64bit: bool):
+        self._jitted, self._uses_64bit = jitted, uses_64bit
+
+    def __call__(self, *args: Any) -> Any:
+        with x64_scope(self._uses_64bit):
+            return self._jitted(*args)
+
+    def lower(self, *args: Any) -> jax.stages.Lowered:
+        with x64_scope(self._uses_64bit):
+            return self._jitted.lower(*args)
+
+    def executables(self) -> int:
+        """How many executables this program has compiled (one per shape signature of its arguments)."""
+        return self._jitted._cache_size()
+
+
+class _Steps:
+    """The bodies of the generation programs, over the compiled model (not the handle: no reference cycle)."""
+
+    def __init__(self, compiled: Compiled, layout: kv_cache.CacheLayout, placement: CachePlacement,
+                 traces: dict[str, int], search: Search):
+        self.compiled, self.layout, self.placement, self.traces, self.search = (
+            compiled, layout, placement, traces, search)
+        self._dtypes = {i.name: i.dtype for i in compiled.model.inputs}
 
     def _forward(self, params, cache: tuple, **named) -> tuple[jax.Array, tuple]:
         """The model on named inputs (cast to the graph's types) and ``cache`` as the past: (logits, presents)."""
         values = {}
         for name, value in named.items():
-            dtype = self._inputs[name].dtype
+            dtype = self._dtypes[name]
             values[name] = value.astype(dtype) if dtype is not None else value
         values.update(zip(self.layout.past, cache))
-        outputs = dict(zip(self.model.output_names, self._apply(params, **values)))
+        outputs = dict(zip(self.compiled.model.output_names, self.compiled.apply(params, **values)))
         return outputs[self.layout.logits], tuple(outputs[n] for n in self.layout.present)
 
     def _named(self, ids, mask, positions) -> dict[str, jax.Array]:
@@ -143,155 +221,100 @@ class Decoder:
             named[self.layout.position_ids] = positions
         return named
 
-    @staticmethod
-    def _pick(logits, state: State, search: Search):
+    def _pick(self, logits, state: State):
         """The next token of each row (pad for rows already done) and the rows done after it."""
-        token = choose(logits, jax.random.fold_in(state["key"], state["step"]), search.do_sample, state)
+        token = choose(logits, jax.random.fold_in(state["key"], state["step"]), self.search.do_sample, state)
         token = jnp.where(state["done"], state["pad"], token)
         return token, state["done"] | jnp.isin(token, state["eos"])
 
-    def prefill(self, search: Search) -> Callable:
-        """The prefill program: ``(params, cache, ids [B, P] int32, lengths [B] int32, sampling) -> (cache,
-        state, first token [B])``; ids padded on the layout's side, lengths the real prompt lengths, sampling
-        ``{"key": PRNG key, "eos": int32 [n], "pad": int32 []}`` and :meth:`Search.values` (data: another eos,
-        temperature, top-k or top-p compiles nothing; ``search.do_sample`` is the program's)."""
-        key_ = ("prefill", search.do_sample)
-        if key_ not in self._programs:
-            self._programs[key_] = self._jit(self._prefill_fn(search), donate=(1,))
-        return self._programs[key_]
+    def _constrain(self, cache_array: jax.Array) -> jax.Array:
+        """A cache array kept where the plan puts the cache (as it came in: donated and reused)."""
+        return self.placement.constrain_cache(cache_array)
 
-    def decode(self, search: Search) -> Callable:
-        """The decode program: ``(params, cache, state, token [B], count int32 []) -> (cache, state, last token
-        [B], tokens [B, DECODE_STEPS] int32)``: ``count`` steps (at most `DECODE_STEPS`) from ``token``, or fewer
-        where every row is done (at eos) before; column i of ``tokens`` is step i's token of each row, pad_token_id
-        after the last step run."""
-        key_ = ("decode", search.do_sample)
-        if key_ not in self._programs:
-            self._programs[key_] = self._jit(self._decode_fn(search), donate=(1, 2))
-        return self._programs[key_]
-
-    def _jit(self, fn: Callable, donate: tuple[int, ...]) -> Callable:
-        if self.placement is not None:
-            return self.placement.jit(fn, donate)
-        return jax.jit(fn, donate_argnums=donate)
-
-    def _prefill_fn(self, search: Search) -> Callable:
+    def prefill(self, params, cache, ids, lengths, sampling):
+        """:meth:`Decoder.prefill`'s body."""
+        self.traces["prefill"] += 1
         layout = self.layout
+        batch, width = ids.shape
+        capacity = cache[0].shape[2]
+        columns = jnp.arange(width, dtype=jnp.int32)[None]
+        if layout.kind == "shared":  # right-padded; the mask spans the whole buffer
+            mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
+            logits, presents = self._forward(params, cache, **self._named(ids, mask, columns))
+            last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+            cache = tuple(self._constrain(p) for p in presents)
+            state = {}
+        else:  # left-padded; the past is empty, its present copied into the buffer
+            prompt_mask = columns >= (width - lengths)[:, None]
+            positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+            empty = tuple(jnp.zeros((*c.shape[:2], 0, c.shape[3]), c.dtype) for c in cache)
+            logits, presents = self._forward(params, empty, **self._named(ids, prompt_mask, positions))
+            last = logits[:, -1]
+            cache = tuple(
+                self._constrain(jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (0, 0, 0, 0)))
+                for c, p in zip(cache, presents)
+            )
+            buffer_mask = jnp.zeros((batch, capacity), bool).at[:, :width].set(prompt_mask)
+            state = {"mask": buffer_mask, "slot": jnp.int32(width)}
+        state.update(sampling, lengths=lengths, done=jnp.zeros((batch,), bool), step=jnp.int32(0))
+        token, done = self._pick(last, state)
+        state.update(done=done, step=jnp.int32(1))
+        return cache, state, token
 
-        def prefill(params, cache, ids, lengths, sampling):
-            self.traces["prefill"] += 1
-            batch, width = ids.shape
-            capacity = cache[0].shape[2]
-            columns = jnp.arange(width, dtype=jnp.int32)[None]
-            if layout.kind == "shared":  # right-padded; the mask spans the whole buffer
-                mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
-                logits, presents = self._forward(params, cache, **self._named(ids, mask, columns))
-                last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
-                cache = tuple(self._constrain(p) for p in presents)
-                state = {}
-            else:  # left-padded; the past is empty, its present copied into the buffer
-                prompt_mask = columns >= (width - lengths)[:, None]
-                positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-                empty = tuple(jnp.zeros((*c.shape[:2], 0, c.shape[3]), c.dtype) for c in cache)
-                logits, presents = self._forward(params, empty, **self._named(ids, prompt_mask, positions))
-                last = logits[:, -1]
-                cache = tuple(
-                    self._constrain(jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (0, 0, 0, 0)))
-                    for c, p in zip(cache, presents)
-                )
-                buffer_mask = jnp.zeros((batch, capacity), bool).at[:, :width].set(prompt_mask)
-                state = {"mask": buffer_mask, "slot": jnp.int32(width)}
-            state.update(sampling, lengths=lengths, done=jnp.zeros((batch,), bool), step=jnp.int32(0))
-            token, done = self._pick(last, state, search)
-            state.update(done=done, step=jnp.int32(1))
-            return cache, state, token
+    def decode(self, params, cache, state, token, count):
+        """:meth:`Decoder.decode`'s body: up to ``count`` steps in one ``while_loop``."""
+        self.traces["decode"] += 1
+        tokens = jnp.full((token.shape[0], DECODE_STEPS), state["pad"], jnp.int32)
 
-        return prefill
+        def more(carry):
+            done, state = carry[0], carry[2]
+            return (done < count) & ~jnp.all(state["done"])
 
-    def _decode_fn(self, search: Search) -> Callable:
-        step = self._step_fn(search)
+        def one(carry):
+            done, cache, state, token, tokens = carry
+            cache, state, token = self._step(params, cache, state, token)
+            tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (jnp.int32(0), done))
+            return done + 1, cache, state, token, tokens
 
-        def decode(params, cache, state, token, count):
-            self.traces["decode"] += 1
-            tokens = jnp.full((token.shape[0], DECODE_STEPS), state["pad"], jnp.int32)
+        carry = (jnp.int32(0), cache, dict(state), token, tokens)
+        _, cache, state, token, tokens = jax.lax.while_loop(more, one, carry)
+        return cache, state, token, tokens
 
-            def more(carry):
-                done, state = carry[0], carry[2]
-                return (done < count) & ~jnp.all(state["done"])
-
-            def one(carry):
-                done, cache, state, token, tokens = carry
-                cache, state, token = step(params, cache, state, token)
-                tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (jnp.int32(0), done))
-                return done + 1, cache, state, token, tokens
-
-            carry = (jnp.int32(0), cache, dict(state), token, tokens)
-            _, cache, state, token, tokens = jax.lax.while_loop(more, one, carry)
-            return cache, state, token, tokens
-
-        return decode
-
-    def _step_fn(self, search: Search) -> Callable:
+    def _step(self, params, cache, state, token):
         """One decode step ``(params, cache, state, token [B]) -> (cache, state, next token [B])``."""
         layout = self.layout
+        state = dict(state)
+        batch = token.shape[0]
+        capacity = cache[0].shape[2]
+        ids = token[:, None]
+        positions = state["lengths"][:, None]
+        if layout.kind == "shared":
+            mask = jnp.arange(capacity, dtype=jnp.int32)[None] < (state["lengths"] + 1)[:, None]
+            logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
+            cache = tuple(self._constrain(p) for p in presents)
+        else:
+            mask = jnp.concatenate([state["mask"], jnp.ones((batch, 1), bool)], axis=1)
+            logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
+            slot = state["slot"]
+            zero = jnp.zeros((), slot.dtype)
+            at = (zero, zero, slot, zero)
+            cache = tuple(
+                self._constrain(jax.lax.dynamic_update_slice(c, p[:, :, -1:].astype(c.dtype), at))
+                for c, p in zip(cache, presents)
+            )
+            state["mask"] = jax.lax.dynamic_update_slice(state["mask"], jnp.ones((batch, 1), bool), (zero, slot))
+            state["slot"] = slot + 1
+        state["lengths"] = state["lengths"] + 1
+        token, state["done"] = self._pick(logits[:, -1], state)
+        state["step"] = state["step"] + 1
+        return cache, state, token
 
-        def step(params, cache, state, token):
-            state = dict(state)
-            batch = token.shape[0]
-            capacity = cache[0].shape[2]
-            ids = token[:, None]
-            positions = state["lengths"][:, None]
-            if layout.kind == "shared":
-                mask = jnp.arange(capacity, dtype=jnp.int32)[None] < (state["lengths"] + 1)[:, None]
-                logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
-                cache = tuple(self._constrain(p) for p in presents)
-            else:
-                mask = jnp.concatenate([state["mask"], jnp.ones((batch, 1), bool)], axis=1)
-                logits, presents = self._forward(params, cache, **self._named(ids, mask, positions))
-                slot = state["slot"]
-                zero = jnp.zeros((), slot.dtype)
-                at = (zero, zero, slot, zero)
-                cache = tuple(
-                    self._constrain(jax.lax.dynamic_update_slice(c, p[:, :, -1:].astype(c.dtype), at))
-                    for c, p in zip(cache, presents)
-                )
-                state["mask"] = jax.lax.dynamic_update_slice(state["mask"], jnp.ones((batch, 1), bool), (zero, slot))
-                state["slot"] = slot + 1
-            state["lengths"] = state["lengths"] + 1
-            token, state["done"] = self._pick(logits[:, -1], state, search)
-            state["step"] = state["step"] + 1
-            return cache, state, token
-
-        return step
-
-    def _constrain(self, cache_array: jax.Array) -> jax.Array:
-        """A cache array kept where the placement puts the cache (as it came in: donated and reused)."""
-        if self.placement is not None:
-            return self.placement.constrain_cache(cache_array)
-        return cache_array
-
-    def recompute(self, search: Search) -> Callable:
-        """For a model without a cache: ``(params, ids [B, n] left-padded, mask [B, n], state) -> (next token
-        [B], done)`` with state ``{"done", "step"}`` and the sampling of :meth:`prefill`; the whole sequence
-        each call (quadratic; one compile per length n)."""
-        key_ = ("recompute", search.do_sample)
-        if key_ not in self._programs:
-
-            def recompute(params, ids, mask, state):
-                self.traces["recompute"] += 1
-                positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-                logits, _ = self._forward(params, (), **self._named(ids, mask, positions))
-                return self._pick(logits[:, -1], state, search)
-
-            self._programs[key_] = jax.jit(recompute)
-        return self._programs[key_]
+    def recompute(self, params, ids, mask, state):
+        """:meth:`Decoder.recompute`'s body: the whole sequence, its last position's next token."""
+        self.traces["recompute"] += 1
+        positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
+        logits, _ = self._forward(params, (), **self._named(ids, mask, positions))
+        return self._pick(logits[:, -1], state)
 
 
-def _model_file(path: str) -> str:
-    """The .onnx file of ``path``: itself, or a folder's model.onnx."""
-    if os.path.isdir(path):
-        candidate = os.path.join(path, "model.onnx")
-        if not os.path.isfile(candidate):
-            raise FileNotFoundError(f"{path}: no genai_config.json and no model.onnx in the folder")
-        return candidate
-    return path
+__all__ = ["DECODE_STEPS", "PREFILL_BUCKET", "Decoder", "Program"]

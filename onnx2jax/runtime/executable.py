@@ -2,9 +2,17 @@
 
 After jax's own stages (Traced -> Lowered -> Compiled), whatever
 :func:`onnx2jax.compile` returns (one SPMD program, pipeline stages,
-segments; next a generation loop, a train step) is called like the model,
+segments; next a train step) is called like the model,
 holds its placed parameters, offers the pure function of those parameters,
 its lowered program(s) and a report.
+
+A way of running that needs more than one call of the model extends the
+protocol with its own programs, built over ``apply`` so that they run the
+same plan, placements and constraints: the generation handle
+(:func:`onnx2jax.load`, :class:`onnx2jax.runtime.decoder.Decoder`) is an
+Executable whose ``params``, ``__call__``, ``apply``, ``lower`` and ``report``
+are its compiled model's, with ``prefill`` and ``decode`` programs jitted over
+``apply`` and entered through :func:`x64_scope`.
 """
 
 from __future__ import annotations

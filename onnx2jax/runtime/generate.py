@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from onnx2jax.runtime.decoder import DECODE_STEPS, Decoder
+from onnx2jax.runtime.load import load
 from onnx2jax.runtime.sampling import Search
 from onnx2jax.translate import JaxModel
 
@@ -37,13 +38,18 @@ QUADRATIC_NOTE = (
 )
 
 
-def load(model: str | os.PathLike | JaxModel | Decoder, *, devices: int | None = None, mesh: Any = None) -> Decoder:
-    """A :class:`Decoder` for ``model`` (returned as is when it is one), placed on ``devices`` / ``mesh``."""
-    if isinstance(model, Decoder):
-        if devices or mesh is not None:
-            raise ValueError("devices/mesh are fixed when the Decoder is made: pass them to Decoder(...)")
-        return model
-    return Decoder(model, devices=devices, mesh=mesh)
+_RECENT: list[Decoder] = []
+"""The handle :class:`Generator` (and so :func:`generate`) last loaded from a path: held, so that generating from
+the same path again compiles nothing; replaced by the next path's. A handle from :func:`onnx2jax.load` passed in
+instead lives exactly as long as its caller holds it."""
+
+
+def _handle(model: str | os.PathLike | JaxModel | Decoder, devices: int | None, mesh: Any) -> Decoder:
+    """The handle for ``model`` (:func:`onnx2jax.load`, which reuses a held one), the last path's kept."""
+    decoder = load(model, devices=devices, mesh=mesh)
+    if isinstance(model, (str, os.PathLike)):
+        _RECENT[:] = [decoder]
+    return decoder
 
 
 class Generator:
@@ -51,13 +57,16 @@ class Generator:
     step's new tokens; ``sequences`` holds the tokens so far, prompt included.
 
     Args:
-      model: a genai folder, an .onnx file, a JaxModel, or a :class:`Decoder` (reuses its compiled steps).
+      model: a handle from :func:`onnx2jax.load` (a :class:`Decoder`: its compiled steps are reused), or what
+        ``load`` takes (a genai folder, an .onnx file, a JaxModel): a path loaded before with the same devices
+        and mesh, and still held, is not loaded again (the last path loaded here is held: `_RECENT`).
       input_ids: one prompt (a sequence of ints) or several (a sequence of sequences, lengths may differ; or a
         2-D array whose rows may be padded with pad_token_id on either side).
       max_length: the longest sequence returned, prompt (padded) included; default genai_config's
         ``search.max_length``, else the context length.
       max_new_tokens: instead of max_length: the padded prompt's width plus this.
-      devices, mesh: run tensor-parallel (:mod:`onnx2jax.runtime.generate_sharding`).
+      devices, mesh: run tensor-parallel (:mod:`onnx2jax.runtime.generate_sharding`); fixed by ``load``, so
+        only with a path or model, not with a handle.
       do_sample, temperature, top_k, top_p: greedy (default) or sampled; None takes genai_config's search
         defaults where it has them.
       seed: of the sampling (``jax.random``): the same seed gives the same tokens.
@@ -86,7 +95,7 @@ class Generator:
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
     ):
-        self.decoder = load(model, devices=devices, mesh=mesh)
+        self.decoder = _handle(model, devices, mesh)
         layout = self.decoder.layout
         defaults = layout.search
         self.search = Search(
@@ -170,23 +179,22 @@ class Generator:
         ``steps`` decode steps in one call of the decode program (bounded by max_length and
         `~onnx2jax.runtime.decoder.DECODE_STEPS`; fewer where every row reached eos), one transfer."""
         decoder = self.decoder
-        with decoder.x64():
-            if decoder.layout.kind == "none":
-                return self._recompute_step()[None]
-            if self._cache is None:
-                capacity = decoder.buffer_capacity(self.max_length)
-                ids, lengths = _pad(self.prompts, decoder.prefill_width(self.width, capacity), self.pad,
-                                    decoder.layout.padding)
-                cache = decoder.empty_cache(self.batch, capacity)
-                program = decoder.prefill(self.search)
-                self._cache, self._state, self._token = program(decoder.params, cache, ids, lengths, self._sampling())
-                return np.asarray(self._token)[None]
-            count = min(steps, DECODE_STEPS, self.max_length - self.width - self._taken)
-            program = decoder.decode(self.search)
-            self._cache, self._state, self._token, tokens = program(
-                decoder.params, self._cache, self._state, self._token, np.int32(count)
-            )
-            return np.asarray(tokens)[:, :count].T
+        if decoder.layout.kind == "none":
+            return self._recompute_step()[None]
+        if self._cache is None:
+            capacity = decoder.buffer_capacity(self.max_length)
+            ids, lengths = _pad(self.prompts, decoder.prefill_width(self.width, capacity), self.pad,
+                                decoder.layout.padding)
+            cache = decoder.empty_cache(self.batch, capacity)
+            program = decoder.prefill(self.search)
+            self._cache, self._state, self._token = program(decoder.params, cache, ids, lengths, self._sampling())
+            return np.asarray(self._token)[None]
+        count = min(steps, DECODE_STEPS, self.max_length - self.width - self._taken)
+        program = decoder.decode(self.search)
+        self._cache, self._state, self._token, tokens = program(
+            decoder.params, self._cache, self._state, self._token, np.int32(count)
+        )
+        return np.asarray(tokens)[:, :count].T
 
     def _take(self, chunk: np.ndarray) -> None:
         """Queues the steps' tokens ``chunk`` [k, batch] up to where generation ends (eos and max_length as

@@ -155,7 +155,6 @@ def place_on_mesh(values: Mapping[str, Any], in_placements: Mapping[str, Placeme
     then refused with IndivisibleError.)
     """
     mesh_devices = set(mesh.devices.flat)
-    replicated = NamedSharding(mesh, PartitionSpec())
     placed = {}
     for name, value in values.items():
         if isinstance(value, jax.core.Tracer) or (
@@ -163,12 +162,16 @@ def place_on_mesh(values: Mapping[str, Any], in_placements: Mapping[str, Placeme
         ):
             placed[name] = value
             continue
-        placement = in_placements.get(name)
-        target = replicated
-        if placement is not None and not placement.fused:
-            target = holdable_sharding(tuple(np.shape(value)), placement.sharding)
-        placed[name] = jax.device_put(value, target)
+        placed[name] = jax.device_put(value, input_sharding(tuple(np.shape(value)), in_placements.get(name), mesh))
     return placed
+
+
+def input_sharding(shape: tuple[int, ...], placement: Placement | None, mesh: Mesh) -> jax.sharding.Sharding:
+    """Where :func:`place_on_mesh` puts an input of ``shape`` whose first reader's placement is ``placement``:
+    that spec where JAX can hold it, else replicated."""
+    if placement is None or placement.fused:
+        return NamedSharding(mesh, PartitionSpec())
+    return holdable_sharding(shape, placement.sharding)
 
 
 def output_shardings(

@@ -200,8 +200,12 @@ def make_plan(
     devices: Sequence[int] | None = None,
     microbatches: int = 1,
     scan_layers: ScanSetting = "auto",
+    inferred: InferredModel | None = None,
 ) -> Plan:
     """The one analysis of a compile (see the module docstring); arguments as :func:`onnx2jax.compile`'s.
+
+    ``inferred``: the model's shape inference when the caller already ran it (a generation handle runs it
+    once for the Megatron plan it writes, and this plan takes it: one shape inference per model).
 
     Raises:
       ValueError: the configuration asked for is not in the model, or the model has
@@ -210,7 +214,8 @@ def make_plan(
     """
     proto, external_dir = open_model(model)
     annotated = any(node.device_configurations for node in proto.graph.node)
-    inferred = infer_model(proto) if annotated or may_cut(proto) else None
+    if inferred is None and (annotated or may_cut(proto)):
+        inferred = infer_model(proto)
     shapes = None if inferred is None or not annotated else (inferred.shapes, inferred.diagnostics)
     structural = tuple(require_valid(proto, shapes=shapes))
     mesh = auto_axes(context_mesh() if mesh is None else mesh)

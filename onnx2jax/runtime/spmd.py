@@ -23,6 +23,7 @@ import contextlib
 import copy
 import dataclasses
 import os
+import weakref
 from typing import Any, Hashable, Iterable, Mapping, Sequence
 
 import jax
@@ -36,7 +37,13 @@ from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
 from onnx2jax.runtime.fast_call import FastCall, call_key, moved_inputs
 from onnx2jax.runtime.in_flight import InFlight
 from onnx2jax.runtime.parameters import ParameterStore
-from onnx2jax.runtime.placements import input_placements, output_placements, output_shardings, place_on_mesh
+from onnx2jax.runtime.placements import (
+    input_placements,
+    input_sharding,
+    output_placements,
+    output_shardings,
+    place_on_mesh,
+)
 from onnx2jax.runtime.plan import ProgramPlan
 from onnx2jax.runtime.collective_sources import differences
 from onnx2jax.runtime.report import Report, count_collectives, example_inputs, loop_note, node_rows, param_bytes_per_device
@@ -230,7 +237,8 @@ class Compiled:
         args = ((self.params, self.param_copies), placed)
         jitted = self._jitted.get((key, shapes))
         if jitted is None:
-            evaluate = lambda stored, values: self._evaluate(signature, *stored, {**values, **static})  # noqa: E731
+            this = weakref.ref(self)  # the jitted function holds no reference to self: no cycle to collect
+            evaluate = lambda stored, values: this()._evaluate(signature, *stored, {**values, **static})  # noqa: E731
             # Output shapes matter only to outputs with a spec: without one (an unannotated model) the graph is
             # not traced twice (eval_shape, then jit: 70 ms of GPT-2's first result).
             wanted = signature.out_placements
@@ -258,6 +266,14 @@ class Compiled:
         with self._scope():
             placed, static, _, _, _ = self._prepare((), named)
         return {**placed, **static}
+
+    def input_shardings(self, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, jax.sharding.Sharding]:
+        """Where a call whose inputs have these ``shapes`` (every runtime input, by name) places each, as
+        :meth:`place_inputs` would, without any data: a generation loop makes its cache there directly."""
+        key = ((), tuple((k, tuple(v)) for k, v in sorted(shapes.items())))
+        with self._scope():
+            signature = self._signature(key, {k: tuple(v) for k, v in shapes.items()})
+        return {k: input_sharding(tuple(v), signature.in_placements.get(k), self.mesh) for k, v in shapes.items()}
 
     def apply(self, params: Mapping[str, Any], *inputs: Any, **named: Any) -> tuple:
         """The model as a pure function of its parameters: ``apply(compiled.params, x) == compiled(x)``.

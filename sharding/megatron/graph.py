@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
+from collections.abc import Mapping
 
 import onnx
 
@@ -64,7 +65,8 @@ Shape = tuple[int | str | None, ...]
 class PlanGraph:
     """Producers, consumers, constants and inferred shapes of the main graph."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, shapes: Mapping[str, Shape] | None = None) -> None:
+        """``shapes``: the model's inferred shapes when the caller has them (else shape inference runs here)."""
         graph = model.graph
         self.nodes = list(graph.node)
         self.inits = {i.name: tuple(i.dims) for i in graph.initializer}
@@ -83,7 +85,7 @@ class PlanGraph:
                     self.consumers[name].append(index)
             if node.op_type == "Constant":
                 self.constants.update(node.output)
-        self.shapes = self._infer_shapes(model)
+        self.shapes = dict(shapes) if shapes is not None else self._infer_shapes(model)
         self.norm_nodes = self._norm_nodes()
 
     def _infer_shapes(self, model: onnx.ModelProto) -> dict[str, Shape]:

@@ -121,7 +121,12 @@ _GQA_CHOICES = ("replicate", "groups")
 
 @takes_model()
 def megatron_layout(
-    model: onnx.ModelProto, num_devices: int, *, gqa: str = "replicate", batch: int | None = None
+    model: onnx.ModelProto,
+    num_devices: int,
+    *,
+    gqa: str = "replicate",
+    batch: int | None = None,
+    shapes: Mapping[str, tuple] | None = None,
 ) -> MegatronLayout:
     """Finds the Megatron tensor-parallel roles of a transformer graph, by pattern.
 
@@ -140,6 +145,8 @@ def megatron_layout(
             pairs, no linear pairs) then runs data parallel when the devices
             divide it: that moves no bytes in a forward pass, against one
             all-reduce per conv pair (`sharding.megatron.data`).
+        shapes: The model's inferred tensor shapes, when the caller has them
+            (`sharding.shapes.infer_model`'s); else shape inference runs here.
 
     Returns:
         The `MegatronLayout`: pairs, embeddings, LM head, specs and notes.
@@ -151,7 +158,7 @@ def megatron_layout(
     if gqa not in _GQA_CHOICES:
         raise ValueError(f"gqa must be one of {_GQA_CHOICES}, got {gqa!r}")
     n = num_devices
-    graph = PlanGraph(model)
+    graph = PlanGraph(model, shapes)
     notes: list[str] = []
     linears = find_linears(graph)
     paired, raw_pairs = pair_linears(graph, linears, notes)
@@ -237,9 +244,7 @@ def megatron_plan(
     name_nodes(result)
     layout = megatron_layout(result, num_devices, gqa=gqa, batch=batch)
     if node_devices is None:
-        add_configuration(result, configuration, num_devices)
-        for assignment in layout.assignments:
-            set_spec(result, assignment.node, assignment.spec, configuration)
+        write_megatron_plan(result, layout, configuration)
         return result
     wrong = sorted({len(g) for g in node_devices.values()} - {num_devices})
     if wrong:
@@ -253,6 +258,21 @@ def megatron_plan(
     return result
 
 
+def write_megatron_plan(model: onnx.ModelProto, layout: MegatronLayout, configuration: str = "tp") -> None:
+    """Writes ``layout``'s specs into ``model`` itself (no copy): the configuration, then every assignment.
+
+    For a caller that owns the model (a generation handle that opened it, its weights still on disk), so
+    that annotating it copies nothing; `megatron_plan` writes into a copy. Nodes must be named
+    (`sharding.annotate.name_nodes`) before ``layout`` is found.
+
+    Raises:
+        ValueError: the configuration exists with another number of devices.
+    """
+    add_configuration(model, configuration, layout.num_devices)
+    for assignment in layout.assignments:
+        set_spec(model, assignment.node, assignment.spec, configuration)
+
+
 __all__ = [
     "Assignment",
     "ConvPair",
@@ -262,4 +282,5 @@ __all__ = [
     "MegatronLayout",
     "megatron_layout",
     "megatron_plan",
+    "write_megatron_plan",
 ]

@@ -34,7 +34,7 @@ def decoders():
 
     def get(name: str) -> Decoder:
         if name not in made:
-            made[name] = Decoder(GENAI / name)
+            made[name] = onnx2jax.load(GENAI / name)
         return made[name]
 
     return get
@@ -84,7 +84,7 @@ def test_decode_compiles_once_and_the_cache_is_donated(decoders):
     before = dict(decoder.traces)
     generator = Generator(decoder, want["prompts"][0], max_length=want["max_length"])
     program = decoder.decode(generator.search)
-    executables = program._cache_size()  # 0, or 1 where an earlier test ran a batch of 1 at this capacity
+    executables = program.executables()  # 0, or 1 where an earlier test ran a batch of 1 at this capacity
     generator.generate_next_token()  # the prefill
     generator.generate_next_token()
     cache = generator._cache
@@ -101,7 +101,7 @@ def test_decode_compiles_once_and_the_cache_is_donated(decoders):
     onnx2jax.generate(decoder, want["prompts"][2], max_length=want["max_length"], eos_token_id=7)
     assert generator.sequences.tolist() == [want["tokens"][0]]
     assert decoder.traces["decode"] - before["decode"] <= 1  # 26 + 29 decode steps, one trace at most
-    assert program._cache_size() - executables <= 1  # and one executable
+    assert program.executables() - executables <= 1  # and one executable
 
 
 def test_streaming_yields_each_new_token(decoders):
@@ -189,7 +189,7 @@ def test_a_folder_whose_config_and_model_disagree_is_refused_naming_both(tmp_pat
     edit(config)
     (folder / "genai_config.json").write_text(json.dumps(config))
     with pytest.raises(GenaiConfigError, match="genai_config.json and model.onnx disagree: " + message):
-        Decoder(folder)
+        onnx2jax.load(folder)
 
 
 def test_generate_is_exported_lazily():

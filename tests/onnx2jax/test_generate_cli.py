@@ -5,6 +5,7 @@ import importlib.util
 import sys
 import json
 import pathlib
+import re
 
 import pytest
 
@@ -25,7 +26,27 @@ def test_generate_prints_the_tokens_then_time_to_first_token_and_rate(name, caps
     assert main(args) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0] == " ".join(map(str, prompt)) + " | " + " ".join(map(str, tokens[len(prompt):len(prompt) + 6]))
-    assert "6 new tokens; time to first token" in out[1] and "tokens/s" in out[1]
+    figures = _figures(out[1])
+    assert figures["new"] == 6 and figures["decoded"] == 5
+
+
+FIGURES = re.compile(
+    r"load (?P<load>[\d.]+)s; time to first token (?P<ttft>[\d.]+)s from the start \(load included; prefill "
+    r"(?P<prefill>[\d.]+)s, .+ included\); (?P<new>\d+) new tokens; decode (?P<decoded>\d+) tokens in "
+    r"(?P<decode>[\d.]+)s: (?P<rate>[\d.]+) tokens/s$"
+)
+
+
+def _figures(line: str) -> dict:
+    """The figures line read back, checked for consistency: the time to first token counts the load and the
+    prefill, the rate is the decoded tokens over the decode time printed (timings themselves are not tested)."""
+    found = FIGURES.match(line)
+    assert found, line
+    f = {k: (int(v) if k in ("new", "decoded") else float(v)) for k, v in found.groupdict().items()}
+    assert f["ttft"] >= f["load"] > 0 and abs(f["ttft"] - f["load"] - f["prefill"]) <= 2e-3
+    assert f["decoded"] == f["new"] - 1
+    assert f["rate"] == pytest.approx(f["decoded"] / f["decode"], rel=1e-2, abs=0.1)
+    return f
 
 
 def test_generate_sampled(capsys):
@@ -33,7 +54,7 @@ def test_generate_sampled(capsys):
             "--temperature", "1.5", "--top-p", "0.9", "--seed", "4"]
     assert main(args) == 0
     first, timing = capsys.readouterr().out.splitlines()
-    assert first.startswith("1 42 | ") and len(first.split("|")[1].split()) == 5 and "5 new tokens" in timing
+    assert first.startswith("1 42 | ") and len(first.split("|")[1].split()) == 5 and _figures(timing)["new"] == 5
 
 
 @pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is not None, reason="onnxruntime-genai installed")
@@ -58,7 +79,7 @@ def test_text_prompt_is_tokenized_and_decoded(capsys):
     example = stored("llama_gqa")["text_example"]
     assert main(["generate", str(GENAI / "llama_gqa"), "--prompt", example["text"], "--max-new-tokens", "3"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith(example["text"]) and "3 new tokens" in out[1]
+    assert out[0].startswith(example["text"]) and _figures(out[1])["new"] == 3
 
 
 def test_a_prompt_longer_than_the_context_is_one_line(capsys):

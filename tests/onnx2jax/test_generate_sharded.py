@@ -1,6 +1,7 @@
 """Tensor-parallel generation (Megatron plan, 8 fake CPU devices) against onnxruntime-genai's STORED greedy
 tokens; the KV cache sharded by KV heads; the collectives of one decode step counted in its HLO."""
 
+import dataclasses
 import json
 import pathlib
 import re
@@ -13,7 +14,7 @@ import pytest
 import onnx2jax
 from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate import Generator
-from onnx2jax.runtime.generate_sharding import cache_bytes_per_device, cache_splits
+from onnx2jax.runtime.generate_sharding import cache_bytes_per_device, cache_ways
 from onnx2jax.runtime.kv_cache import CacheLayout
 from sharding.rules import rule_for
 
@@ -46,7 +47,7 @@ def decode_collectives(decoder: Decoder, generator: Generator) -> Counter:
     ("llama_gqa_int4", 2),
 ])
 def test_sharded_greedy_tokens_equal_onnxruntime_genai(name, devices):
-    decoder = Decoder(GENAI / name, devices=devices)
+    decoder = onnx2jax.load(GENAI / name, devices=devices)
     want = expected(name)
     got = onnx2jax.generate(decoder, want["prompts"], max_length=want["max_length"], pad_token_id=PAD)
     assert got.tolist() == batch_tokens(name)
@@ -54,7 +55,7 @@ def test_sharded_greedy_tokens_equal_onnxruntime_genai(name, devices):
 
 
 def test_the_cache_is_sharded_by_kv_heads_one_half_per_device_on_two():
-    decoder = Decoder(GENAI / "llama_gqa_torch", devices=2)
+    decoder = onnx2jax.load(GENAI / "llama_gqa_torch", devices=2)
     assert decoder.placement.note == ""
     generator = Generator(decoder, expected("llama_gqa_torch")["prompts"], max_new_tokens=3, pad_token_id=PAD)
     generator.generate_next_token()
@@ -69,7 +70,7 @@ def test_the_cache_is_sharded_by_kv_heads_one_half_per_device_on_two():
 
 
 def test_more_devices_than_kv_heads_replicate_the_cache_with_a_note():
-    decoder = Decoder(GENAI / "llama_gqa_torch", devices=8)
+    decoder = onnx2jax.load(GENAI / "llama_gqa_torch", devices=8)
     assert "2 KV head(s), fewer than the 8 devices: it is whole on every device" in decoder.placement.note
     generator = Generator(decoder, [1, 42], max_new_tokens=3)
     generator.generate_next_token()
@@ -85,12 +86,12 @@ def test_a_user_mesh():
     assert got.tolist() == [want["tokens"][2][:12]]
 
 
-def test_kv_heads_the_devices_cannot_split_are_refused_by_name():
-    layout = CacheLayout("shared", "input_ids", "attention_mask", None, "logits", kv_heads=6, source="cfg.json")
-    with pytest.raises(ValueError, match=r"the cache has 6 KV heads \(cfg.json\), which 4 devices cannot split"):
-        cache_splits(layout, 4)
-    assert cache_splits(layout, 3) is True
-    assert cache_splits(layout, 8) is False  # more devices than KV heads: as the plan places k and v
+def test_kv_heads_the_devices_do_not_divide_are_split_by_the_largest_divisor():
+    layout = CacheLayout("shared", "input_ids", "attention_mask", None, "logits", kv_heads=12, source="cfg.json")
+    assert cache_ways(layout, 8) == 4  # GPT-2's 12 heads at 8 devices: 4 parts, each on 2 devices
+    assert cache_ways(layout, 3) == 3
+    assert cache_ways(dataclasses.replace(layout, kv_heads=7), 4) == 1  # no divisor but 1: whole on every device
+    assert cache_ways(dataclasses.replace(layout, kv_heads=2), 8) == 0  # fewer than the devices: as k and v are
 
 
 @pytest.mark.xfail(rule_for("GroupQueryAttention", "com.microsoft") is None, strict=True, reason=(
@@ -99,7 +100,7 @@ def test_kv_heads_the_devices_cannot_split_are_refused_by_name():
 ))
 @pytest.mark.parametrize("name, devices, cache_ways", [("llama_gqa", 2, 2), ("llama_gqa", 8, 2), ("llama_mqa", 8, 1)])
 def test_builder_decode_step_has_the_minimum_collectives(name, devices, cache_ways):
-    decoder = Decoder(GENAI / name, devices=devices)
+    decoder = onnx2jax.load(GENAI / name, devices=devices)
     generator = Generator(decoder, [1, 42], max_new_tokens=3)
     generator.generate_next_token()
     generator.generate_next_token()
@@ -108,6 +109,46 @@ def test_builder_decode_step_has_the_minimum_collectives(name, devices, cache_wa
 
 
 def test_sharded_sampling_repeats_with_its_seed():
-    decoder = Decoder(GENAI / "llama_gqa_torch", devices=2)
+    decoder = onnx2jax.load(GENAI / "llama_gqa_torch", devices=2)
     run = lambda: onnx2jax.generate(decoder, [1, 42], max_new_tokens=6, do_sample=True, seed=9)  # noqa: E731
     assert np.array_equal(run(), run())
+
+
+GPT2_12 = GENAI / "gpt2_torch_12heads"  # scripts/make_torch_cache_exports.py --fixture: 12 heads of 8, 2 layers
+
+
+def onnxruntime_greedy(path: pathlib.Path, prompt: list[int], new: int) -> list[int]:
+    """Greedy tokens of a torch export with a cache, by onnxruntime one step at a time (the reference)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    past = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32)
+            for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    names = [o.name for o in session.get_outputs()]
+    ids, tokens = list(prompt), []
+    step = np.array([prompt], np.int64)
+    for _ in range(new):
+        start = len(ids) - step.shape[1]
+        feeds = {"input_ids": step, "attention_mask": np.ones((1, len(ids)), np.int64),
+                 "position_ids": np.arange(start, len(ids))[None], **past}
+        outputs = dict(zip(names, session.run(None, feeds)))
+        token = int(outputs["logits"][0, -1].argmax())
+        tokens.append(token)
+        ids.append(token)
+        past = {name: outputs[name.replace("past_key_values", "present")] for name in past}
+        step = np.array([[token]], np.int64)
+    return tokens
+
+
+def test_twelve_heads_run_at_eight_devices_and_equal_the_unsharded_run_and_onnxruntime():
+    prompt = [1, 42, 7, 99, 5]
+    want = onnxruntime_greedy(GPT2_12 / "model.onnx", prompt, 12)
+    one = onnx2jax.generate(onnx2jax.load(GPT2_12), prompt, max_new_tokens=12)
+    model = onnx2jax.load(GPT2_12, devices=8)
+    assert model.placement.note == (
+        "the cache has 12 KV heads, which 8 devices do not divide: split 4 ways by KV heads (the largest divisor "
+        "of 8 that divides 12), each part on 2 devices"
+    )
+    assert model.placement.cache_ways == 4
+    eight = onnx2jax.generate(model, prompt, max_new_tokens=12)
+    assert one.tolist() == eight.tolist() == [prompt + want]
