@@ -17,6 +17,7 @@ import os
 import sys
 
 from onnx2jax.cli.errors import CliError
+from onnx2jax.cli.options import ensure_devices
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -41,8 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "folder's name)")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
                         help="on SIGTERM, seconds the requests in flight may take to finish (default 30)")
-    parser.add_argument("--devices", type=int, default=0, metavar="N", help="tensor-parallel over N devices "
-                        "(not implemented yet: refused)")
+    parser.add_argument("--devices", type=int, default=0, metavar="N", help="tensor-parallel over N devices, the "
+                        "cache pages split by KV heads (on CPU: N fake devices)")
     return parser
 
 
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.model):
         raise CliError(f"{args.model}: serve takes a model folder (with tokenizer.json)")
     if args.devices and args.devices > 1:
-        raise CliError(f"--devices {args.devices}: serving tensor-parallel is not implemented yet; serve on one device")
+        ensure_devices(args.devices)
     try:
         from onnx2jax.serving.server import build_app, serve
         from onnx2jax.serving.text import Text
@@ -66,8 +67,11 @@ def run(args: argparse.Namespace) -> int:
     driver = EngineDriver(engine, queue_bound=args.queue_bound)
     app = build_app(driver, text, name, aliases=(args.model,), shutdown_timeout=args.shutdown_timeout)
     counts = engine.counts
+    where = f", {engine.source.devices} devices" if engine.source.devices > 1 else ""
     print(f"onnx2jax serve: {name} on http://{args.host}:{args.port}/v1 ({args.max_batch} slots, {counts['pages']} "
-          f"cache pages of {args.page_size}, context {engine.context_length})", file=sys.stderr, flush=True)
+          f"cache pages of {args.page_size}, context {engine.context_length}{where})", file=sys.stderr, flush=True)
+    if engine.source.note:
+        print(f"note: {engine.source.note}", file=sys.stderr, flush=True)
     serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
     print("onnx2jax serve: stopped", file=sys.stderr, flush=True)
     return 0
@@ -77,7 +81,7 @@ def _engine(args: argparse.Namespace):
     from onnx2jax.serving import Engine
     from onnx2jax.serving.source import open_model
 
-    source = open_model(args.model)
+    source = open_model(args.model, devices=args.devices or None)
     context = args.context_length or source.context_length
     if context is None:
         raise CliError(f"{args.model}: the model's context length is unknown (no genai_config.json): give "

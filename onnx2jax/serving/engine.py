@@ -41,13 +41,14 @@ class Engine:
     :mod:`onnx2jax.serving.runner`).
 
     Args:
-      model: a genai folder, an .onnx path, a JaxModel, a Decoder or a :class:`ModelSource`.
+      model: a genai folder, an .onnx path, a handle of :func:`onnx2jax.load`, or a :class:`ModelSource`.
       max_batch: slots: the most requests decoding at once; more wait in the queue.
       max_tokens_in_cache: positions the cache holds over all requests (rounded up to whole pages).
       page_size: positions per page.
       prefill_chunk: the most prompt tokens prefilled in one step (a multiple of page_size).
       context_length: the longest sequence; default the model's (genai_config.json); required without one.
       eos_token_ids: default the model's.
+      devices: tensor-parallel over this many devices (the pages split by KV heads); a handle brings its own.
 
     Attributes:
       runner, scheduler: the two layers below.

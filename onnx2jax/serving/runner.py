@@ -23,7 +23,9 @@ Two programs, each compiled once per (slots, pages, page size, chunk):
 - ``decode``: one token for every slot (idle slots write to the scratch page and their tokens are ignored).
 
 Both take the pages and the slots' seen-token table (for the repetition penalty) donated, and sampling
-parameters as per-slot data (:mod:`onnx2jax.serving.sampler`).
+parameters as per-slot data (:mod:`onnx2jax.serving.sampler`). Tensor-parallel, the pages are split on their
+KV-heads axis over the mesh axes the plan splits the cache over (the views likewise), so each device gathers
+and writes only its own heads' pages.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.serving import sampler
 from onnx2jax.serving.source import ModelSource
@@ -75,9 +78,14 @@ class ModelRunner:
         self.window = pages_per_slot * page_size
         self.scratch = num_pages  # the page index nobody owns
         shape = (layout.kv_heads, num_pages + 1, page_size, layout.head_size)
+        # On the handle's mesh, the pages split by KV heads as the plan splits the cache (whole on one device).
+        self._page_sharding = NamedSharding(source.mesh, PartitionSpec(source.heads_axes, None, None, None))
+        self._view_sharding = NamedSharding(source.mesh, PartitionSpec(None, source.heads_axes, None, None))
         with source.x64():
-            self.pages = tuple(jnp.zeros(shape, layout.dtype) for _ in layout.past)
-            self.seen = jnp.zeros((slots, source.vocab_size), bool)
+            zeros = jax.jit(lambda: jnp.zeros(shape, layout.dtype), out_shardings=self._page_sharding)
+            self.pages = tuple(zeros() for _ in layout.past)
+            self.seen = jax.device_put(np.zeros((slots, source.vocab_size), bool),
+                                       NamedSharding(source.mesh, PartitionSpec()))
         self.traces = {"prefill": 0, "decode": 0}
         self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1, 2))
         self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2))
@@ -129,7 +137,12 @@ class ModelRunner:
         """The slots' pages in order: [B, kv_heads, window, head_size]."""
         gathered = pages[:, table]  # [kv_heads, B, M, page, head]
         b = table.shape[0]
-        return jnp.transpose(gathered, (1, 0, 2, 3, 4)).reshape(b, pages.shape[0], self.window, pages.shape[3])
+        view = jnp.transpose(gathered, (1, 0, 2, 3, 4)).reshape(b, pages.shape[0], self.window, pages.shape[3])
+        return self._constrain(view, self._view_sharding)
+
+    @staticmethod
+    def _constrain(array: jax.Array, sharding: Any) -> jax.Array:
+        return jax.lax.with_sharding_constraint(array, sharding)
 
     def _write(self, pages: jax.Array, table: jax.Array, positions: jax.Array, valid: jax.Array,
                new: jax.Array) -> jax.Array:
@@ -137,7 +150,8 @@ class ModelRunner:
         to the scratch page."""
         index = jnp.minimum(positions // self.page_size, self.pages_per_slot - 1)
         page = jnp.where(valid, jnp.take_along_axis(table, index, axis=1), self.scratch)
-        return pages.at[:, page, positions % self.page_size].set(jnp.transpose(new, (1, 0, 2, 3)).astype(pages.dtype))
+        pages = pages.at[:, page, positions % self.page_size].set(jnp.transpose(new, (1, 0, 2, 3)).astype(pages.dtype))
+        return self._constrain(pages, self._page_sharding)
 
     def _run(self, params, pages, table, ids, starts, counts):
         """The model on ``ids`` [B, C] at positions ``starts + arange(C)`` over the paged past: (logits, pages

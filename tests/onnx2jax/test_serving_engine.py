@@ -14,7 +14,6 @@ import pytest
 
 import onnx2jax
 from onnx2jax.errors import RequestError
-from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.serving import Engine, SamplingParams
 
 GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
@@ -117,7 +116,7 @@ def test_greedy_requests_joining_and_leaving_equal_each_alone(name, request):
 @pytest.mark.parametrize("name", FIXTURES)
 def test_engine_equals_onnx2jax_generate_alone(name):
     expected = _expected(name)
-    decoder = Decoder(str(GENAI / name))
+    decoder = onnx2jax.load(str(GENAI / name))
     engine = Engine(decoder, max_batch=2, max_tokens_in_cache=256, page_size=16, prefill_chunk=16,
                     context_length=256)
     ids = [engine.add_request(p, SamplingParams(max_tokens=12)) for p in expected["prompts"]]
@@ -196,3 +195,21 @@ def test_bad_parameters_are_refused_by_name(kwargs, field):
     with pytest.raises(RequestError) as info:
         SamplingParams(**kwargs)
     assert info.value.field == field
+
+
+@pytest.mark.parametrize("name, devices, ways", [
+    pytest.param("llama_gqa", 2, 2, marks=pytest.mark.slow),  # 2 KV heads: one per device
+    pytest.param("llama_gqa_torch", 2, 2, marks=pytest.mark.slow),
+    pytest.param("llama_mqa", 2, 1, marks=pytest.mark.slow),  # 1 KV head: whole on each device
+])
+def test_tensor_parallel_pages_split_by_kv_heads_tokens_equal(name, devices, ways):
+    expected = _expected(name)
+    engine = _engine(name, devices=devices, **SMALL_CACHE)
+    pages = engine.runner.pages[0]
+    assert len(pages.sharding.device_set) == devices
+    assert pages.sharding.shard_shape(pages.shape)[0] == pages.shape[0] // ways
+    ids = [engine.add_request(p, SamplingParams(max_tokens=32 - len(p))) for p in expected["prompts"]]
+    engine.run_to_completion()
+    for rid, prompt, tokens in zip(ids, expected["prompts"], expected["tokens"]):
+        assert prompt + engine.tokens(rid) == tokens
+    assert engine.stats["preemptions"] > 0 and engine.runner.traces == {"prefill": 1, "decode": 1}
