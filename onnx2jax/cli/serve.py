@@ -72,6 +72,10 @@ def run(args: argparse.Namespace) -> int:
           f"cache pages of {args.page_size}, context {engine.context_length}{where})", file=sys.stderr, flush=True)
     if engine.source.note:
         print(f"note: {engine.source.note}", file=sys.stderr, flush=True)
+    search = {k: v for k, v in engine.source.layout.search.items() if k not in ("max_length", "past_present_share_buffer")}
+    if search:
+        print(f"note: genai_config.json's search options ({', '.join(sorted(search))}) are not used: each request "
+              "carries its own (OpenAI's defaults)", file=sys.stderr, flush=True)
     serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
     print("onnx2jax serve: stopped", file=sys.stderr, flush=True)
     return 0

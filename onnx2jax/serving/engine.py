@@ -1,9 +1,15 @@
 """The serving engine: requests in, steps run, tokens out per request (continuous batching).
 
 :class:`Engine` keeps the requests, asks the :mod:`~onnx2jax.serving.scheduler` for each step's work, runs it on
-the :mod:`~onnx2jax.serving.runner` (one prefill chunk and one decode step of every decoding slot) and hands each
+the :mod:`~onnx2jax.serving.runner` (one prefill call, a chunk of each of up to ``prefill_rows`` newcomers, and
+one decode step of every decoding slot) and hands each
 request its new tokens: :meth:`Engine.step` returns them, :meth:`Engine.stream` iterates one request's tokens
 as they are made (stepping the engine itself when nobody else does). A token comes to the host every step.
+
+Where GroupQueryAttention writes its own cache in place, the engine neither does what onnxruntime-genai's paged
+engine does nor lowers the op onto the pages: the model runner gathers each slot's pages into a contiguous view,
+lets the graph's own attention write into it, and scatters the written positions back into the request's pages
+(:mod:`~onnx2jax.serving.runner` says why and what it costs).
 
 A request ends at the model's eos or one of its ``stop_token_ids`` (neither returned), at ``max_tokens``, at the
 model's context, or on :meth:`Engine.abort`; :meth:`Engine.finish_reason` says which (``"stop"``,
@@ -45,7 +51,8 @@ class Engine:
       max_batch: slots: the most requests decoding at once; more wait in the queue.
       max_tokens_in_cache: positions the cache holds over all requests (rounded up to whole pages).
       page_size: positions per page.
-      prefill_chunk: the most prompt tokens prefilled in one step (a multiple of page_size).
+      prefill_chunk: the most prompt tokens of one request prefilled in one step (a multiple of page_size).
+      prefill_rows: requests prefilled together in one step (a chunk each).
       context_length: the longest sequence; default the model's (genai_config.json); required without one.
       eos_token_ids: default the model's.
       devices: tensor-parallel over this many devices (the pages split by KV heads); a handle brings its own.
@@ -56,7 +63,7 @@ class Engine:
     """
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_tokens_in_cache: int = 4096, page_size: int = 16,
-                 prefill_chunk: int = 32, context_length: int | None = None,
+                 prefill_chunk: int = 32, prefill_rows: int = 4, context_length: int | None = None,
                  eos_token_ids: Seq[int] | None = None, devices: int | None = None):
         self.source = model if isinstance(model, ModelSource) else open_model(model, devices=devices)
         context = context_length or self.source.context_length
@@ -70,9 +77,11 @@ class Engine:
         # A chunk starts at a multiple of prefill_chunk below the context, so the window holds its padding.
         window = -(-self.context_length // prefill_chunk) * prefill_chunk
         num_pages = -(-max_tokens_in_cache // page_size)
-        self.scheduler = Scheduler(slots=max_batch, num_pages=num_pages, page_size=page_size, chunk=prefill_chunk)
+        rows = min(prefill_rows, max_batch)
+        self.scheduler = Scheduler(slots=max_batch, num_pages=num_pages, page_size=page_size, chunk=prefill_chunk,
+                                   prefill_rows=rows)
         self.runner = ModelRunner(self.source, slots=max_batch, num_pages=num_pages, page_size=page_size,
-                                  pages_per_slot=window // page_size, chunk=prefill_chunk)
+                                  pages_per_slot=window // page_size, chunk=prefill_chunk, prefill_rows=rows)
         self.eos = tuple(self.source.layout.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.max_batch = max_batch
         self._requests: dict[int, _Request] = {}
@@ -162,16 +171,19 @@ class Engine:
         self.stats["steps"] += 1
         self.stats["preemptions"] += len(plan.preempted)
         out: dict[int, list[int]] = {}
-        if plan.prefill is not None:
-            seq, start, count = plan.prefill
-            request = self._requests[seq.id]
-            token = self.runner.prefill(seq.slot, seq.block, start, seq.tokens[start:start + count],
-                                        request.params.row(len(request.generated)))
-            self.stats["prefill_chunks"] += 1
-            seq.cached = start + count
-            if seq.cached == len(seq.tokens):
-                seq.state = State.DECODE
-                self._take(request, token, out)
+        if plan.prefill:
+            chunks = []
+            for seq, start, count in plan.prefill:
+                request = self._requests[seq.id]
+                chunks.append((seq.slot, seq.block, start, seq.tokens[start:start + count],
+                               request.params.row(len(request.generated))))
+            tokens = self.runner.prefill(chunks)
+            self.stats["prefill_chunks"] += len(chunks)
+            for (seq, start, count), token in zip(plan.prefill, tokens):
+                seq.cached = start + count
+                if seq.cached == len(seq.tokens):
+                    seq.state = State.DECODE
+                    self._take(self._requests[seq.id], token, out)
         if plan.decode:
             slots: list[Any] = [None] * self.max_batch
             lengths, tokens, rows = [0] * self.max_batch, [0] * self.max_batch, [None] * self.max_batch

@@ -18,8 +18,9 @@ GroupQueryAttention onto the pages directly (reading through the block table) wo
 
 Two programs, each compiled once per (slots, pages, page size, chunk):
 
-- ``prefill``: one request's chunk of up to ``chunk`` tokens (batch 1), right-padded; its last real token's
-  logits choose the next token when it is the prompt's last chunk.
+- ``prefill``: a chunk of up to ``chunk`` tokens of each of up to ``prefill_rows`` requests (one row each,
+  right-padded; idle rows write to the scratch page); a row's last real token's logits choose its next token
+  when it is the prompt's last chunk.
 - ``decode``: one token for every slot (idle slots write to the scratch page and their tokens are ignored).
 
 Both take the pages and the slots' seen-token table (for the repetition penalty) donated, and sampling
@@ -62,19 +63,20 @@ class ModelRunner:
       page_size: positions per page.
       pages_per_slot: the most pages one request holds (its block table's width).
       chunk: the prefill's width.
+      prefill_rows: requests the prefill takes at once.
 
     Attributes:
       traces: how many times each program was traced: once each for a runner's life.
     """
 
     def __init__(self, source: ModelSource, *, slots: int, num_pages: int, page_size: int, pages_per_slot: int,
-                 chunk: int):
+                 chunk: int, prefill_rows: int = 1):
         layout = source.layout
         if layout.kv_heads is None or layout.head_size is None:
             raise ValueError(f"{layout.source}: the cache's KV heads and head size are not fixed by the graph")
         self.source, self.layout = source, layout
         self.slots, self.num_pages, self.page_size = slots, num_pages, page_size
-        self.pages_per_slot, self.chunk = pages_per_slot, chunk
+        self.pages_per_slot, self.chunk, self.prefill_rows = pages_per_slot, chunk, prefill_rows
         self.window = pages_per_slot * page_size
         self.scratch = num_pages  # the page index nobody owns
         shape = (layout.kv_heads, num_pages + 1, page_size, layout.head_size)
@@ -98,18 +100,27 @@ class ModelRunner:
 
     # ---- host side
 
-    def prefill(self, slot: int, block: list[int], start: int, ids: list[int], row: dict[str, Any]) -> int:
-        """Writes ``ids`` (at most ``chunk``) at positions ``start..`` of the request in ``slot`` whose pages are
-        ``block``; returns the token chosen from the last one's logits (the caller keeps it only after the
-        prompt's last chunk)."""
-        padded = np.zeros(self.chunk, np.int32)
-        padded[: len(ids)] = ids
+    def prefill(self, chunks: list[tuple[int, list[int], int, list[int], dict[str, Any]]]) -> list[int]:
+        """Writes each chunk ``(slot, block, start, ids, row)`` (at most ``prefill_rows`` of them, ids at most
+        ``chunk``): ``ids`` at positions ``start..`` of the request in ``slot`` whose pages are ``block``;
+        returns each chunk's token chosen from its last id's logits (the caller keeps it only after the prompt's
+        last chunk)."""
+        rows = self.prefill_rows
+        ids = np.zeros((rows, self.chunk), np.int32)
+        starts, counts = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
+        slots = np.full(rows, self.slots, np.int32)  # idle rows: a slot past the end, dropped
+        idle = {k: 0 for k in ROW_KEYS} | {"penalty": 1.0, "top_p": 1.0}
+        samples = [idle] * rows
+        blocks: list[list[int]] = [[] for _ in range(rows)]
+        for i, (slot, block, start, chunk_ids, row) in enumerate(chunks):
+            ids[i, : len(chunk_ids)] = chunk_ids
+            starts[i], counts[i], slots[i], samples[i], blocks[i] = start, len(chunk_ids), slot, row, block
         with self.source.x64():
-            self.pages, self.seen, token = self._prefill(
-                self.source.params, self.pages, self.seen, self._block(block)[0], np.int32(start),
-                np.int32(len(ids)), padded, np.int32(slot), row_arrays([row]),
+            self.pages, self.seen, tokens = self._prefill(
+                self.source.params, self.pages, self.seen, self._block(*blocks), starts, counts, ids, slots,
+                row_arrays(samples),
             )
-            return int(token)
+            return np.asarray(tokens)[: len(chunks)].tolist()
 
     def decode(self, blocks: list[list[int] | None], lengths: list[int], tokens: list[int],
                rows: list[dict[str, Any] | None]) -> np.ndarray:
@@ -184,16 +195,17 @@ class ModelRunner:
             written.append(self._write(page, table, positions, valid, new))
         return logits, tuple(written)
 
-    def _prefill_fn(self, params, pages, seen, block, start, count, ids, slot, rows):
+    def _prefill_fn(self, params, pages, seen, table, starts, counts, ids, slots, rows):
         self.traces["prefill"] += 1
-        logits, pages = self._run(params, pages, block[None], ids[None], start[None], count[None])
-        real = jnp.arange(self.chunk) < count
-        row = jnp.where(start == 0, jnp.zeros_like(seen[slot]), seen[slot])
-        row = row.at[jnp.where(real, ids, 0)].max(real)
-        seen = seen.at[slot].set(row)
-        last = jax.lax.dynamic_index_in_dim(logits[0], count - 1, axis=0, keepdims=True)
-        token = sampler.pick(last, seen[slot][None], rows)[0]
-        return pages, seen, token
+        logits, pages = self._run(params, pages, table, ids, starts, counts)
+        real = jnp.arange(self.chunk)[None] < counts[:, None]
+        mine = jnp.minimum(slots, self.slots - 1)  # idle rows read some slot; their writes are dropped
+        before = jnp.where((starts == 0)[:, None], False, seen[mine])
+        onehot = jnp.zeros_like(before).at[jnp.arange(ids.shape[0])[:, None], ids].max(real)
+        rows_seen = before | onehot
+        seen = seen.at[slots].set(rows_seen, mode="drop")
+        last = jnp.take_along_axis(logits, jnp.maximum(counts - 1, 0)[:, None, None], axis=1)[:, 0]
+        return pages, seen, sampler.pick(last, rows_seen, rows)
 
     def _decode_fn(self, params, pages, seen, table, lengths, tokens, active, rows):
         self.traces["decode"] += 1

@@ -26,6 +26,13 @@ def pick(logits: jax.Array, seen: jax.Array, rows: dict[str, jax.Array]) -> jax.
     logits = penalize(logits.astype(jnp.float32), seen, rows["penalty"])
     greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
     temperature = rows["temperature"]
+    # The sort, the softmaxes and the random draws only run where a row samples (a branch, not a mask).
+    return jax.lax.cond(jnp.any(temperature > 0), lambda: _sample(logits, greedy, rows), lambda: greedy)
+
+
+def _sample(logits: jax.Array, greedy: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
+    """:func:`pick` where some row samples: each sampling row's token, the greedy rows' from ``greedy``."""
+    temperature = rows["temperature"]
     scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
     vocab = logits.shape[-1]
     ordered = jnp.sort(scaled, axis=-1)[:, ::-1]

@@ -1,8 +1,8 @@
-"""The scheduler: which request prefills (one chunk a step), which decode, which wait or are preempted.
+"""The scheduler: which requests prefill (a chunk each a step), which decode, which wait or are preempted.
 
 It owns no arrays: slots, pages and block tables are numbers. Each :meth:`Scheduler.schedule` gives one step's
-work: at most one prefill chunk (so a newcomer delays the others' decoding by one chunk at most) and every
-request that is decoding. Pages are given as a request grows: a request admitted gets the pages its known
+work: one chunk of each of at most ``prefill_rows`` prefilling requests, run as one call (so a newcomer delays
+the others' decoding by one prefill call at most), and every request that is decoding. Pages are given as a request grows: a request admitted gets the pages its known
 tokens need; a decoding request gets one more page when its next token starts one. When none is free, the
 request admitted last among those running is preempted (its pages and slot freed, itself back at the head of
 the queue, to be prefilled again from its prompt and the tokens it generated: recomputation, as vLLM does), so
@@ -49,10 +49,10 @@ class Sequence:
 
 @dataclasses.dataclass
 class Plan:
-    """One step's work: a prefill chunk (sequence, first position, count) or None, the decoding sequences, and
+    """One step's work: the prefill chunks (sequence, first position, count), the decoding sequences, and
     those preempted while planning it."""
 
-    prefill: tuple[Sequence, int, int] | None
+    prefill: list[tuple[Sequence, int, int]]
     decode: list[Sequence]
     preempted: list[Sequence]
 
@@ -60,8 +60,8 @@ class Plan:
 class Scheduler:
     """Slots, pages and the queue (module docstring)."""
 
-    def __init__(self, *, slots: int, num_pages: int, page_size: int, chunk: int):
-        self.page_size, self.chunk, self.num_pages = page_size, chunk, num_pages
+    def __init__(self, *, slots: int, num_pages: int, page_size: int, chunk: int, prefill_rows: int = 1):
+        self.page_size, self.chunk, self.num_pages, self.prefill_rows = page_size, chunk, num_pages, prefill_rows
         self.free_slots = list(range(slots))[::-1]
         self.free_pages = list(range(num_pages))[::-1]
         self.waiting: collections.deque[Sequence] = collections.deque()
@@ -125,12 +125,10 @@ class Scheduler:
                 preempted.append(victim)
                 if victim is seq:
                     break
-        prefill = next((s for s in self.running if s.state is State.PREFILL), None)
-        chunk = None
-        if prefill is not None:
-            chunk = (prefill, prefill.cached, min(self.chunk, len(prefill.tokens) - prefill.cached))
+        prefilling = [s for s in self.running if s.state is State.PREFILL][: self.prefill_rows]
+        chunks = [(s, s.cached, min(self.chunk, len(s.tokens) - s.cached)) for s in prefilling]
         decode = [s for s in self.running if s.state is State.DECODE]
-        return Plan(chunk, decode, preempted)
+        return Plan(chunks, decode, preempted)
 
     def check(self) -> None:
         """Asserts that no page is held twice or both held and free, and that no slot is either (for tests)."""
