@@ -34,6 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--page-size", type=int, default=16, help="cache positions per page (default 16)")
     parser.add_argument("--prefill-chunk", type=int, default=32, help="prompt tokens prefilled per step, a "
                         "multiple of --page-size (default 32)")
+    parser.add_argument("--prefill-rows", type=int, default=4, help="newcomers prefilled together in one step, a "
+                        "chunk each (default 4)")
     parser.add_argument("--queue-bound", type=int, default=64, help="requests waiting at most; beyond, HTTP 429 "
                         "(default 64)")
     parser.add_argument("--context-length", type=int, default=None,
@@ -92,4 +94,4 @@ def _engine(args: argparse.Namespace):
                        "--context-length")
     cache = args.max_tokens_in_cache or args.max_batch * context
     return Engine(source, max_batch=args.max_batch, max_tokens_in_cache=cache, page_size=args.page_size,
-                  prefill_chunk=args.prefill_chunk, context_length=context)
+                  prefill_chunk=args.prefill_chunk, prefill_rows=args.prefill_rows, context_length=context)

@@ -7,7 +7,8 @@ offset ``i % page_size`` of page ``block[i // page_size]``.
 
 How attention meets the pages (the graph's own attention runs unchanged): each program gathers the slots'
 pages through their block tables into a contiguous view ``[slots, kv_heads, window, head_size]`` (``window``
-= pages per slot × page size), passes it to the model as the past with the attention mask saying how many
+= the block tables' width × page size; the width is the pages the longest request of the call needs, rounded
+up to a power of two, so a call's cost follows the requests' lengths rather than the context), passes it to the model as the past with the attention mask saying how many
 positions hold tokens, and scatters only the positions it wrote back into the request's own pages. Where
 GroupQueryAttention writes its own cache in place (onnxruntime-genai builder graphs, layout ``"shared"``) it
 writes into the view at each row's length; for graphs that concatenate past and new (torch exports,
@@ -16,7 +17,8 @@ nor a paged-attention kernel: the view is a transient of one step (its size is t
 slots at full window), the pages are what persists, given per token as a request grows. Lowering
 GroupQueryAttention onto the pages directly (reading through the block table) would remove the gather; not done.
 
-Two programs, each compiled once per (slots, pages, page size, chunk):
+Two programs, each compiled once per (slots, block-table width) for the runner's page size and chunk (at most
+log2(context / page size) + 1 widths):
 
 - ``prefill``: a chunk of up to ``chunk`` tokens of each of up to ``prefill_rows`` requests (one row each,
   right-padded; idle rows write to the scratch page); a row's last real token's logits choose its next token
@@ -40,6 +42,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.serving import sampler
 from onnx2jax.serving.source import ModelSource
+
+MIN_WINDOW = 64
+"""The fewest positions a call's view spans (short requests share one program)."""
 
 ROW_KEYS = ("temperature", "top_k", "top_p", "penalty", "seed", "step")
 """The per-row sampling data :func:`onnx2jax.serving.sampler.pick` takes."""
@@ -66,7 +71,8 @@ class ModelRunner:
       prefill_rows: requests the prefill takes at once.
 
     Attributes:
-      traces: how many times each program was traced: once each for a runner's life.
+      traces: how many times each program was traced: once per block-table width used.
+      widths: the (program, block-table width) pairs traced.
     """
 
     def __init__(self, source: ModelSource, *, slots: int, num_pages: int, page_size: int, pages_per_slot: int,
@@ -77,7 +83,6 @@ class ModelRunner:
         self.source, self.layout = source, layout
         self.slots, self.num_pages, self.page_size = slots, num_pages, page_size
         self.pages_per_slot, self.chunk, self.prefill_rows = pages_per_slot, chunk, prefill_rows
-        self.window = pages_per_slot * page_size
         self.scratch = num_pages  # the page index nobody owns
         shape = (layout.kv_heads, num_pages + 1, page_size, layout.head_size)
         # On the handle's mesh, the pages split by KV heads as the plan splits the cache (whole on one device).
@@ -89,6 +94,7 @@ class ModelRunner:
             self.seen = jax.device_put(np.zeros((slots, source.vocab_size), bool),
                                        NamedSharding(source.mesh, PartitionSpec()))
         self.traces = {"prefill": 0, "decode": 0}
+        self.widths: set[tuple[str, int]] = set()
         self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1, 2))
         self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2))
 
@@ -117,7 +123,8 @@ class ModelRunner:
             starts[i], counts[i], slots[i], samples[i], blocks[i] = start, len(chunk_ids), slot, row, block
         with self.source.x64():
             self.pages, self.seen, tokens = self._prefill(
-                self.source.params, self.pages, self.seen, self._block(*blocks), starts, counts, ids, slots,
+                self.source.params, self.pages, self.seen,
+                self._block(self._width(max(int(starts.max()) + self.chunk, 1)), *blocks), starts, counts, ids, slots,
                 row_arrays(samples),
             )
             return np.asarray(tokens)[: len(chunks)].tolist()
@@ -128,7 +135,8 @@ class ModelRunner:
         pages ``blocks[i]`` and chooses its next token; returns them, int32 [slots]."""
         idle = {k: 0 for k in ROW_KEYS} | {"penalty": 1.0, "top_p": 1.0}
         active = np.array([b is not None for b in blocks])
-        table = self._block(*[b if b is not None else [] for b in blocks])
+        longest = max((n + 1 for b, n in zip(blocks, lengths) if b is not None), default=1)
+        table = self._block(self._width(longest), *[b if b is not None else [] for b in blocks])
         with self.source.x64():
             self.pages, self.seen, chosen = self._decode(
                 self.source.params, self.pages, self.seen, table, np.array(lengths, np.int32),
@@ -136,10 +144,17 @@ class ModelRunner:
             )
             return np.asarray(chosen)
 
-    def _block(self, *blocks: list[int]) -> np.ndarray:
-        table = np.full((len(blocks), self.pages_per_slot), self.scratch, np.int32)
+    def _width(self, positions: int) -> int:
+        """The block-table width of a call whose rows reach ``positions``: a power of two of pages, at least
+        `MIN_WINDOW` positions and the chunk (fewer compiles for short requests), at most ``pages_per_slot``."""
+        pages = -(-max(positions, MIN_WINDOW, self.chunk) // self.page_size)
+        return min(self.pages_per_slot, 1 << max(pages - 1, 0).bit_length())
+
+    def _block(self, width: int, *blocks: list[int]) -> np.ndarray:
+        """The block tables ``width`` wide (pages past it are not reached by the call), the rest scratch."""
+        table = np.full((len(blocks), width), self.scratch, np.int32)
         for i, block in enumerate(blocks):
-            table[i, : len(block)] = block
+            table[i, : min(len(block), width)] = block[:width]
         return table
 
     # ---- traced
@@ -148,7 +163,8 @@ class ModelRunner:
         """The slots' pages in order: [B, kv_heads, window, head_size]."""
         gathered = pages[:, table]  # [kv_heads, B, M, page, head]
         b = table.shape[0]
-        view = jnp.transpose(gathered, (1, 0, 2, 3, 4)).reshape(b, pages.shape[0], self.window, pages.shape[3])
+        window = table.shape[1] * self.page_size
+        view = jnp.transpose(gathered, (1, 0, 2, 3, 4)).reshape(b, pages.shape[0], window, pages.shape[3])
         return self._constrain(view, self._view_sharding)
 
     @staticmethod
@@ -159,7 +175,7 @@ class ModelRunner:
                new: jax.Array) -> jax.Array:
         """``new`` [B, kv_heads, C, head] written at ``positions`` [B, C] of each row's pages; invalid ones
         to the scratch page."""
-        index = jnp.minimum(positions // self.page_size, self.pages_per_slot - 1)
+        index = jnp.minimum(positions // self.page_size, table.shape[1] - 1)
         page = jnp.where(valid, jnp.take_along_axis(table, index, axis=1), self.scratch)
         pages = pages.at[:, page, positions % self.page_size].set(jnp.transpose(new, (1, 0, 2, 3)).astype(pages.dtype))
         return self._constrain(pages, self._page_sharding)
@@ -172,7 +188,7 @@ class ModelRunner:
         columns = jnp.arange(c, dtype=jnp.int32)[None]
         positions = starts[:, None] + columns
         views = tuple(self._view(p, table) for p in pages)
-        window = jnp.arange(self.window, dtype=jnp.int32)[None]
+        window = jnp.arange(table.shape[1] * self.page_size, dtype=jnp.int32)[None]
         if layout.kind == "shared":
             # The chunk's padding counts as tokens: GroupQueryAttention puts the new tokens at
             # total - width, so they start at `starts`; causality keeps the real ones from seeing the pads.
@@ -197,6 +213,7 @@ class ModelRunner:
 
     def _prefill_fn(self, params, pages, seen, table, starts, counts, ids, slots, rows):
         self.traces["prefill"] += 1
+        self.widths.add(("prefill", table.shape[1]))
         logits, pages = self._run(params, pages, table, ids, starts, counts)
         real = jnp.arange(self.chunk)[None] < counts[:, None]
         mine = jnp.minimum(slots, self.slots - 1)  # idle rows read some slot; their writes are dropped
@@ -209,6 +226,7 @@ class ModelRunner:
 
     def _decode_fn(self, params, pages, seen, table, lengths, tokens, active, rows):
         self.traces["decode"] += 1
+        self.widths.add(("decode", table.shape[1]))
         logits, pages = self._run(params, pages, table, tokens[:, None], lengths, active.astype(jnp.int32))
         seen = seen.at[jnp.arange(self.slots), tokens].max(active)
         return pages, seen, sampler.pick(logits[:, -1], seen, rows)
