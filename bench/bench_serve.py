@@ -4,14 +4,15 @@ For each concurrency c (closed loop: c clients, each sending its next request wh
 requests (prompts of mixed lengths, seeded; greedy; ``--max-tokens`` each) go through:
 
 - ``onnx2jax serve`` (a subprocess on a free 127.0.0.1 port) with the ``openai`` client, streaming;
-- onnx2jax's :class:`~onnx2jax.serving.Engine` in this process (no HTTP: what the server costs on top);
+- onnx2jax's :class:`~onnx2jax.serving.Engine` in this process (no HTTP: what the server costs on top; its
+  programs compiled by an untimed pass first, as the server's are by the single-request run);
 - onnxruntime-genai's generator, one request at a time, and its ``Engine`` (continuous batching, 0.9+) with c
   requests in flight, in a worker process of a Python that has onnxruntime_genai (``--og-python``).
 
 Reported: aggregate generated tokens/s (all tokens over the level's wall time), time to first token p50/p99
 (from a request's submission, queueing included), time between tokens p50/p99 (as the client receives them),
 requests lost (any that did not end with all its tokens), and whether every request's greedy tokens equal the
-single-request run's (the concurrency-1 server run). Bounded: ``--requests`` per level (default 2c, at least 8)
+single-request run's (the concurrency-1 server run). Bounded: ``--requests`` per level (default 4c, at least 32)
 and ``--timeout`` seconds per level.
 
     python bench/bench_serve.py [--model tests/data/genai/llama_gqa] [--og-python /work/venvs/fixtures/bin/python]
@@ -229,7 +230,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default=os.path.join(ROOT, "tests", "data", "genai", "llama_gqa"))
     parser.add_argument("--levels", default="1,4,16,64")
-    parser.add_argument("--requests", type=int, default=0, help="requests per level (default max(2c, 8))")
+    parser.add_argument("--requests", type=int, default=0, help="requests per level (default max(4c, 32))")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--og-python", default="", help="a Python with onnxruntime_genai (skipped without)")
@@ -238,7 +239,7 @@ def main() -> None:
     levels = [int(c) for c in args.levels.split(",")]
     config = json.load(open(os.path.join(args.model, "genai_config.json")))["model"]
     eos = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
-    count = {c: args.requests or max(2 * c, 8) for c in levels}
+    count = {c: args.requests or max(4 * c, 32) for c in levels}
     everything = prompts(max(count.values()), config["vocab_size"])
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows = []
@@ -261,7 +262,7 @@ def main() -> None:
     from onnx2jax.serving import Engine
 
     engine = Engine(args.model, max_batch=args.max_batch, max_tokens_in_cache=args.max_batch * 256)
-    engine.warmup()
+    engine_level(engine, everything, max(levels), args.max_tokens)  # compiles every width the levels use, untimed
     for c in levels:
         records, wall = engine_level(engine, everything[: count[c]], c, args.max_tokens)
         add("onnx2jax Engine (in process)", c, records, wall, same(records, reference))
