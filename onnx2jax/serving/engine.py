@@ -185,8 +185,10 @@ class Engine:
                     seq.state = State.DECODE
                     self._take(self._requests[seq.id], token, out)
         if plan.decode:
-            slots: list[Any] = [None] * self.max_batch
-            lengths, tokens, rows = [0] * self.max_batch, [0] * self.max_batch, [None] * self.max_batch
+            width = 1 << max(s.slot for s in plan.decode).bit_length()  # rows: a power of two past the highest slot
+            width = min(width, self.max_batch)
+            slots: list[Any] = [None] * width
+            lengths, tokens, rows = [0] * width, [0] * width, [None] * width
             for seq in plan.decode:
                 request = self._requests[seq.id]
                 slots[seq.slot], lengths[seq.slot], tokens[seq.slot] = seq.block, seq.cached, seq.tokens[-1]

@@ -17,13 +17,15 @@ nor a paged-attention kernel: the view is a transient of one step (its size is t
 slots at full window), the pages are what persists, given per token as a request grows. Lowering
 GroupQueryAttention onto the pages directly (reading through the block table) would remove the gather; not done.
 
-Two programs, each compiled once per (slots, block-table width) for the runner's page size and chunk (at most
-log2(context / page size) + 1 widths):
+Two programs, each compiled once per (rows, block-table width) for the runner's page size and chunk (at most
+log2(context / page size) + 1 widths; the decode's rows a power of two up to the slots, as many as the highest
+slot in use needs, so that one request alone runs one row):
 
 - ``prefill``: a chunk of up to ``chunk`` tokens of each of up to ``prefill_rows`` requests (one row each,
   right-padded; idle rows write to the scratch page); a row's last real token's logits choose its next token
   when it is the prompt's last chunk.
-- ``decode``: one token for every slot (idle slots write to the scratch page and their tokens are ignored).
+- ``decode``: one token for every slot of the step's rows (idle ones write to the scratch page and their
+  tokens are ignored).
 
 Both take the pages and the slots' seen-token table (for the repetition penalty) donated, and sampling
 parameters as per-slot data (:mod:`onnx2jax.serving.sampler`). Tensor-parallel, the pages are split on their
@@ -72,7 +74,7 @@ class ModelRunner:
 
     Attributes:
       traces: how many times each program was traced: once per block-table width used.
-      widths: the (program, block-table width) pairs traced.
+      widths: the (program, rows, block-table width) triples traced.
     """
 
     def __init__(self, source: ModelSource, *, slots: int, num_pages: int, page_size: int, pages_per_slot: int,
@@ -94,7 +96,7 @@ class ModelRunner:
             self.seen = jax.device_put(np.zeros((slots, source.vocab_size), bool),
                                        NamedSharding(source.mesh, PartitionSpec()))
         self.traces = {"prefill": 0, "decode": 0}
-        self.widths: set[tuple[str, int]] = set()
+        self.widths: set[tuple[str, int, int]] = set()
         self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1, 2))
         self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2))
 
@@ -131,8 +133,9 @@ class ModelRunner:
 
     def decode(self, blocks: list[list[int] | None], lengths: list[int], tokens: list[int],
                rows: list[dict[str, Any] | None]) -> np.ndarray:
-        """One step of every slot: slot i (None: idle) writes ``tokens[i]`` at position ``lengths[i]`` of its
-        pages ``blocks[i]`` and chooses its next token; returns them, int32 [slots]."""
+        """One step of the first ``len(blocks)`` slots (a power of two: the step's rows): slot i (None: idle)
+        writes ``tokens[i]`` at position ``lengths[i]`` of its pages ``blocks[i]`` and chooses its next token;
+        returns them, int32 [len(blocks)]."""
         idle = {k: 0 for k in ROW_KEYS} | {"penalty": 1.0, "top_p": 1.0}
         active = np.array([b is not None for b in blocks])
         longest = max((n + 1 for b, n in zip(blocks, lengths) if b is not None), default=1)
@@ -213,7 +216,7 @@ class ModelRunner:
 
     def _prefill_fn(self, params, pages, seen, table, starts, counts, ids, slots, rows):
         self.traces["prefill"] += 1
-        self.widths.add(("prefill", table.shape[1]))
+        self.widths.add(("prefill", table.shape[0], table.shape[1]))
         logits, pages = self._run(params, pages, table, ids, starts, counts)
         real = jnp.arange(self.chunk)[None] < counts[:, None]
         mine = jnp.minimum(slots, self.slots - 1)  # idle rows read some slot; their writes are dropped
@@ -226,7 +229,8 @@ class ModelRunner:
 
     def _decode_fn(self, params, pages, seen, table, lengths, tokens, active, rows):
         self.traces["decode"] += 1
-        self.widths.add(("decode", table.shape[1]))
+        self.widths.add(("decode", table.shape[0], table.shape[1]))
         logits, pages = self._run(params, pages, table, tokens[:, None], lengths, active.astype(jnp.int32))
-        seen = seen.at[jnp.arange(self.slots), tokens].max(active)
-        return pages, seen, sampler.pick(logits[:, -1], seen, rows)
+        rows_in_use = tokens.shape[0]
+        seen = seen.at[jnp.arange(rows_in_use), tokens].max(active)
+        return pages, seen, sampler.pick(logits[:, -1], seen[:rows_in_use], rows)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import enum
+import heapq
 
 
 class State(enum.Enum):
@@ -62,7 +63,8 @@ class Scheduler:
 
     def __init__(self, *, slots: int, num_pages: int, page_size: int, chunk: int, prefill_rows: int = 1):
         self.page_size, self.chunk, self.num_pages, self.prefill_rows = page_size, chunk, num_pages, prefill_rows
-        self.free_slots = list(range(slots))[::-1]
+        self.free_slots = list(range(slots))  # a heap: the lowest free slot is taken first, so that the rows in
+        # use stay low and a decode step runs only as many rows as the highest slot in use needs
         self.free_pages = list(range(num_pages))[::-1]
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []
@@ -88,7 +90,7 @@ class Scheduler:
         self.free_pages.extend(reversed(seq.block))
         seq.block = []
         if seq.slot is not None:
-            self.free_slots.append(seq.slot)
+            heapq.heappush(self.free_slots, seq.slot)
             seq.slot = None
         seq.cached = 0
 
@@ -108,7 +110,7 @@ class Scheduler:
             if need > len(self.free_pages):
                 break
             self.waiting.popleft()
-            seq.slot = self.free_slots.pop()
+            seq.slot = heapq.heappop(self.free_slots)
             seq.block = [self.free_pages.pop() for _ in range(need)]
             seq.state, seq.cached, seq.order = State.PREFILL, 0, self._admitted
             self._admitted += 1

@@ -74,8 +74,8 @@ def _compiled_once_per_width(engine):
     widths are powers of two."""
     runner = engine.runner
     for kind in ("prefill", "decode"):
-        widths = {w for k, w in runner.widths if k == kind}
-        assert runner.traces[kind] == len(widths) and all(w & (w - 1) == 0 for w in widths), (kind, widths)
+        shapes = {(r, w) for k, r, w in runner.widths if k == kind}
+        assert runner.traces[kind] == len(shapes) and all(w & (w - 1) == 0 for _, w in shapes), (kind, shapes)
 
 
 def _cached(engine, seq, pages):
@@ -132,7 +132,7 @@ def test_engine_equals_onnx2jax_generate_alone(name):
     for rid, prompt in zip(ids, prompts):
         alone = onnx2jax.generate(decoder, prompt, max_new_tokens=12)[0].tolist()
         assert prompt + engine.tokens(rid) == alone
-    assert len({w for k, w in engine.runner.widths if k == "decode"}) == 2
+    assert len({w for k, _, w in engine.runner.widths if k == "decode"}) == 2
     _compiled_once_per_width(engine)
 
 
