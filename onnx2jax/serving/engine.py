@@ -185,8 +185,7 @@ class Engine:
                     seq.state = State.DECODE
                     self._take(self._requests[seq.id], token, out)
         if plan.decode:
-            width = 1 << max(s.slot for s in plan.decode).bit_length()  # rows: a power of two past the highest slot
-            width = min(width, self.max_batch)
+            width = self.runner.rows_for(max(s.slot for s in plan.decode))
             slots: list[Any] = [None] * width
             lengths, tokens, rows = [0] * width, [0] * width, [None] * width
             for seq in plan.decode:
@@ -231,12 +230,9 @@ class Engine:
             self.step()
 
     def warmup(self) -> None:
-        """Compiles both programs (a one-token prompt, two tokens generated, then forgotten), so that the first
-        request does not wait for them."""
-        rid = self.add_request([0], SamplingParams(max_tokens=2, ignore_eos=True))
-        for _ in self.stream(rid):
-            pass
-        self.release(rid)
+        """Compiles every program shape serving can meet (:meth:`ModelRunner.warm`), so that no request waits for
+        a compile; a request then compiles nothing."""
+        self.runner.warm()
 
     def run_to_completion(self) -> None:
         """Steps until no request waits or runs."""

@@ -18,8 +18,9 @@ slots at full window), the pages are what persists, given per token as a request
 GroupQueryAttention onto the pages directly (reading through the block table) would remove the gather; not done.
 
 Two programs, each compiled once per (rows, block-table width) for the runner's page size and chunk (at most
-log2(context / page size) + 1 widths; the decode's rows a power of two up to the slots, as many as the highest
-slot in use needs, so that one request alone runs one row):
+log2(context / page size) + 1 widths; the decode's rows a power of four below the slots or the slots, as many
+as the highest slot in use needs, so that one request alone runs one row), all of them by :meth:`ModelRunner.warm`
+before serving:
 
 - ``prefill``: a chunk of up to ``chunk`` tokens of each of up to ``prefill_rows`` requests (one row each,
   right-padded; idle rows write to the scratch page); a row's last real token's logits choose its next token
@@ -108,11 +109,40 @@ class ModelRunner:
 
     # ---- host side
 
-    def prefill(self, chunks: list[tuple[int, list[int], int, list[int], dict[str, Any]]]) -> list[int]:
+    @property
+    def row_counts(self) -> list[int]:
+        """The decode step's row counts: powers of four below the slots, and the slots."""
+        counts = [1]
+        while counts[-1] * 4 < self.slots:
+            counts.append(counts[-1] * 4)
+        return sorted(set(counts) | {self.slots})
+
+    def rows_for(self, highest_slot: int) -> int:
+        """The rows a decode step runs when ``highest_slot`` is the highest slot in use."""
+        return next(r for r in self.row_counts if r > highest_slot)
+
+    @property
+    def block_widths(self) -> list[int]:
+        """Every block-table width a call can have (:meth:`_width`)."""
+        widths = [self._width(1)]
+        while widths[-1] < self.pages_per_slot:
+            widths.append(min(widths[-1] * 2, self.pages_per_slot))
+        return widths
+
+    def warm(self) -> None:
+        """Compiles every program shape serving can meet (each block-table width; the decode's at each row count)
+        with idle rows that write only to the scratch page, so that no request waits for a compile."""
+        for width in self.block_widths:
+            self.prefill([], width=width)
+            for rows in self.row_counts:
+                self.decode([None] * rows, [0] * rows, [0] * rows, [None] * rows, width=width)
+
+    def prefill(self, chunks: list[tuple[int, list[int], int, list[int], dict[str, Any]]],
+                width: int | None = None) -> list[int]:
         """Writes each chunk ``(slot, block, start, ids, row)`` (at most ``prefill_rows`` of them, ids at most
         ``chunk``): ``ids`` at positions ``start..`` of the request in ``slot`` whose pages are ``block``;
         returns each chunk's token chosen from its last id's logits (the caller keeps it only after the prompt's
-        last chunk)."""
+        last chunk). ``width``: the block tables' (default: as the chunks need)."""
         rows = self.prefill_rows
         ids = np.zeros((rows, self.chunk), np.int32)
         starts, counts = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
@@ -126,20 +156,20 @@ class ModelRunner:
         with self.source.x64():
             self.pages, self.seen, tokens = self._prefill(
                 self.source.params, self.pages, self.seen,
-                self._block(self._width(max(int(starts.max()) + self.chunk, 1)), *blocks), starts, counts, ids, slots,
+                self._block(width or self._width(int(starts.max()) + self.chunk), *blocks), starts, counts, ids, slots,
                 row_arrays(samples),
             )
             return np.asarray(tokens)[: len(chunks)].tolist()
 
     def decode(self, blocks: list[list[int] | None], lengths: list[int], tokens: list[int],
-               rows: list[dict[str, Any] | None]) -> np.ndarray:
-        """One step of the first ``len(blocks)`` slots (a power of two: the step's rows): slot i (None: idle)
-        writes ``tokens[i]`` at position ``lengths[i]`` of its pages ``blocks[i]`` and chooses its next token;
-        returns them, int32 [len(blocks)]."""
+               rows: list[dict[str, Any] | None], width: int | None = None) -> np.ndarray:
+        """One step of the first ``len(blocks)`` slots (one of :attr:`row_counts`): slot i (None: idle) writes
+        ``tokens[i]`` at position ``lengths[i]`` of its pages ``blocks[i]`` and chooses its next token; returns
+        them, int32 [len(blocks)]. ``width``: the block tables' (default: as the longest request needs)."""
         idle = {k: 0 for k in ROW_KEYS} | {"penalty": 1.0, "top_p": 1.0}
         active = np.array([b is not None for b in blocks])
         longest = max((n + 1 for b, n in zip(blocks, lengths) if b is not None), default=1)
-        table = self._block(self._width(longest), *[b if b is not None else [] for b in blocks])
+        table = self._block(width or self._width(longest), *[b if b is not None else [] for b in blocks])
         with self.source.x64():
             self.pages, self.seen, chosen = self._decode(
                 self.source.params, self.pages, self.seen, table, np.array(lengths, np.int32),

@@ -224,3 +224,20 @@ def test_tensor_parallel_pages_split_by_kv_heads_tokens_equal(name, devices, way
         assert prompt + engine.tokens(rid) == tokens
     assert engine.stats["preemptions"] > 0
     _compiled_once_per_width(engine)
+
+
+def test_warmup_compiles_every_shape_then_serving_compiles_nothing():
+    expected = _expected("llama_gqa")
+    engine = _engine("llama_gqa", max_batch=2, max_tokens_in_cache=256, page_size=16, prefill_chunk=16,
+                     context_length=128)
+    engine.warmup()
+    runner = engine.runner
+    assert runner.row_counts == [1, 2] and runner.block_widths == [4, 8]  # 64 and 128 positions
+    assert runner.traces == {"prefill": 2, "decode": 4}
+    ids = [engine.add_request(p, SamplingParams(max_tokens=32 - len(p))) for p in expected["prompts"]]
+    ids.append(engine.add_request(expected["tokens"][1] * 2, SamplingParams(max_tokens=4)))  # 64 + 4: wider
+    engine.run_to_completion()
+    for rid, prompt, tokens in zip(ids, expected["prompts"], expected["tokens"]):
+        assert prompt + engine.tokens(rid) == tokens
+    assert runner.traces == {"prefill": 2, "decode": 4}
+    assert {w for _, _, w in runner.widths} == {4, 8}
