@@ -5,7 +5,7 @@ requests (prompts of mixed lengths, seeded; greedy; ``--max-tokens`` each) go th
 
 - ``onnx2jax serve`` (a subprocess on a free 127.0.0.1 port) with the ``openai`` client, streaming;
 - onnx2jax's :class:`~onnx2jax.serving.Engine` in this process (no HTTP: what the server costs on top; its
-  programs compiled by an untimed pass first, as the server's are by the single-request run);
+  programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens);
 - onnxruntime-genai's generator, one request at a time, and its ``Engine`` (continuous batching, 0.9+) with c
   requests in flight, in a worker process of a Python that has onnxruntime_genai (``--og-python``).
 
@@ -262,7 +262,7 @@ def main() -> None:
     from onnx2jax.serving import Engine
 
     engine = Engine(args.model, max_batch=args.max_batch, max_tokens_in_cache=args.max_batch * 256)
-    engine_level(engine, everything, max(levels), args.max_tokens)  # compiles every width the levels use, untimed
+    engine.warmup()  # every program shape compiled before timing, as the server does before it listens
     for c in levels:
         records, wall = engine_level(engine, everything[: count[c]], c, args.max_tokens)
         add("onnx2jax Engine (in process)", c, records, wall, same(records, reference))
