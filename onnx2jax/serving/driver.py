@@ -130,9 +130,8 @@ class EngineDriver:
             reason = self.engine.finish_reason(rid)
             if not tokens and reason is None:
                 continue
-            request = self.engine._requests[rid]  # noqa: SLF001 -- the engine's own record of the request
-            if tokens and len(request.generated) == len(tokens):
-                self.ttft.append(request.first_token - request.arrived)
+            if tokens and len(self.engine.tokens(rid)) == len(tokens):  # its first tokens
+                self.ttft.append(self.engine.time_to_first_token(rid))
             loop, queue = self._queues[rid]
             loop.call_soon_threadsafe(queue.put_nowait, Event(tokens, reason))
             if reason is not None:

@@ -151,6 +151,11 @@ class Engine:
         """The tokens a request has generated so far."""
         return list(self._requests[rid].generated)
 
+    def time_to_first_token(self, rid: int) -> float | None:
+        """Seconds from the request's arrival to its first token (None before it)."""
+        request = self._requests[rid]
+        return None if request.first_token is None else request.first_token - request.arrived
+
     def has_work(self) -> bool:
         """Whether a request is waiting or running."""
         return bool(self.scheduler.waiting or self.scheduler.running)

@@ -21,8 +21,8 @@ from onnx2jax.serving.params import SamplingParams
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop", "n",
            "stream", "stream_options", "user"}
-_COMPLETION = _COMMON | {"prompt"}
-_CHAT = _COMMON | {"messages", "max_completion_tokens"}
+COMPLETION_FIELDS = _COMMON | {"prompt"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens"}
 # accepted only at the value that changes nothing
 _NO_OP = {"presence_penalty": (0, 0.0, None), "frequency_penalty": (0, 0.0, None), "echo": (False, None),
           "best_of": (1, None), "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None,),

@@ -65,7 +65,7 @@ def build_app(driver: EngineDriver, text: Text, model_name: str, *, aliases: tup
         except ValueError as error:
             return JSONResponse(api.error(f"the body is not JSON: {error}"), status_code=400)
         try:
-            api.check_fields(body, api._COMPLETION if kind == "completion" else api._CHAT)
+            api.check_fields(body, api.COMPLETION_FIELDS if kind == "completion" else api.CHAT_FIELDS)
             model = body.get("model")
             if model not in names:
                 return JSONResponse(api.error(f"the model {model!r} does not exist; this server serves "
