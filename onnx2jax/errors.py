@@ -193,3 +193,17 @@ def how_to_get_devices(count: int) -> str:
         f"(or call jax.config.update('jax_num_cpu_devices', {count}) before JAX starts); "
         f"on GPU or TPU, run where {count} devices are visible"
     )
+
+
+class RequestError(ValueError):
+    """A generation request the serving engine refuses: a parameter out of range, a prompt longer than the
+    context, a token id outside the vocabulary, a parameter that is not implemented.
+
+    Attributes:
+      field: the parameter or input at fault (``"prompt"``, ``"temperature"``, ...).
+      reason: what is wrong with it.
+    """
+
+    def __init__(self, field: str, reason: str):
+        self.field, self.reason = field, reason
+        super().__init__(f"{field}: {reason}")

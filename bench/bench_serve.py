@@ -1,0 +1,287 @@
+"""Serving load test (issue 29): onnx2jax serve through the openai client vs onnxruntime-genai, on 127.0.0.1.
+
+For each concurrency c (closed loop: c clients, each sending its next request when its last one ends) the same
+requests (prompts of mixed lengths, seeded; greedy; ``--max-tokens`` each) go through:
+
+- ``onnx2jax serve`` (a subprocess on a free 127.0.0.1 port) with the ``openai`` client, streaming;
+- onnx2jax's :class:`~onnx2jax.serving.Engine` in this process (no HTTP: what the server costs on top; its
+  programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens);
+- onnxruntime-genai's generator, one request at a time, and its ``Engine`` (continuous batching, 0.9+) with c
+  requests in flight, in a worker process of a Python that has onnxruntime_genai (``--og-python``).
+
+Reported: aggregate generated tokens/s (all tokens over the level's wall time), time to first token p50/p99
+(from a request's submission, queueing included), time between tokens p50/p99 (as the client receives them),
+requests lost (any that did not end with all its tokens), and whether every request's greedy tokens equal the
+single-request run's (the concurrency-1 server run). Bounded: ``--requests`` per level (default 4c, at least 32)
+and ``--timeout`` seconds per level.
+
+    python bench/bench_serve.py [--model tests/data/genai/llama_gqa] [--og-python /work/venvs/fixtures/bin/python]
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
+    """Prompts of mixed lengths (4 to 96 tokens), ids in [4, vocab), seeded."""
+    import random
+
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(4, vocab) for _ in range(rng.choice([3, 7, 15, 31, 63, 95]))] for _ in range(count)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
+
+
+def summarize(records: list[dict], wall: float, expected: int) -> dict:
+    """Aggregate figures of one level: records have submit, first, times (per token), tokens, finish (None:
+    the request never ended: lost)."""
+    tokens = sum(len(r["tokens"]) for r in records)
+    gaps = [b - a for r in records for a, b in zip(r["times"], r["times"][1:])]
+    return {"tok_s": tokens / wall, "ttft_p50": percentile([r["first"] - r["submit"] for r in records], 0.5),
+            "ttft_p99": percentile([r["first"] - r["submit"] for r in records], 0.99),
+            "itl_p50": percentile(gaps, 0.5), "itl_p99": percentile(gaps, 0.99),
+            "lost": expected - sum(1 for r in records if r["finish"] is not None), "requests": len(records),
+            "wall": wall}
+
+
+def closed_loop(work: list, concurrency: int, one) -> tuple[list, float]:
+    """Runs ``one(item)`` for every item with ``concurrency`` at a time; returns the results and the wall time."""
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(one, work))
+    return results, time.perf_counter() - start
+
+
+# ---- onnx2jax serve through the openai client
+
+
+def start_server(model: str, max_batch: int, queue_bound: int) -> tuple[subprocess.Popen, str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    command = [sys.executable, "-c", "import sys; from onnx2jax.cli import main; sys.exit(main())", "serve", model,
+               "--port", str(port), "--max-batch", str(max_batch), "--queue-bound", str(queue_bound)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    process.kill()
+    raise RuntimeError("the server did not start")
+
+
+def server_level(url: str, name: str, work: list[list[int]], concurrency: int, max_tokens: int) -> list[dict]:
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+    def one(prompt):
+        record = {"submit": time.perf_counter(), "times": [], "tokens": [], "prompt": prompt, "finish": None}
+        stream = client.completions.create(model=name, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                           stream=True)
+        for event in stream:
+            ids = event.choices[0].token_ids if event.choices else []
+            for token in ids:
+                record["times"].append(time.perf_counter())
+                record["tokens"].append(token)
+            if event.choices and event.choices[0].finish_reason:
+                record["finish"] = event.choices[0].finish_reason
+        record["first"] = record["times"][0] if record["times"] else float("nan")
+        return record
+
+    return closed_loop(work, concurrency, one)
+
+
+# ---- onnx2jax's Engine in this process
+
+
+def engine_level(engine, work: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float]:
+    from onnx2jax.serving import SamplingParams
+
+    pending = list(work)
+    records, live = [], {}
+    start = time.perf_counter()
+    while pending or live:
+        while pending and len(live) < concurrency:
+            prompt = pending.pop(0)
+            rid = engine.add_request(prompt, SamplingParams(max_tokens=max_tokens))
+            live[rid] = {"submit": time.perf_counter(), "times": [], "tokens": [], "prompt": prompt}
+        out = engine.step()
+        now = time.perf_counter()
+        for rid, tokens in out.items():
+            live[rid]["times"] += [now] * len(tokens)
+            live[rid]["tokens"] += tokens
+        for rid in [r for r in live if engine.finish_reason(r) is not None]:
+            record = live.pop(rid)
+            record["first"] = record["times"][0] if record["times"] else float("nan")
+            record["finish"] = engine.finish_reason(rid)
+            records.append(record)
+            engine.release(rid)
+    return records, time.perf_counter() - start
+
+
+# ---- onnxruntime-genai, in a worker process (its own Python)
+
+
+OG_WORKER = r'''
+import json, sys, time
+import numpy as np
+import onnxruntime_genai as og
+spec = json.loads(sys.stdin.read())
+model = og.Model(spec["model"])
+out = {}
+eos = set(spec["eos"])
+def record(submit, prompt):
+    return {"submit": submit, "times": [], "tokens": [], "prompt": prompt, "finish": None}
+if spec["mode"] == "generator":
+    records = []
+    start = time.perf_counter()
+    for prompt in spec["work"]:
+        r = record(time.perf_counter(), prompt)
+        params = og.GeneratorParams(model)
+        params.set_search_options(max_length=len(prompt) + spec["max_tokens"], do_sample=False)
+        generator = og.Generator(model, params)
+        generator.append_tokens(np.array([prompt], np.int32))
+        while not generator.is_done():
+            generator.generate_next_token()
+            token = int(generator.get_next_tokens()[0])
+            if token in eos:  # returned by the generator; onnx2jax and OpenAI do not return it
+                break
+            r["times"].append(time.perf_counter()); r["tokens"].append(token)
+        r["finish"] = "done"
+        records.append(r)
+    wall = time.perf_counter() - start
+else:
+    engine = og.Engine(model)
+    buffer = engine.create_event_buffer(4096)
+    pending, live, records = list(spec["work"]), {}, []
+    start = time.perf_counter()
+    while pending or live:
+        while pending and len(live) < spec["concurrency"]:
+            request = engine.create_request()
+            options = og.TurnOptions(request)
+            options.set_max_generated_tokens(spec["max_tokens"])
+            options.set_do_sample(False)
+            prompt = pending.pop(0)
+            request.begin_turn(np.array(prompt, np.int32), options)
+            live[id(request)] = (request, record(time.perf_counter(), prompt))
+        engine.run(buffer)
+        now = time.perf_counter()
+        for event in buffer:
+            entry = live.get(id(event.request))
+            if entry is None:
+                continue
+            if event.flags & og.EngineEventFlags.TOKEN and int(event.token) not in eos:
+                entry[1]["times"].append(now); entry[1]["tokens"].append(int(event.token))
+            if event.flags & og.EngineEventFlags.FAILED:
+                live.pop(id(event.request))
+                records.append(entry[1])
+            elif event.flags & og.EngineEventFlags.TURN_FINISHED:
+                entry[1]["finish"] = str(event.finish_reason)
+                live.pop(id(event.request))
+                records.append(entry[1])
+    wall = time.perf_counter() - start
+for r in records:
+    r["first"] = r["times"][0] if r["times"] else float("nan")
+print(json.dumps({"records": records, "wall": wall, "version": og.__version__}))
+'''
+
+
+def og_level(python: str, model: str, mode: str, work, concurrency: int, max_tokens: int, timeout: float,
+             eos: list[int]):
+    spec = {"model": model, "mode": mode, "work": work, "concurrency": concurrency, "max_tokens": max_tokens,
+            "eos": eos}
+    done = subprocess.run([python, "-c", OG_WORKER], input=json.dumps(spec), capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode:
+        raise RuntimeError(done.stderr[-2000:])
+    result = json.loads(done.stdout)
+    return result["records"], result["wall"], result["version"]
+
+
+def same(records: list[dict], reference: dict) -> bool:
+    """Every request's tokens equal the single-request run's of its prompt."""
+    return all(r["tokens"] == reference[tuple(r["prompt"])] for r in records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default=os.path.join(ROOT, "tests", "data", "genai", "llama_gqa"))
+    parser.add_argument("--levels", default="1,4,16,64")
+    parser.add_argument("--requests", type=int, default=0, help="requests per level (default max(4c, 32))")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-batch", type=int, default=16)
+    parser.add_argument("--og-python", default="", help="a Python with onnxruntime_genai (skipped without)")
+    parser.add_argument("--timeout", type=float, default=300)
+    args = parser.parse_args()
+    levels = [int(c) for c in args.levels.split(",")]
+    config = json.load(open(os.path.join(args.model, "genai_config.json")))["model"]
+    eos = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
+    count = {c: args.requests or max(4 * c, 32) for c in levels}
+    everything = prompts(max(count.values()), config["vocab_size"])
+    print(f"load average before: {os.getloadavg()}", flush=True)
+    rows = []
+
+    def add(label, c, records, wall, equal):
+        rows.append((label, c, summarize(records, wall, count[c]), equal))
+        print(rows[-1], flush=True)
+
+    process, url = start_server(args.model, args.max_batch, queue_bound=max(levels) * 2)
+    name = os.path.basename(os.path.normpath(args.model))
+    try:
+        records, _ = server_level(url, name, everything, 1, args.max_tokens)  # the single-request reference
+        reference = {tuple(r["prompt"]): r["tokens"] for r in records}
+        for c in levels:
+            records, wall = server_level(url, name, everything[: count[c]], c, args.max_tokens)
+            add("onnx2jax serve (openai client, SSE)", c, records, wall, same(records, reference))
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    from onnx2jax.serving import Engine
+
+    engine = Engine(args.model, max_batch=args.max_batch, max_tokens_in_cache=args.max_batch * 256)
+    engine.warmup()  # every program shape compiled before timing, as the server does before it listens
+    for c in levels:
+        records, wall = engine_level(engine, everything[: count[c]], c, args.max_tokens)
+        add("onnx2jax Engine (in process)", c, records, wall, same(records, reference))
+    if args.og_python:
+        for c in levels:
+            for mode in (["generator"] if c == 1 else []) + ["engine"]:
+                records, wall, version = og_level(args.og_python, args.model, mode, everything[: count[c]], c,
+                                                  args.max_tokens, args.timeout, eos)
+                label = f"onnxruntime-genai {version} " + ("generator, one at a time" if mode == "generator" else "Engine")
+                add(label, c, records, wall, same(records, reference))
+    print(f"load average after: {os.getloadavg()}")
+    print("\n| runtime | concurrency | requests | tokens/s | TTFT p50 / p99 (ms) | between tokens p50 / p99 (ms) "
+          "| lost | greedy = single-request |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, c, s, equal in rows:
+        print(f"| {label} | {c} | {s['requests']} | {s['tok_s']:.0f} | {1e3 * s['ttft_p50']:.1f} / "
+              f"{1e3 * s['ttft_p99']:.1f} | {1e3 * s['itl_p50']:.2f} / {1e3 * s['itl_p99']:.2f} | {s['lost']} | "
+              f"{'yes' if equal else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""``onnx2jax serve``: serve a decoder LLM over HTTP with OpenAI's API, many users at once (continuous batching
+over a paged KV cache; see docs/serving.md).
+
+Examples::
+
+    onnx2jax serve tests/data/genai/llama_gqa --port 8000 --max-batch 8
+    curl localhost:8000/v1/completions -d '{"model": "llama_gqa", "prompt": "the small", "max_tokens": 8}'
+
+SIGTERM or Ctrl-C stops taking requests, lets those in flight finish (up to --shutdown-timeout seconds, then
+aborts them) and exits 0. Needs the 'serve' extra (starlette, uvicorn, tokenizers, jinja2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from onnx2jax.cli.errors import CliError
+from onnx2jax.cli.options import ensure_devices
+
+
+def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Adds ``serve`` to the ``onnx2jax`` parser."""
+    parser = sub.add_parser("serve", help="serve a decoder LLM with OpenAI's HTTP API", description=__doc__)
+    parser.add_argument("model", help="a model folder: onnxruntime-genai's (genai_config.json) or a torch "
+                        "export's model.onnx, with tokenizer.json")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--max-batch", type=int, default=8, metavar="B", help="requests decoding at once (slots; "
+                        "default 8); more wait in the queue")
+    parser.add_argument("--max-tokens-in-cache", type=int, default=None, metavar="N",
+                        help="KV cache positions over all requests (default max-batch x the context)")
+    parser.add_argument("--page-size", type=int, default=16, help="cache positions per page (default 16)")
+    parser.add_argument("--prefill-chunk", type=int, default=32, help="prompt tokens prefilled per step, a "
+                        "multiple of --page-size (default 32)")
+    parser.add_argument("--prefill-rows", type=int, default=4, help="newcomers prefilled together in one step, a "
+                        "chunk each (default 4)")
+    parser.add_argument("--queue-bound", type=int, default=64, help="requests waiting at most; beyond, HTTP 429 "
+                        "(default 64)")
+    parser.add_argument("--context-length", type=int, default=None,
+                        help="the model's context (default genai_config.json's; needed without one)")
+    parser.add_argument("--served-model-name", default=None, help="the model's name in the API (default the "
+                        "folder's name)")
+    parser.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S",
+                        help="on SIGTERM, seconds the requests in flight may take to finish (default 30)")
+    parser.add_argument("--devices", type=int, default=0, metavar="N", help="tensor-parallel over N devices, the "
+                        "cache pages split by KV heads (on CPU: N fake devices)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    """Loads the model, compiles its programs and serves until SIGTERM / SIGINT; exit 0 then."""
+    if not os.path.isdir(args.model):
+        raise CliError(f"{args.model}: serve takes a model folder (with tokenizer.json)")
+    if args.devices and args.devices > 1:
+        ensure_devices(args.devices)
+    try:
+        from onnx2jax.serving.server import build_app, serve
+        from onnx2jax.serving.text import Text
+    except ImportError as error:
+        raise CliError(f"onnx2jax serve needs the 'serve' extra (pip install 'onnx2jax[serve]'): {error}") from error
+    from onnx2jax.serving.driver import EngineDriver
+
+    text = Text(args.model)
+    name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
+    engine = _engine(args)
+    engine.warmup()
+    driver = EngineDriver(engine, queue_bound=args.queue_bound)
+    app = build_app(driver, text, name, aliases=(args.model,), shutdown_timeout=args.shutdown_timeout)
+    counts = engine.counts
+    where = f", {engine.source.devices} devices" if engine.source.devices > 1 else ""
+    print(f"onnx2jax serve: {name} on http://{args.host}:{args.port}/v1 ({args.max_batch} slots, {counts['pages']} "
+          f"cache pages of {args.page_size}, context {engine.context_length}{where})", file=sys.stderr, flush=True)
+    if engine.source.note:
+        print(f"note: {engine.source.note}", file=sys.stderr, flush=True)
+    search = {k: v for k, v in engine.source.layout.search.items() if k not in ("max_length", "past_present_share_buffer")}
+    if search:
+        print(f"note: genai_config.json's search options ({', '.join(sorted(search))}) are not used: each request "
+              "carries its own (OpenAI's defaults)", file=sys.stderr, flush=True)
+    serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
+    print("onnx2jax serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _engine(args: argparse.Namespace):
+    from onnx2jax.serving import Engine
+    from onnx2jax.serving.source import open_model
+
+    source = open_model(args.model, devices=args.devices or None)
+    context = args.context_length or source.context_length
+    if context is None:
+        raise CliError(f"{args.model}: the model's context length is unknown (no genai_config.json): give "
+                       "--context-length")
+    cache = args.max_tokens_in_cache or args.max_batch * context
+    return Engine(source, max_batch=args.max_batch, max_tokens_in_cache=cache, page_size=args.page_size,
+                  prefill_chunk=args.prefill_chunk, prefill_rows=args.prefill_rows, context_length=context)

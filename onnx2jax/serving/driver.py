@@ -1,0 +1,186 @@
+"""The engine on its own thread, for an asyncio server: :class:`EngineDriver`.
+
+One thread steps the :class:`~onnx2jax.serving.engine.Engine` while it has work and sleeps while it has none;
+requests are added and aborted from the event loop under a lock (held by a step, so an add waits one step at
+most), and each step's tokens go to the request's ``asyncio.Queue`` as they are made. The driver also keeps the
+figures ``/metrics`` shows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import threading
+import time
+from typing import Any, Sequence
+
+from onnx2jax.serving.engine import Engine
+from onnx2jax.serving.params import SamplingParams
+
+
+@dataclasses.dataclass
+class Event:
+    """What a request's queue receives: new tokens, and the finish reason with its last event."""
+
+    tokens: list[int]
+    finish_reason: str | None = None
+
+
+class QueueFull(Exception):
+    """More requests wait than the queue bound allows."""
+
+
+class EngineDriver:
+    """Steps ``engine`` on a thread (module docstring).
+
+    Args:
+      engine: the engine; nothing else may step it while the driver runs.
+      queue_bound: the most requests waiting for a slot; beyond it :meth:`add` raises :class:`QueueFull`.
+    """
+
+    def __init__(self, engine: Engine, *, queue_bound: int = 64):
+        self.engine, self.queue_bound = engine, queue_bound
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="onnx2jax-engine", daemon=True)
+        self.started = time.time()
+        self.figures = collections.Counter()
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (time, tokens) of steps
+        self.ttft: collections.deque[float] = collections.deque(maxlen=4096)  # seconds, latest requests
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, *, timeout: float = 30.0) -> None:
+        """Lets the requests in flight finish for up to ``timeout`` seconds, aborts the rest, ends the thread."""
+        end = time.monotonic() + timeout
+        while time.monotonic() < end and self.engine.has_work() and self._thread.is_alive():
+            time.sleep(0.02)
+        with self._lock:
+            for rid in list(self._queues):
+                self._abort_locked(rid)
+            self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    def add(self, prompt: Sequence[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
+        """Queues a request (checked: :class:`~onnx2jax.errors.RequestError`); returns its id and the queue its
+        :class:`Event` s arrive on.
+
+        Raises:
+          QueueFull: ``queue_bound`` requests wait already.
+          RuntimeError: the driver has stopped.
+        """
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if self._stop or self.error is not None:
+                raise RuntimeError("the engine has stopped")
+            if len(self.engine.scheduler.waiting) >= self.queue_bound:
+                self.figures["requests_rejected"] += 1
+                raise QueueFull(f"{self.queue_bound} requests are waiting already")
+            rid = self.engine.add_request(prompt, params)
+            self._queues[rid] = (asyncio.get_running_loop(), queue)
+            self.figures["requests_received"] += 1
+        self._wake.set()
+        return rid, queue
+
+    def abort(self, rid: int) -> None:
+        """Ends a request (a client gone): its slot and pages are free from the next step."""
+        with self._lock:
+            self._abort_locked(rid)
+
+    def _abort_locked(self, rid: int) -> None:
+        if rid in self._queues:
+            self.engine.release(rid)
+            loop, queue = self._queues.pop(rid)
+            self.figures["requests_aborted"] += 1
+            loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                if not self.engine.has_work():
+                    self._wake.wait(0.5)
+                    self._wake.clear()
+                    continue
+                with self._lock:
+                    out = self.engine.step()
+                    self._deliver(out)
+        except BaseException as error:  # noqa: BLE001 -- every waiting client is told, then /health says so
+            self.error = error
+            with self._lock:
+                for loop, queue in self._queues.values():
+                    loop.call_soon_threadsafe(queue.put_nowait, Event([], "error"))
+                self._queues.clear()
+            raise
+
+    def _deliver(self, out: dict[int, list[int]]) -> None:
+        now = time.time()
+        made = sum(len(t) for t in out.values())
+        self.figures["tokens_generated"] += made
+        self._recent.append((now, made))
+        while self._recent and self._recent[0][0] < now - 10:
+            self._recent.popleft()
+        for rid in list(self._queues):
+            tokens = out.get(rid, [])
+            reason = self.engine.finish_reason(rid)
+            if not tokens and reason is None:
+                continue
+            if tokens and len(self.engine.tokens(rid)) == len(tokens):  # its first tokens
+                self.ttft.append(self.engine.time_to_first_token(rid))
+            loop, queue = self._queues[rid]
+            loop.call_soon_threadsafe(queue.put_nowait, Event(tokens, reason))
+            if reason is not None:
+                self.figures[f"requests_finished_{reason}"] += 1
+                self.engine.release(rid)
+                del self._queues[rid]
+
+    def tokens_per_second(self) -> float:
+        """Tokens made over the last 10 seconds, per second."""
+        if not self._recent:
+            return 0.0
+        span = max(time.time() - self._recent[0][0], 1e-3)
+        return sum(n for _, n in self._recent) / max(span, 1.0)
+
+    def metrics(self) -> str:
+        """The figures in Prometheus' text format."""
+        counts = self.engine.counts
+        gauges = {
+            "onnx2jax_requests_waiting": ("requests waiting for a slot", counts["waiting"]),
+            "onnx2jax_requests_running": ("requests holding a slot", counts["running"]),
+            "onnx2jax_slots_used": ("decode slots in use", counts["slots_used"]),
+            "onnx2jax_slots_total": ("decode slots", self.engine.max_batch),
+            "onnx2jax_cache_pages_used": ("KV cache pages in use", counts["pages_used"]),
+            "onnx2jax_cache_pages_total": ("KV cache pages", counts["pages"]),
+            "onnx2jax_tokens_per_second": ("tokens generated per second over the last 10 s", self.tokens_per_second()),
+        }
+        lines: list[str] = []
+        for name, (text, value) in gauges.items():
+            lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {value}"]
+        lines += ["# HELP onnx2jax_requests_total requests by outcome", "# TYPE onnx2jax_requests_total counter"]
+        for key in ("received", "rejected", "aborted", "finished_stop", "finished_length"):
+            lines.append(f'onnx2jax_requests_total{{outcome="{key}"}} {self.figures[f"requests_{key}"]}')
+        lines += ["# HELP onnx2jax_generated_tokens_total tokens generated", "# TYPE onnx2jax_generated_tokens_total counter",
+                  f"onnx2jax_generated_tokens_total {self.figures['tokens_generated']}"]
+        ttft = list(self.ttft)
+        lines += ["# HELP onnx2jax_time_to_first_token_seconds from a request's arrival to its first token",
+                  "# TYPE onnx2jax_time_to_first_token_seconds summary"]
+        for q in (0.5, 0.99):
+            value = sorted(ttft)[min(int(q * len(ttft)), len(ttft) - 1)] if ttft else float("nan")
+            lines.append(f'onnx2jax_time_to_first_token_seconds{{quantile="{q}"}} {value}')
+        lines += [f"onnx2jax_time_to_first_token_seconds_sum {sum(ttft)}",
+                  f"onnx2jax_time_to_first_token_seconds_count {len(ttft)}"]
+        return "\n".join(lines) + "\n"
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and self.error is None
+
+
+def describe(driver: EngineDriver) -> dict[str, Any]:
+    """The driver's state for /health."""
+    return {"status": "ok" if driver.alive else "error", **driver.engine.counts}

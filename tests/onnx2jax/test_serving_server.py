@@ -1,0 +1,243 @@
+"""`onnx2jax serve` (issue 29) answers the real `openai` client and httpx on 127.0.0.1: greedy tokens equal
+onnxruntime-genai's stored ones (and a plain onnxruntime loop for chat), streams one token per event while the
+request still runs, refuses bad input by name, queues then answers 429, frees a disconnected client's slot and
+pages, and on SIGTERM finishes the request in flight and exits 0. One server for the module."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import pathlib
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import jinja2
+import numpy as np
+import onnxruntime as ort
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from onnx2jax.errors import RequestError
+from onnx2jax.serving.text import Detokenizer, Text
+
+ROOT = pathlib.Path(__file__).parents[2]
+GENAI = ROOT / "tests" / "data" / "genai"
+EXPECTED = json.loads((GENAI / "llama_gqa" / "expected_tokens.json").read_text())
+TEMPLATE = "{% for m in messages %}<s>{{ m.role }}: {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+MODEL = "tiny"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("served") / "llama_gqa"
+    shutil.copytree(GENAI / "llama_gqa", folder)
+    (folder / "chat_template.jinja").write_text(TEMPLATE)
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-c", "import sys; from onnx2jax.cli import main; sys.exit(main())", "serve",
+               str(folder), "--port", str(port), "--max-batch", "2", "--queue-bound", "2",
+               "--served-model-name", MODEL, "--page-size", "8", "--prefill-chunk", "16"]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited with {process.returncode}: {process.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    else:
+        process.kill()
+        pytest.fail("the server did not start within 240 s")
+    yield {"url": url, "process": process, "folder": folder}
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def _client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server['url']}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _gauges(server) -> dict[str, float]:
+    text = httpx.get(f"{server['url']}/metrics", timeout=10).text
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line and not line.startswith("#") and "{" not in line}
+
+
+def test_openai_client_greedy_tokens_equal_onnxruntime_genai(server):
+    client = _client(server)
+
+    def ask(i):
+        prompt = EXPECTED["prompts"][i]
+        answer = client.completions.create(model=MODEL, prompt=prompt, max_tokens=EXPECTED["max_length"] - len(prompt),
+                                           temperature=0)
+        return prompt + answer.choices[0].token_ids, answer.choices[0].finish_reason
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:  # three at once on two slots: one waits
+        results = list(pool.map(ask, range(3)))
+    assert [r[0] for r in results] == EXPECTED["tokens"]
+    assert all(r[1] == "length" for r in results)
+    models = client.models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+def test_stream_gives_one_token_per_event_while_the_request_runs(server):
+    client = _client(server)
+    prompt = EXPECTED["prompts"][0]
+    whole = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    events = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, stream=True))
+    tokens = [t for e in events for t in e.choices[0].token_ids]
+    assert all(len(e.choices[0].token_ids) == 1 for e in events[:-1])  # one token per event, then the end
+    assert tokens == whole.choices[0].token_ids == EXPECTED["tokens"][0][len(prompt):][:12]
+    assert "".join(e.choices[0].text for e in events) == whole.choices[0].text
+    assert events[-1].choices[0].finish_reason == "length"
+
+
+def _counter(server, outcome) -> float:
+    text = httpx.get(f"{server['url']}/metrics", timeout=10).text
+    return float(next(line.split()[1] for line in text.splitlines() if f'outcome="{outcome}"' in line))
+
+
+def test_client_disconnecting_mid_stream_frees_its_slot_and_pages(server):
+    aborted = _counter(server, "aborted")
+    body = {"model": MODEL, "prompt": EXPECTED["prompts"][1], "max_tokens": 240, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server['url']}/v1/completions", json=body, timeout=60) as response:
+        lines = (line for line in response.iter_lines() if line.startswith("data: "))
+        first = json.loads(next(lines)[6:])
+        assert first["choices"][0]["token_ids"] == EXPECTED["tokens"][1][12:13]
+    # gone after its first token: the request was aborted (so that token came while it ran), its slot and
+    # pages are free
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        gauges = _gauges(server)
+        if gauges["onnx2jax_slots_used"] == 0 and gauges["onnx2jax_cache_pages_used"] == 0:
+            break
+        time.sleep(0.1)
+    assert gauges["onnx2jax_slots_used"] == 0 and gauges["onnx2jax_cache_pages_used"] == 0
+    assert _counter(server, "aborted") == aborted + 1
+
+
+def _ort_greedy(prompt, steps):
+    """Plain onnxruntime greedy, the whole sequence each call (an independent reference)."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(GENAI / "llama_gqa" / "model.onnx"), options, providers=["CPUExecutionProvider"])
+    tokens = list(prompt)
+    for _ in range(steps):
+        feeds = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, len(tokens)), np.int64)}
+        feeds.update({f"past_key_values.{i}.{p}": np.zeros((1, 2, 0, 16), np.float32) for i in (0, 1)
+                      for p in ("key", "value")})
+        tokens.append(int(np.argmax(session.run(["logits"], feeds)[0][0, -1])))
+    return tokens[len(prompt):]
+
+
+def test_chat_completion_renders_the_folders_template(server):
+    messages = [{"role": "user", "content": "the small model"}]
+    answer = _client(server).chat.completions.create(model=MODEL, messages=messages, max_tokens=6, temperature=0)
+    text = jinja2.Environment(trim_blocks=True, lstrip_blocks=True).from_string(TEMPLATE).render(
+        messages=messages, add_generation_prompt=True)
+    prompt = Tokenizer.from_file(str(GENAI / "llama_gqa" / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    assert answer.choices[0].token_ids == _ort_greedy(prompt, 6)
+    assert answer.choices[0].message.role == "assistant" and answer.usage.completion_tokens == 6
+
+
+def test_chat_without_a_template_is_refused_by_name():
+    with pytest.raises(RequestError, match="no chat template"):
+        Text(GENAI / "llama_gqa").chat_prompt([{"role": "user", "content": "hi"}])
+
+
+def test_stop_strings_end_the_text_before_them():
+    text = Text(GENAI / "llama_gqa")
+    ids = text.encode("the small model writes text", special=False)
+    detok = Detokenizer(text, ["writes"])
+    pieces = "".join(detok.add([t]) for t in ids)
+    assert detok.stopped and pieces == "the small model "
+
+
+@pytest.mark.parametrize("change, status, field", [
+    ({"prompt": [1] * 300}, 400, "prompt"),  # longer than the context of 256
+    ({"prompt": [1, 600]}, 400, "prompt"),  # outside the vocabulary of 512
+    ({"prompt": [1, -3]}, 400, "prompt"),
+    ({"max_tokens": 0}, 400, "max_tokens"),
+    ({"max_tokens": 254}, 400, "max_tokens"),  # 3 + 254 tokens: past the context of 256
+    ({"temperature": -1}, 400, "temperature"),
+    ({"top_p": 0}, 400, "top_p"),
+    ({"top_p": 1.5}, 400, "top_p"),
+    ({"n": 2}, 400, "n"),
+    ({"logprobs": 2}, 400, "logprobs"),
+    ({"presence_penalty": 0.5}, 400, "presence_penalty"),
+    ({"frobnicate": 1}, 400, "frobnicate"),
+    ({"model": "gpt-4"}, 404, "model"),
+])
+def test_bad_input_is_refused_with_the_reason(server, change, status, field):
+    body = {"model": MODEL, "prompt": [1, 17, 230], "max_tokens": 4, "temperature": 0} | change
+    response = httpx.post(f"{server['url']}/v1/completions", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert response.json()["error"]["param"] == field and field in response.json()["error"]["message"]
+
+
+def test_server_unhurt_and_openai_client_sees_the_refusal(server):
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        client.completions.create(model=MODEL, prompt=[1, 2], max_tokens=2, temperature=-1)
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt=[1, 2], max_tokens=2)
+    assert client.completions.create(model=MODEL, prompt=[1, 42], max_tokens=2, temperature=0).choices[0].token_ids \
+        == EXPECTED["tokens"][2][2:4]
+
+
+def test_more_requests_than_slots_queue_then_429_with_retry_after(server):
+    prompt = EXPECTED["prompts"][2]
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 200, "temperature": 0}
+    start = threading.Barrier(16)
+
+    def post(_):
+        start.wait()
+        return httpx.post(f"{server['url']}/v1/completions", json=body, timeout=120)
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:  # 2 slots + 2 in the queue; the rest are refused
+        responses = list(pool.map(post, range(16)))
+    statuses = sorted(r.status_code for r in responses)
+    assert set(statuses) == {200, 429} and statuses.count(200) >= 4, statuses
+    for r in responses:
+        if r.status_code == 429:
+            assert r.headers["Retry-After"] == "1"
+        else:  # none lost: every accepted request has all its tokens, the stored ones first
+            tokens = r.json()["choices"][0]["token_ids"]
+            assert len(tokens) == 200 and prompt + tokens[:30] == EXPECTED["tokens"][2]
+
+
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(server):
+    process = server["process"]
+    body = {"model": MODEL, "prompt": EXPECTED["prompts"][1], "max_tokens": 20, "temperature": 0, "stream": True}
+    tokens, finish = [], None
+    with httpx.stream("POST", f"{server['url']}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            tokens += event["choices"][0]["token_ids"]
+            finish = event["choices"][0]["finish_reason"] or finish
+            if len(tokens) == 1:
+                process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0
+    assert finish == "length" and EXPECTED["prompts"][1] + tokens == EXPECTED["tokens"][1][:32]
+    with pytest.raises(httpx.ConnectError):  # it no longer listens
+        httpx.get(f"{server['url']}/health", timeout=5)
