@@ -102,7 +102,7 @@ def test_blocks_not_run_say_why():
     skipped = _blocks(("python", "bash", "sh"), runnable=False)
     for block_id, _, block in skipped:
         assert len(block["not_run"].split()) >= 3, f"{block_id}: say what it needs"
-    assert len(skipped) <= 12, [b for b, _, _ in skipped]  # a few: most blocks must run
+    assert len(skipped) <= 16, [b for b, _, _ in skipped]  # a few: most blocks must run
 
 
 @pytest.mark.parametrize(("block_id", "code"), python_blocks(), ids=[b[0] for b in python_blocks()])
