@@ -59,7 +59,6 @@ struct Problem {
   const int8_t* aq;  // int8 path
   const float* ascale;  // [M, blocks] int8 path
   const int32_t* asum;  // [M, blocks] int8 path: each block's sum of A's int8 values
-  const uint8_t* au;    // [M, Kp] int8 path: A's int8 values + 128 (the AVX-512 VNNI tiles)
   const float* adq;     // [M, Kp] int8 path, many rows: A's int8 values times their block's scale
   int simd;             // 0 plain C++, 1 AVX2, 2 AVX-512 (F, BW, DQ, VL, VNNI) where the CPU has them
 };
@@ -521,83 +520,100 @@ template <int R> struct Int8Avx2 { static void run(const Problem& p, int64_t n, 
 template <int R> struct Int8Vnni { static void run(const Problem& p, int64_t n, int64_t m) { int8_fused_vnni<R>(p, n, m); } };
 template <int R> struct FloatAvx2 { static void run(const Problem& p, int64_t n, int64_t m) { float_fused_avx2<R>(p, n, m); } };
 
-// Int8, AVX-512 VNNI: a tile of 2 * PB rows of B by RA rows of A, a chunk of 32 values at a time. Two rows of B
-// share a register (lanes 0-7 and 8-15), A's chunk broadcast to both halves. The products are u8 x s8: A is
-// shifted to unsigned (a + 128, prepared once) and B made signed (q - zero_point), so the shift's share,
-// 128 * sum(q - zero_point), is one more dot per chunk shared by every row of A; the block's integer dot is
-// exact, then scaled in float as onnxruntime does.
-template <int RA, int PB>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))) void int8_tile_vnni(const Problem& p, int64_t n0,
-                                                                                             int64_t m0) {
-  const int64_t kp = p.blocks * p.block;
-  const __m128i low = _mm_set1_epi8(15);
-  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[RA][PB];
+// Int8, AVX-512 VNNI, few rows of A (decode): a tile of 4 * G rows of B by RA rows of A. Four rows of B share
+// a register, a 128-bit lane each: one chunk of 32 values is 16 bytes a row, so its low nibbles (A's even
+// positions, as A is permuted) fill one register and its high nibbles another, each against A's 16 values
+// broadcast to the four lanes, u8 (nibble, 0..15) x s8 (A) with `vpdpbusd`. Each row's block dot then sits
+// in 4 lanes; the zero point's share (zero_point * the block's sum of A) is taken off in the first of them,
+// in float but exactly (all small integers), and the block is scaled by a_scale * b_scale as onnxruntime
+// does. One convert and two float operations a block serve four rows of B.
+template <int RA, int G>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))) void int8_quad_vnni(
+    const Problem& p, int64_t n0, int64_t m0) {
+  const int64_t kp = p.blocks * p.block, row_bytes = kp / 2;
+  const __m512i low = _mm512_set1_epi8(15);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512 eight = _mm512_maskz_mov_ps(0x1111, _mm512_set1_ps(8.0f));
+  __m512 acc[RA][G];
   for (int r = 0; r < RA; ++r)
-    for (int q = 0; q < PB; ++q) acc[r][q] = _mm512_setzero_ps();
+    for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
   for (int64_t b = 0; b < p.blocks; ++b) {
-    __m512i z[PB], dot[RA][PB], shift[PB];
-    __m512 ws[PB];
-    for (int q = 0; q < PB; ++q) {
-      const int64_t n = n0 + 2 * q;
-      z[q] = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(zero_point_int(p, n, b))),
-                                _mm256_set1_epi8(static_cast<char>(zero_point_int(p, n + 1, b))), 1);
-      ws[q] = _mm512_insertf32x8(_mm512_set1_ps(p.scales[n * p.blocks + b]),
-                                 _mm256_set1_ps(p.scales[(n + 1) * p.blocks + b]), 1);
-      shift[q] = _mm512_setzero_si512();
-      for (int r = 0; r < RA; ++r) dot[r][q] = _mm512_setzero_si512();
+    __m512 ws[G], zs[G];
+    for (int g = 0; g < G; ++g) {
+      const int64_t n = n0 + 4 * g;
+      const float* s = p.scales + n * p.blocks + b;
+      ws[g] = _mm512_permutexvar_ps(
+          spread, _mm512_castps128_ps512(_mm_setr_ps(s[0], s[p.blocks], s[2 * p.blocks], s[3 * p.blocks])));
+      zs[g] = p.zp_kind == 0 ? eight
+                             : _mm512_maskz_permutexvar_ps(
+                                   0x1111, spread,
+                                   _mm512_castps128_ps512(_mm_setr_ps(
+                                       static_cast<float>(zero_point_int(p, n, b)), static_cast<float>(zero_point_int(p, n + 1, b)),
+                                       static_cast<float>(zero_point_int(p, n + 2, b)), static_cast<float>(zero_point_int(p, n + 3, b)))));
     }
+    __m512i dot[RA][G];
+    for (int r = 0; r < RA; ++r)
+      for (int g = 0; g < G; ++g) dot[r][g] = _mm512_setzero_si512();
     for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
-      __m512i w[PB];
-      for (int q = 0; q < PB; ++q) {
-        __m256i half[2];
-        for (int h = 0; h < 2; ++h) {
-          const __m128i packed =
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.b + (n0 + 2 * q + h) * (kp / 2) + c / 2));
-          half[h] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(packed, low)),
-                                            _mm_and_si128(_mm_srli_epi16(packed, 4), low), 1);
-        }
-        w[q] = _mm512_sub_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1), z[q]);
-        shift[q] = _mm512_dpbusd_epi32(shift[q], c128, w[q]);
+      __m512i lo[G], hi[G];
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* row = p.b + (n0 + 4 * g) * row_bytes + c / 2;
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + row_bytes)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * row_bytes)), 2);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 3 * row_bytes)), 3);
+        lo[g] = _mm512_and_si512(v, low);
+        hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
       for (int r = 0; r < RA; ++r) {
-        const __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.au + (m0 + r) * kp + c)));
-        for (int q = 0; q < PB; ++q) dot[r][q] = _mm512_dpbusd_epi32(dot[r][q], a, w[q]);
+        const int8_t* a = p.aq + (m0 + r) * kp + c;
+        const __m512i a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+        const __m512i a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+        for (int g = 0; g < G; ++g) {
+          dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], lo[g], a_lo);
+          dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], hi[g], a_hi);
+        }
       }
     }
     for (int r = 0; r < RA; ++r) {
-      const __m512 as = _mm512_set1_ps(p.ascale[(m0 + r) * p.blocks + b]);
-      for (int q = 0; q < PB; ++q)
-        acc[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][q], shift[q])),
-                                    _mm512_mul_ps(as, ws[q]), acc[r][q]);
+      const int64_t i = (m0 + r) * p.blocks + b;
+      const __m512 asum = _mm512_set1_ps(static_cast<float>(p.asum[i])), as = _mm512_set1_ps(p.ascale[i]);
+      for (int g = 0; g < G; ++g) {
+        const __m512 exact = _mm512_fnmadd_ps(asum, zs[g], _mm512_cvtepi32_ps(dot[r][g]));
+        acc[r][g] = _mm512_fmadd_ps(exact, _mm512_mul_ps(as, ws[g]), acc[r][g]);
+      }
     }
   }
   for (int r = 0; r < RA; ++r)
-    for (int q = 0; q < PB; ++q) {
-      p.y[(m0 + r) * p.N + n0 + 2 * q] = hsum256(_mm512_castps512_ps256(acc[r][q]));
-      p.y[(m0 + r) * p.N + n0 + 2 * q + 1] = hsum256(_mm512_extractf32x8_ps(acc[r][q], 1));
+    for (int g = 0; g < G; ++g) {
+      __m512 v = acc[r][g];
+      v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));  // lanes (0+1, 2+3) of each group of 4
+      v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));  // the group's sum in each of its lanes
+      alignas(64) float out[16];
+      _mm512_store_ps(out, v);
+      for (int q = 0; q < 4; ++q) p.y[(m0 + r) * p.N + n0 + 4 * g + q] = out[4 * q];
     }
 }
 
-template <int PB>
-void int8_tiles_vnni(const Problem& p, int64_t n) {
+template <int G>
+void int8_quads_vnni(const Problem& p, int64_t n) {
   int64_t m = 0;
-  for (; m + 4 <= p.M; m += 4) int8_tile_vnni<4, PB>(p, n, m);
+  for (; m + 4 <= p.M; m += 4) int8_quad_vnni<4, G>(p, n, m);
   switch (p.M - m) {
-    case 3: int8_tile_vnni<3, PB>(p, n, m); break;
-    case 2: int8_tile_vnni<2, PB>(p, n, m); break;
-    case 1: int8_tile_vnni<1, PB>(p, n, m); break;
+    case 3: int8_quad_vnni<3, G>(p, n, m); break;
+    case 2: int8_quad_vnni<2, G>(p, n, m); break;
+    case 1: int8_quad_vnni<1, G>(p, n, m); break;
     default: break;
   }
 }
 
-// Rows [n0, n1): pairs of rows in tiles; an odd last row through the one-row loop.
+// Rows [n0, n1): 8 rows of B a tile, then 4; the last few through the one-row loop.
 void int8_rows_vnni(const Problem& p, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) int8_tiles_vnni<2>(p, n);
-  if (n + 2 <= n1) {
-    int8_tiles_vnni<1>(p, n);
-    n += 2;
+  for (; n + 8 <= n1; n += 8) int8_quads_vnni<2>(p, n);
+  if (n + 4 <= n1) {
+    int8_quads_vnni<1>(p, n);
+    n += 4;
   }
   if (n < n1) fused_rows<Int8Vnni>(p, n, n1);
 }
@@ -739,7 +755,6 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
   thread_local std::vector<int8_t> aq;
   thread_local std::vector<float> ascale;
   thread_local std::vector<int32_t> asum;
-  thread_local std::vector<uint8_t> au;
   af.resize(p.M * kp);
   for (int64_t m = 0; m < p.M; ++m) permute_row(a.typed_data() + m * p.K, p.K, kp, p.chunk, af.data() + m * kp);
   if (int8) {
@@ -757,10 +772,6 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
       for (int64_t m = 0; m < p.M; ++m)
         for (int64_t i = 0; i < kp; ++i) af[m * kp + i] = aq[m * kp + i] * ascale[m * p.blocks + i / p.block];
       p.adq = af.data();
-    } else if (p.simd == 2 && p.block >= 32) {
-      au.resize(p.M * kp);
-      for (int64_t i = 0; i < p.M * kp; ++i) au[i] = static_cast<uint8_t>(aq[i] + 128);
-      p.au = au.data();
     }
   } else {
     p.af = af.data();
