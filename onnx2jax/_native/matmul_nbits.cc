@@ -647,6 +647,39 @@ void quantize_row(const float* a, int64_t blocks, int64_t block, int8_t* q, floa
   }
 }
 
+#ifdef O2J_X86
+// quantize_row with AVX2, the same arithmetic (max |a|, / 127, 1 / s, a * (1 / s) rounded half to even), 8
+// values a step: the scalar loop calls libm's nearbyint per value, about 2 ms of a 128-row prompt's product.
+__attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* a, int64_t blocks, int64_t block, int8_t* q,
+                                                           float* scale, int32_t* sum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* x = a + b * block;
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t j = 0; j < block; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + j), magnitude));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float s = _mm_cvtss_f32(h) / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(s != 0.0f ? 1.0f / s : 0.0f);
+    scale[b] = s;
+    __m256i total = _mm256_setzero_si256();
+    for (int64_t j = 0; j < block; j += 8) {
+      __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i i = _mm256_cvtps_epi32(_mm256_max_ps(bottom, _mm256_min_ps(top, v)));
+      total = _mm256_add_epi32(total, i);
+      const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + b * block + j), _mm_packs_epi16(words, words));
+    }
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    sum[b] = _mm_cvtsi128_si32(t);
+  }
+}
+#endif
+
 // ---- threads ----
 
 // Runs body(n0, n1) over [0, N) in chunks on XLA's intra-op pool and the calling thread.
@@ -761,9 +794,17 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
     ascale.resize(p.M * p.blocks);
     asum.resize(p.M * p.blocks);
     // The permutation stays inside a chunk, and a chunk inside a block: the block's max and values are the same.
-    for (int64_t m = 0; m < p.M; ++m)
-      quantize_row(af.data() + m * kp, p.blocks, p.block, aq.data() + m * kp, ascale.data() + m * p.blocks,
-                   asum.data() + m * p.blocks);
+    for (int64_t m = 0; m < p.M; ++m) {
+      const float* row = af.data() + m * kp;
+#ifdef O2J_X86
+      if (p.simd) {
+        quantize_row_avx2(row, p.blocks, p.block, aq.data() + m * kp, ascale.data() + m * p.blocks,
+                          asum.data() + m * p.blocks);
+        continue;
+      }
+#endif
+      quantize_row(row, p.blocks, p.block, aq.data() + m * kp, ascale.data() + m * p.blocks, asum.data() + m * p.blocks);
+    }
     p.aq = aq.data();
     p.ascale = ascale.data();
     p.asum = asum.data();
