@@ -544,13 +544,27 @@ __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))
   __m512 acc[RA][G];
   for (int r = 0; r < RA; ++r)
     for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+  const float* next_scales = p.scales + (n0 + 4 * G) * p.blocks;  // the next tile's, prefetched like its rows
+  __m512 ws[G], ws_odd[G];
   for (int64_t b = 0; b < p.blocks; ++b) {
-    __m512 ws[G], zs[G];
+    __m512 zs[G];
+    _mm_prefetch(reinterpret_cast<const char*>(next_scales + b * 4 * G), _MM_HINT_T0);
     for (int g = 0; g < G; ++g) {
       const int64_t n = n0 + 4 * g;
       const float* s = p.scales + n * p.blocks + b;
-      ws[g] = _mm512_permutexvar_ps(
-          spread, _mm512_castps128_ps512(_mm_setr_ps(s[0], s[p.blocks], s[2 * p.blocks], s[3 * p.blocks])));
+      if (b & 1) {
+        ws[g] = ws_odd[g];
+      } else if (b + 1 < p.blocks) {  // blocks b and b + 1 of the 4 rows: 4 loads of two scales each
+        auto two = [](const float* x) { return _mm_load_sd(reinterpret_cast<const double*>(x)); };
+        const __m128 r01 = _mm_castpd_ps(_mm_loadh_pd(two(s), reinterpret_cast<const double*>(s + p.blocks)));
+        const __m128 r23 = _mm_castpd_ps(
+            _mm_loadh_pd(two(s + 2 * p.blocks), reinterpret_cast<const double*>(s + 3 * p.blocks)));
+        ws[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_shuffle_ps(r01, r23, _MM_SHUFFLE(2, 0, 2, 0))));
+        ws_odd[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_shuffle_ps(r01, r23, _MM_SHUFFLE(3, 1, 3, 1))));
+      } else {
+        ws[g] = _mm512_permutexvar_ps(
+            spread, _mm512_castps128_ps512(_mm_setr_ps(s[0], s[p.blocks], s[2 * p.blocks], s[3 * p.blocks])));
+      }
       zs[g] = p.zp_kind == 0 ? eight
                              : _mm512_maskz_permutexvar_ps(
                                    0x1111, spread,
