@@ -44,7 +44,7 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kPanelRows = 8;  // from this many rows of A, B is dequantized into panels (AVX-512)
+constexpr int64_t kPanelRows = 8;  // from this many rows of A, float compute dequantizes B into panels (AVX-512)
 
 struct Problem {
   int64_t M, N, K, block, blocks, chunk;  // chunk: C values a SIMD step (32, or 16 for blocks of 16)
@@ -59,8 +59,6 @@ struct Problem {
   const int8_t* aq;  // int8 path
   const float* ascale;  // [M, blocks] int8 path
   const int32_t* asum;  // [M, blocks] int8 path: each block's sum of A's int8 values
-  const uint8_t* au;    // [M, Kp] int8 path: A's int8 values + 128 (the AVX-512 VNNI tiles)
-  const float* adq;     // [M, Kp] int8 path, many rows: A's int8 values times their block's scale
   int simd;             // 0 plain C++, 1 AVX2, 2 AVX-512 (F, BW, DQ, VL, VNNI) where the CPU has them
 };
 
@@ -367,30 +365,39 @@ __attribute__((target("avx2,fma"))) void float_fused_avx2(const Problem& p, int6
   for (int r = 0; r < R; ++r) p.y[(m0 + r) * p.N + n] = hsum256(acc[r]);
 }
 
+// The 16 values block b of row n can take, (q - zero_point) * scale for q = 0..15, as onnxruntime dequantizes
+// them: a chunk's 16 nibbles then dequantize with one `vpermps` each (the nibble the index), not a convert,
+// a subtract and a multiply.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) inline __m512 dequantized_values(const Problem& p,
+                                                                                               int64_t n, int64_t b) {
+  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_mul_ps(_mm512_sub_ps(q, _mm512_set1_ps(zero_point(p, n, b))), _mm512_set1_ps(p.scales[n * p.blocks + b]));
+}
+
 // Float, AVX-512: a tile of RB rows of B by RA rows of A. Each row of B is dequantized a chunk of 32 at a time
-// in registers, (q - zero_point) * scale as onnxruntime dequantizes it, and multiplied into RA x RB
-// accumulators of 16 lanes along K, added up once at the end.
+// in registers (dequantized_values) and multiplied into RA x RB accumulators of 16 lanes along K, added up
+// once at the end.
 template <int RA, int RB>
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void float_tile_avx512(const Problem& p, int64_t n0,
                                                                                        int64_t m0) {
   const int64_t kp = p.blocks * p.block;
-  const __m128i low = _mm_set1_epi8(15);
+  const uint8_t* next = p.b + (n0 + RB) * (kp / 2);
   __m512 acc[RA][RB];
   for (int r = 0; r < RA; ++r)
     for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_setzero_ps();
   for (int64_t b = 0; b < p.blocks; ++b) {
-    __m512 z[RB], s[RB];
-    for (int q = 0; q < RB; ++q) {
-      z[q] = _mm512_set1_ps(zero_point(p, n0 + q, b));
-      s[q] = _mm512_set1_ps(p.scales[(n0 + q) * p.blocks + b]);
-    }
+    __m512 table[RB];
+    for (int q = 0; q < RB; ++q) table[q] = dequantized_values(p, n0 + q, b);
     for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
+      // The next RB rows a cache line at a time (a chunk here is RB * 16 bytes): from DRAM the hardware
+      // prefetcher alone lags behind RB short streams read 16 bytes at a time. A prefetch past B's end does not fault.
+      _mm_prefetch(reinterpret_cast<const char*>(next + (c / 32) * 16 * RB), _MM_HINT_T0);
       __m512 w[RB][2];
       for (int q = 0; q < RB; ++q) {
-        const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.b + (n0 + q) * (kp / 2) + c / 2));
-        const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-        w[q][0] = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), z[q]), s[q]);
-        w[q][1] = _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), z[q]), s[q]);
+        const __m512i bytes = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.b + (n0 + q) * (kp / 2) + c / 2)));
+        w[q][0] = _mm512_permutexvar_ps(bytes, table[q]);  // the index's low 4 bits: the low nibble
+        w[q][1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table[q]);
       }
       for (int r = 0; r < RA; ++r) {
         const float* a = p.af + (m0 + r) * kp + c;
@@ -431,20 +438,18 @@ void float_rows_avx512(const Problem& p, int64_t n0, int64_t n1) {
 
 // Many rows of A (a prompt), AVX-512: rows of B are dequantized once, (q - zero_point) * scale, into a float
 // panel (chunk-permuted like A) that every row of A then reads, 4 rows of A by 4 of B per tile with 16
-// accumulators of 16 lanes along K. Used for float compute, and for int8 compute with A's
-// int8 blocks given back as floats (a_q * a_scale: the same products, added in float).
+// accumulators of 16 lanes along K. Float compute only: int8 compute at any M goes through int8_rows_vnni,
+// whose integer block dots beat these float FMAs (one [128, 1024] x [2816, 1024] product 9.5 -> 6.8 CPU ms).
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_dequantize(const Problem& p, int64_t n,
                                                                                     float* panel) {
   const int64_t kp = p.blocks * p.block;
-  const __m128i low = _mm_set1_epi8(15);
   const uint8_t* row = p.b + n * (kp / 2);
   for (int64_t b = 0; b < p.blocks; ++b) {
-    const __m512 z = _mm512_set1_ps(zero_point(p, n, b)), s = _mm512_set1_ps(p.scales[n * p.blocks + b]);
+    const __m512 table = dequantized_values(p, n, b);
     for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
-      const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2));
-      const __m128i lo = _mm_and_si128(packed, low), hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low);
-      _mm512_storeu_ps(panel + c, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), z), s));
-      _mm512_storeu_ps(panel + c + 16, _mm512_mul_ps(_mm512_sub_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), z), s));
+      const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
+      _mm512_storeu_ps(panel + c, _mm512_permutexvar_ps(bytes, table));
+      _mm512_storeu_ps(panel + c + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table));
     }
   }
 }
@@ -521,83 +526,121 @@ template <int R> struct Int8Avx2 { static void run(const Problem& p, int64_t n, 
 template <int R> struct Int8Vnni { static void run(const Problem& p, int64_t n, int64_t m) { int8_fused_vnni<R>(p, n, m); } };
 template <int R> struct FloatAvx2 { static void run(const Problem& p, int64_t n, int64_t m) { float_fused_avx2<R>(p, n, m); } };
 
-// Int8, AVX-512 VNNI: a tile of 2 * PB rows of B by RA rows of A, a chunk of 32 values at a time. Two rows of B
-// share a register (lanes 0-7 and 8-15), A's chunk broadcast to both halves. The products are u8 x s8: A is
-// shifted to unsigned (a + 128, prepared once) and B made signed (q - zero_point), so the shift's share,
-// 128 * sum(q - zero_point), is one more dot per chunk shared by every row of A; the block's integer dot is
-// exact, then scaled in float as onnxruntime does.
-template <int RA, int PB>
-__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))) void int8_tile_vnni(const Problem& p, int64_t n0,
-                                                                                             int64_t m0) {
-  const int64_t kp = p.blocks * p.block;
-  const __m128i low = _mm_set1_epi8(15);
-  const __m512i c128 = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512 acc[RA][PB];
+// Int8, AVX-512 VNNI, few rows of A (decode): a tile of 4 * G rows of B by RA rows of A. Four rows of B share
+// a register, a 128-bit lane each: one chunk of 32 values is 16 bytes a row, so its low nibbles (A's even
+// positions, as A is permuted) fill one register and its high nibbles another, each against A's 16 values
+// broadcast to the four lanes, u8 (nibble, 0..15) x s8 (A) with `vpdpbusd`. Each row's block dot then sits
+// in 4 lanes; the zero point's share (zero_point * the block's sum of A) is taken off in the first of them,
+// in float but exactly (all small integers), and the block is scaled by a_scale * b_scale as onnxruntime
+// does. One convert and two float operations a block serve four rows of B.
+template <int RA, int G>
+__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma"))) void int8_quad_vnni(
+    const Problem& p, int64_t n0, int64_t m0) {
+  const int64_t kp = p.blocks * p.block, row_bytes = kp / 2;
+  const __m512i low = _mm512_set1_epi8(15);
+  const __m512i spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  const __m512 eight = _mm512_maskz_mov_ps(0x1111, _mm512_set1_ps(8.0f));
+  const uint8_t* next = p.b + (n0 + 4 * G) * row_bytes;
+  __m512 acc[RA][G];
   for (int r = 0; r < RA; ++r)
-    for (int q = 0; q < PB; ++q) acc[r][q] = _mm512_setzero_ps();
+    for (int g = 0; g < G; ++g) acc[r][g] = _mm512_setzero_ps();
+  const float* next_scales = p.scales + (n0 + 4 * G) * p.blocks;  // the next tile's, prefetched like its rows
+  __m512 ws[G], ws_odd[G];
   for (int64_t b = 0; b < p.blocks; ++b) {
-    __m512i z[PB], dot[RA][PB], shift[PB];
-    __m512 ws[PB];
-    for (int q = 0; q < PB; ++q) {
-      const int64_t n = n0 + 2 * q;
-      z[q] = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(zero_point_int(p, n, b))),
-                                _mm256_set1_epi8(static_cast<char>(zero_point_int(p, n + 1, b))), 1);
-      ws[q] = _mm512_insertf32x8(_mm512_set1_ps(p.scales[n * p.blocks + b]),
-                                 _mm256_set1_ps(p.scales[(n + 1) * p.blocks + b]), 1);
-      shift[q] = _mm512_setzero_si512();
-      for (int r = 0; r < RA; ++r) dot[r][q] = _mm512_setzero_si512();
+    __m512 zs[G];
+    _mm_prefetch(reinterpret_cast<const char*>(next_scales + b * 4 * G), _MM_HINT_T0);
+    for (int g = 0; g < G; ++g) {
+      const int64_t n = n0 + 4 * g;
+      const float* s = p.scales + n * p.blocks + b;
+      if (b & 1) {
+        ws[g] = ws_odd[g];
+      } else if (b + 1 < p.blocks) {  // blocks b and b + 1 of the 4 rows: 4 loads of two scales each
+        auto two = [](const float* x) { return _mm_load_sd(reinterpret_cast<const double*>(x)); };
+        const __m128 r01 = _mm_castpd_ps(_mm_loadh_pd(two(s), reinterpret_cast<const double*>(s + p.blocks)));
+        const __m128 r23 = _mm_castpd_ps(
+            _mm_loadh_pd(two(s + 2 * p.blocks), reinterpret_cast<const double*>(s + 3 * p.blocks)));
+        ws[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_shuffle_ps(r01, r23, _MM_SHUFFLE(2, 0, 2, 0))));
+        ws_odd[g] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_shuffle_ps(r01, r23, _MM_SHUFFLE(3, 1, 3, 1))));
+      } else {
+        ws[g] = _mm512_permutexvar_ps(
+            spread, _mm512_castps128_ps512(_mm_setr_ps(s[0], s[p.blocks], s[2 * p.blocks], s[3 * p.blocks])));
+      }
+      zs[g] = p.zp_kind == 0 ? eight
+                             : _mm512_maskz_permutexvar_ps(
+                                   0x1111, spread,
+                                   _mm512_castps128_ps512(_mm_setr_ps(
+                                       static_cast<float>(zero_point_int(p, n, b)), static_cast<float>(zero_point_int(p, n + 1, b)),
+                                       static_cast<float>(zero_point_int(p, n + 2, b)), static_cast<float>(zero_point_int(p, n + 3, b)))));
     }
+    __m512i dot[RA][G];
+    for (int r = 0; r < RA; ++r)
+      for (int g = 0; g < G; ++g) dot[r][g] = _mm512_setzero_si512();
     for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
-      __m512i w[PB];
-      for (int q = 0; q < PB; ++q) {
-        __m256i half[2];
-        for (int h = 0; h < 2; ++h) {
-          const __m128i packed =
-              _mm_loadu_si128(reinterpret_cast<const __m128i*>(p.b + (n0 + 2 * q + h) * (kp / 2) + c / 2));
-          half[h] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(packed, low)),
-                                            _mm_and_si128(_mm_srli_epi16(packed, 4), low), 1);
-        }
-        w[q] = _mm512_sub_epi8(_mm512_inserti64x4(_mm512_castsi256_si512(half[0]), half[1], 1), z[q]);
-        shift[q] = _mm512_dpbusd_epi32(shift[q], c128, w[q]);
+      // The next tile's rows (contiguous after this tile's) into cache as this one is read: a chunk of this
+      // tile is G cache lines, so the next tile's G lines a chunk arrive by its start. From DRAM (a model's
+      // weights do not fit in the caches) the hardware prefetcher alone lagged: 8 rows read 16 bytes at a
+      // time are 8 short streams. A prefetch past B's end does not fault.
+      for (int g = 0; g < G; ++g)
+        _mm_prefetch(reinterpret_cast<const char*>(next + (c / 32) * 64 * G + 64 * g), _MM_HINT_T0);
+      __m512i lo[G], hi[G];
+      for (int g = 0; g < G; ++g) {
+        const uint8_t* row = p.b + (n0 + 4 * g) * row_bytes + c / 2;
+        __m512i v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + row_bytes)), 1);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * row_bytes)), 2);
+        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 3 * row_bytes)), 3);
+        lo[g] = _mm512_and_si512(v, low);
+        hi[g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
       for (int r = 0; r < RA; ++r) {
-        const __m512i a = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p.au + (m0 + r) * kp + c)));
-        for (int q = 0; q < PB; ++q) dot[r][q] = _mm512_dpbusd_epi32(dot[r][q], a, w[q]);
+        const int8_t* a = p.aq + (m0 + r) * kp + c;
+        const __m512i a_lo = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a)));
+        const __m512i a_hi = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a + 16)));
+        for (int g = 0; g < G; ++g) {
+          dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], lo[g], a_lo);
+          dot[r][g] = _mm512_dpbusd_epi32(dot[r][g], hi[g], a_hi);
+        }
       }
     }
     for (int r = 0; r < RA; ++r) {
-      const __m512 as = _mm512_set1_ps(p.ascale[(m0 + r) * p.blocks + b]);
-      for (int q = 0; q < PB; ++q)
-        acc[r][q] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot[r][q], shift[q])),
-                                    _mm512_mul_ps(as, ws[q]), acc[r][q]);
+      const int64_t i = (m0 + r) * p.blocks + b;
+      const __m512 asum = _mm512_set1_ps(static_cast<float>(p.asum[i])), as = _mm512_set1_ps(p.ascale[i]);
+      for (int g = 0; g < G; ++g) {
+        const __m512 exact = _mm512_fnmadd_ps(asum, zs[g], _mm512_cvtepi32_ps(dot[r][g]));
+        acc[r][g] = _mm512_fmadd_ps(exact, _mm512_mul_ps(as, ws[g]), acc[r][g]);
+      }
     }
   }
   for (int r = 0; r < RA; ++r)
-    for (int q = 0; q < PB; ++q) {
-      p.y[(m0 + r) * p.N + n0 + 2 * q] = hsum256(_mm512_castps512_ps256(acc[r][q]));
-      p.y[(m0 + r) * p.N + n0 + 2 * q + 1] = hsum256(_mm512_extractf32x8_ps(acc[r][q], 1));
+    for (int g = 0; g < G; ++g) {
+      __m512 v = acc[r][g];
+      v = _mm512_add_ps(v, _mm512_permute_ps(v, 0xB1));  // lanes (0+1, 2+3) of each group of 4
+      v = _mm512_add_ps(v, _mm512_permute_ps(v, 0x4E));  // the group's sum in each of its lanes
+      alignas(64) float out[16];
+      _mm512_store_ps(out, v);
+      for (int q = 0; q < 4; ++q) p.y[(m0 + r) * p.N + n0 + 4 * g + q] = out[4 * q];
     }
 }
 
-template <int PB>
-void int8_tiles_vnni(const Problem& p, int64_t n) {
+template <int G>
+void int8_quads_vnni(const Problem& p, int64_t n) {
   int64_t m = 0;
-  for (; m + 4 <= p.M; m += 4) int8_tile_vnni<4, PB>(p, n, m);
+  for (; m + 4 <= p.M; m += 4) int8_quad_vnni<4, G>(p, n, m);
   switch (p.M - m) {
-    case 3: int8_tile_vnni<3, PB>(p, n, m); break;
-    case 2: int8_tile_vnni<2, PB>(p, n, m); break;
-    case 1: int8_tile_vnni<1, PB>(p, n, m); break;
+    case 3: int8_quad_vnni<3, G>(p, n, m); break;
+    case 2: int8_quad_vnni<2, G>(p, n, m); break;
+    case 1: int8_quad_vnni<1, G>(p, n, m); break;
     default: break;
   }
 }
 
-// Rows [n0, n1): pairs of rows in tiles; an odd last row through the one-row loop.
+// Rows [n0, n1): 8 rows of B a tile, then 4; the last few through the one-row loop.
 void int8_rows_vnni(const Problem& p, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  for (; n + 4 <= n1; n += 4) int8_tiles_vnni<2>(p, n);
-  if (n + 2 <= n1) {
-    int8_tiles_vnni<1>(p, n);
-    n += 2;
+  for (; n + 8 <= n1; n += 8) int8_quads_vnni<2>(p, n);
+  if (n + 4 <= n1) {
+    int8_quads_vnni<1>(p, n);
+    n += 4;
   }
   if (n < n1) fused_rows<Int8Vnni>(p, n, n1);
 }
@@ -632,6 +675,39 @@ void quantize_row(const float* a, int64_t blocks, int64_t block, int8_t* q, floa
   }
 }
 
+#ifdef O2J_X86
+// quantize_row with AVX2, the same arithmetic (max |a|, / 127, 1 / s, a * (1 / s) rounded half to even), 8
+// values a step: the scalar loop calls libm's nearbyint per value, about 2 ms of a 128-row prompt's product.
+__attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* a, int64_t blocks, int64_t block, int8_t* q,
+                                                           float* scale, int32_t* sum) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 top = _mm256_set1_ps(127.0f), bottom = _mm256_set1_ps(-127.0f);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const float* x = a + b * block;
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t j = 0; j < block; j += 8) m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(x + j), magnitude));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float s = _mm_cvtss_f32(h) / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(s != 0.0f ? 1.0f / s : 0.0f);
+    scale[b] = s;
+    __m256i total = _mm256_setzero_si256();
+    for (int64_t j = 0; j < block; j += 8) {
+      __m256 v = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j), inverse), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      const __m256i i = _mm256_cvtps_epi32(_mm256_max_ps(bottom, _mm256_min_ps(top, v)));
+      total = _mm256_add_epi32(total, i);
+      const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(i), _mm256_extracti128_si256(i, 1));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(q + b * block + j), _mm_packs_epi16(words, words));
+    }
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4E));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xB1));
+    sum[b] = _mm_cvtsi128_si32(t);
+  }
+}
+#endif
+
 // ---- threads ----
 
 // Runs body(n0, n1) over [0, N) in chunks on XLA's intra-op pool and the calling thread.
@@ -641,7 +717,7 @@ void parallel_rows(ffi::ThreadPool* pool, int64_t N, int64_t work_per_row, Body 
   // Chunks of at least ~64K multiply-adds, 4 per thread for balance.
   int64_t step = std::max<int64_t>(1, (65536 + work_per_row - 1) / std::max<int64_t>(1, work_per_row));
   step = std::max(step, (N + 4 * threads - 1) / (4 * threads));
-  step = std::min(step, N);
+  step = std::min((step + 7) / 8 * 8, N);  // whole tiles of 8 rows of B (int8_rows_vnni)
   const int64_t chunks = (N + step - 1) / step;
   if (threads == 1 || chunks == 1) {
     body(0, N);
@@ -739,7 +815,6 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
   thread_local std::vector<int8_t> aq;
   thread_local std::vector<float> ascale;
   thread_local std::vector<int32_t> asum;
-  thread_local std::vector<uint8_t> au;
   af.resize(p.M * kp);
   for (int64_t m = 0; m < p.M; ++m) permute_row(a.typed_data() + m * p.K, p.K, kp, p.chunk, af.data() + m * kp);
   if (int8) {
@@ -747,28 +822,27 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
     ascale.resize(p.M * p.blocks);
     asum.resize(p.M * p.blocks);
     // The permutation stays inside a chunk, and a chunk inside a block: the block's max and values are the same.
-    for (int64_t m = 0; m < p.M; ++m)
-      quantize_row(af.data() + m * kp, p.blocks, p.block, aq.data() + m * kp, ascale.data() + m * p.blocks,
-                   asum.data() + m * p.blocks);
+    for (int64_t m = 0; m < p.M; ++m) {
+      const float* row = af.data() + m * kp;
+#ifdef O2J_X86
+      if (p.simd) {
+        quantize_row_avx2(row, p.blocks, p.block, aq.data() + m * kp, ascale.data() + m * p.blocks,
+                          asum.data() + m * p.blocks);
+        continue;
+      }
+#endif
+      quantize_row(row, p.blocks, p.block, aq.data() + m * kp, ascale.data() + m * p.blocks, asum.data() + m * p.blocks);
+    }
     p.aq = aq.data();
     p.ascale = ascale.data();
     p.asum = asum.data();
-    if (p.simd == 2 && p.block >= 32 && p.M >= kPanelRows) {
-      for (int64_t m = 0; m < p.M; ++m)
-        for (int64_t i = 0; i < kp; ++i) af[m * kp + i] = aq[m * kp + i] * ascale[m * p.blocks + i / p.block];
-      p.adq = af.data();
-    } else if (p.simd == 2 && p.block >= 32) {
-      au.resize(p.M * kp);
-      for (int64_t i = 0; i < p.M * kp; ++i) au[i] = static_cast<uint8_t>(aq[i] + 128);
-      p.au = au.data();
-    }
   } else {
     p.af = af.data();
   }
   const Problem& q = p;
   parallel_rows(&pool, p.N, p.M * kp, [&q, int8](int64_t n0, int64_t n1) {
 #ifdef O2J_X86
-    if (q.simd == 2 && q.block >= 32 && q.M >= kPanelRows) return panel_product(q, int8 ? q.adq : q.af, n0, n1);
+    if (q.simd == 2 && q.block >= 32 && q.M >= kPanelRows && !int8) return panel_product(q, q.af, n0, n1);
     if (q.simd && q.block >= 32) {
       if (!int8) return q.simd == 2 ? float_rows_avx512(q, n0, n1) : fused_rows<FloatAvx2>(q, n0, n1);
       return q.simd == 2 ? int8_rows_vnni(q, n0, n1) : fused_rows<Int8Avx2>(q, n0, n1);
