@@ -38,7 +38,7 @@ from rich.table import Table
 from onnx2jax.cli import annotate_auto
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError, check_writable
-from onnx2jax.cli.options import add_verbose_argument
+from onnx2jax.cli.options import add_verbose_argument, byte_count
 from onnx2jax.errors import ModelLoadError
 from onnx2jax.loading import open_model
 from onnx2jax.saving import save_model
@@ -105,30 +105,14 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("-o", "--output", required=True, help="where to write the annotated model")
     parser.add_argument(
         "--external-data-size",
-        type=_byte_count,
+        type=byte_count,
         metavar="SIZE",
         help="copy the weights into new external data files of at most SIZE each (e.g. 2GB, 500MB); "
         "by default the output is a small .onnx that reads the source model's external data",
     )
-    annotate_auto.add_arguments(parser, _byte_count)
+    annotate_auto.add_arguments(parser)
     add_verbose_argument(parser, "the table of every annotation written (node, op, tensor, spec, role)")
     return parser
-
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def _byte_count(text: str) -> int:
-    """``2GB``, ``500MB``, ``1GiB`` or a plain byte count, as bytes (argparse type)."""
-    number = text.strip().upper().rstrip("BIGKM") or "0"
-    unit = text.strip().upper()[len(number) :]
-    try:
-        value = float(number) * _UNITS[unit]
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"expected a size such as 2GB, 500MB or 1048576, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
-    return int(value)
 
 
 def _pair(item: str, option: str, what: str) -> tuple[str, str]:

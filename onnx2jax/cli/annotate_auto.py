@@ -1,9 +1,10 @@
-"""``onnx2jax annotate --auto``: the automatic plan (`sharding.auto.auto_plan`) from the command line.
+"""``onnx2jax annotate --auto`` and ``explain --auto``: the automatic plan (`sharding.auto.auto_plan`) from the command line.
 
 Examples::
 
     onnx2jax annotate model.onnx --auto --devices 8 -o out.onnx
     onnx2jax annotate model.onnx --auto --devices 8 --batch 16 --seq 512 --memory 16GB --objective train -o out.onnx
+    onnx2jax explain model.onnx --auto --devices 8 --batch 16     # the same search and report, nothing written
 
 The search runs at this backend's rates when JAX sees the devices (measured once and cached:
 `onnx2jax.runtime.calibration`), else at the defaults; the winner is then compiled on those devices
@@ -18,14 +19,17 @@ import argparse
 import onnx
 
 from onnx2jax.cli.errors import UsageError
-from sharding.auto import AutoPlanError, auto_plan
+from onnx2jax.cli.options import byte_count
+from sharding.auto import AutoPlanError, AutoReport, auto_plan
 from sharding.auto.cost import OBJECTIVES
 
 
-def add_arguments(parser: argparse.ArgumentParser, byte_count) -> None:
-    """Adds ``--auto`` and the workload options to the ``annotate`` parser."""
+def add_arguments(parser: argparse.ArgumentParser, *, devices: bool = False) -> None:
+    """Adds ``--auto`` and the workload options (and ``--devices N`` where ``devices``: annotate has its own)."""
     parser.add_argument("--auto", action="store_true",
                         help="search the fastest layout for --devices (docs/auto-plans.md); configuration 'auto'")
+    if devices:
+        parser.add_argument("--devices", type=int, metavar="N", help="--auto: the device count to plan for")
     parser.add_argument("--batch", type=int, metavar="B", help="--auto: the batch a call runs with")
     parser.add_argument("--seq", type=int, metavar="S", help="--auto: the sequence length (other symbolic dims)")
     parser.add_argument("--memory", type=byte_count, metavar="SIZE",
@@ -48,12 +52,13 @@ def _mesh(args: argparse.Namespace) -> int | tuple[int, int]:
     return data, tensor
 
 
-def annotate_auto(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """The automatic plan of ``model`` and the report's lines (as notes).
+def search(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.ModelProto, AutoReport, list[str]]:
+    """The automatic plan of ``model`` for ``args``, its report (the winner compiled and checked where JAX
+    sees the devices), and notes on what was not done.
 
     Raises:
-        UsageError: missing --devices, or a bad --mesh-shape.
-        CliError: (as `sharding.auto.AutoPlanError`) a request no layout meets.
+        UsageError: missing --devices, or a bad --mesh-shape; (as `sharding.auto.AutoPlanError`) a
+            request no layout meets.
     """
     import jax
 
@@ -63,6 +68,8 @@ def annotate_auto(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onn
     from onnx2jax.runtime.compile import compile as compile_model
 
     devices = _mesh(args)
+    if args.devices < 1:
+        raise UsageError(f"--devices must be >= 1, got {args.devices}")
     seen = len(jax.devices())
     here = seen >= args.devices
     try:
@@ -73,12 +80,18 @@ def annotate_auto(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onn
     notes = []
     external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
     if here and external:
-        notes.append("the weights are in external data: the winner was not compiled here; compile the written "
-                     "file with onnx2jax.compile(..., configuration='auto') to check it")
+        notes.append("the weights are in external data: the winner was not compiled here; compile the annotated "
+                     "model with onnx2jax.compile(..., configuration='auto') to check it")
     elif here:
         executable = compile_model(annotated, configuration="auto")
         check(executable, report, example_inputs(annotated, args.batch, args.seq))
     else:
         notes.append(f"JAX sees {seen} devices, not {args.devices}: the rates are the defaults and the winner "
                      "was not compiled (run where the devices are visible to check it)")
+    return annotated, report, notes
+
+
+def annotate_auto(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """The automatic plan of ``model`` and the report's lines (as notes); raises as `search` does."""
+    annotated, report, notes = search(args, model)
     return annotated, notes + report.lines()

@@ -5,6 +5,7 @@ Examples::
     onnx2jax explain model.onnx --tensor logits     # every node: written vs inferred specs
     onnx2jax explain model.onnx --write full.onnx   # write the completed annotations
     onnx2jax explain model.onnx --plot tiles.png    # draw tiles per device and collectives per layer
+    onnx2jax explain model.onnx --auto --devices 8 --batch 4   # the automatic plan's top candidates, then its winner
 
 It runs proposal 0007's checker and inference (`sharding.check`,
 `sharding.infer`) as ``onnx2jax check`` does. Symbolic input dims can be fixed
@@ -12,6 +13,13 @@ with ``--input-shape input_ids=2,16`` where a rule needs sizes (a Reshape that
 splits a sharded axis, say) or to draw a tensor's tiles. A model with
 pipeline stages is inferred stage by stage; its summary (and ``--json``'s
 ``stages``) counts each stage, then the sums.
+
+``--auto`` runs the search of ``annotate --auto`` (`onnx2jax.cli.annotate_auto`,
+docs/auto-plans.md) and writes no file: it prints the top candidates with
+their predicted cost and the hand plan's, and, where JAX sees the devices,
+the winner compiled and its measured collectives and bytes against the
+prediction (``--json``: ``auto``); then it explains the winner's
+annotations (configuration ``auto``) as above.
 """
 
 from __future__ import annotations
@@ -38,8 +46,9 @@ from onnx2jax.cli.check import (
     severity_counts,
     summary_line,
 )
+from onnx2jax.cli import annotate_auto
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
-from onnx2jax.cli.errors import CliError, check_writable, require_matplotlib
+from onnx2jax.cli.errors import CliError, UsageError, check_writable, require_matplotlib
 from onnx2jax.cli.options import add_verbose_argument
 from onnx2jax.errors import ModelLoadError
 from onnx2jax.saving import save_model
@@ -77,6 +86,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                              "(needs matplotlib: pip install 'onnx2jax[plot]')")
     add_verbose_argument(parser, "the table of every node's written and inferred specs (also printed with "
                                  "--node or --placed) and every collective note")
+    annotate_auto.add_arguments(parser, devices=True)
     return parser
 
 
@@ -201,6 +211,12 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     model = load(args.model)
     shapes = parse_input_shapes(args.input_shape)
+    auto = None
+    if args.auto:
+        if args.configuration is not None:
+            raise UsageError("--auto explains the plan it finds (configuration 'auto'): it goes without --configuration")
+        model, report, notes = annotate_auto.search(args, model)
+        args.configuration, auto = "auto", (report, notes)
     require_names(model, shapes, args.node, args.tensor)
     require_annotations(model, args.model)
     with terminal.make_console(stderr=True).status(f"checking and inferring {args.model} ..."):  # terminals only
@@ -223,9 +239,12 @@ def run(args: argparse.Namespace) -> int:
             "tiles": {name: _grid(inference, name, shapes) for name in args.tensor},
             "segments": _segment_lines(sharded),
             **({} if stages is None else {"stages": stages}),
+            **({} if auto is None else {"auto": {**auto[0].as_dict(), "run_notes": auto[1]}}),
         }, indent=2))
     else:
         console = terminal.make_console()
+        for line in [] if auto is None else [f"note: {n}" for n in auto[1]] + auto[0].lines():
+            console.print(line, markup=False)
         listed = args.verbose or args.node or args.placed
         if not listed:
             _summary(console, rows, inference, problems, stages)

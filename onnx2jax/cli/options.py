@@ -1,4 +1,4 @@
-"""Pieces several sub-commands share: ``--scan-layers``, ``--verbose``, and asking JAX for devices."""
+"""Pieces several sub-commands share: ``--scan-layers``, ``--verbose``, sizes such as ``16GB``, and asking JAX for devices."""
 
 from __future__ import annotations
 
@@ -22,6 +22,22 @@ def add_scan_argument(parser: argparse.ArgumentParser) -> None:
 def add_verbose_argument(parser: argparse.ArgumentParser, tables: str) -> None:
     """``-v/--verbose``: print ``tables`` as well as the short summary every command prints."""
     parser.add_argument("-v", "--verbose", action="store_true", help=f"also print {tables}")
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def byte_count(text: str) -> int:
+    """``2GB``, ``500MB``, ``1GiB`` or a plain byte count, as bytes (argparse type)."""
+    number = text.strip().upper().rstrip("BIGKM") or "0"
+    unit = text.strip().upper()[len(number) :]
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected a size such as 2GB, 500MB or 1048576, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"the size must be at least one byte, got {text!r}")
+    return int(value)
 
 
 def scan_setting(choice: str) -> bool | str:

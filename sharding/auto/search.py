@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import onnx
 
@@ -131,6 +131,16 @@ class AutoReport:
             out += [f"difference: {d}" for d in self.differences] or ["measured = predicted (collectives, bytes, "
                                                                       "parameter bytes per device)"]
         return out
+
+    def as_dict(self, top: int = 5) -> dict:
+        """What `lines` says, as data (``explain --auto --json``): the top rows, the hand plan's, the check."""
+        return {
+            "devices": self.devices, "objective": self.objective, "batch": self.batch, "seq": self.seq,
+            "memory_limit": self.memory_limit, "limit_source": self.limit_source, "rates": self.rates.source,
+            "searched": len(self.rows), "search_seconds": self.search_seconds, "winner": asdict(self.winner),
+            "top": [asdict(row) for row in self.rows[:top]], "hand": asdict(self.hand),
+            "notes": list(self.notes), "measured": self.measured, "differences": list(self.differences),
+        }
 
 
 def _mesh(devices: int | Mapping[str, int] | Sequence[int]) -> tuple[int, tuple[int, int] | None]:
