@@ -144,6 +144,7 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
             raise UsageError(f"--stage expects NODE=INT, got {item!r}") from None
     if args.name_nodes:
         name_nodes(model)
+    annotate_auto.require_auto(args)
     if args.auto:
         if args.plan or args.stages or specs or stages:
             raise UsageError("--auto writes the whole plan: it goes without --plan, --stages, --spec and --stage")

@@ -38,6 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser, *, devices: bool = False) -> 
     parser.add_argument("--mesh-shape", metavar="DxT", help="--auto: only this data x tensor shape, e.g. 2x4")
 
 
+def require_auto(args: argparse.Namespace, *, devices: bool = False) -> None:
+    """Refuses the workload options (and ``--devices`` where ``devices``) without ``--auto``: nothing would read them."""
+    given = [option for option, value in (("--batch", args.batch), ("--seq", args.seq), ("--memory", args.memory),
+                                          ("--mesh-shape", args.mesh_shape), ("--devices", devices and args.devices),
+                                          ("--objective", args.objective != "latency")) if value]
+    if given and not args.auto:
+        raise UsageError(f"{', '.join(given)} go with --auto (the automatic plan's workload)")
+
+
 def _mesh(args: argparse.Namespace) -> int | tuple[int, int]:
     if args.devices is None:
         raise UsageError("--auto needs --devices N")

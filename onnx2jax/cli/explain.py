@@ -212,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
     model = load(args.model)
     shapes = parse_input_shapes(args.input_shape)
     auto = None
+    annotate_auto.require_auto(args, devices=True)
     if args.auto:
         if args.configuration is not None:
             raise UsageError("--auto explains the plan it finds (configuration 'auto'): it goes without --configuration")

@@ -90,7 +90,10 @@ def test_text_prints_the_report_then_explains_the_winner(printed, capsys):
 
 
 def test_auto_asks_for_devices_and_refuses_a_configuration(cache, capsys):
+    """--auto without --devices, with --configuration, and its workload options without --auto are usage errors."""
     assert main(["explain", str(MODEL), "--auto"]) == 2
     assert "--auto needs --devices N" in capsys.readouterr().err
     assert main([*ARGV, "--configuration", "tp"]) == 2
     assert "goes without --configuration" in capsys.readouterr().err
+    assert main(["explain", str(MODEL), "--devices", "8", "--batch", "2"]) == 2
+    assert "--batch, --devices go with --auto" in capsys.readouterr().err
