@@ -49,7 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.conv import conv_by_groups
 from onnx2jax.runtime.partial_sums import PartialSumHooks
-from onnx2jax.runtime.placement_keys import Placement, SpecKey, node_scope
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement, node_scope
 from onnx2jax.runtime.stacks import StackHooks, cached, store
 from onnx2jax.runtime.views import View, run_on_views, view_of
 
@@ -73,7 +73,7 @@ class ShardingHooks(StackHooks, PartialSumHooks):
 
     def __init__(
         self,
-        placements: Mapping[SpecKey, Placement],
+        placements: Mapping[SpecKey, TensorPlacement],
         views: Mapping[str, View],
         copies: Mapping[SpecKey, Any] | None = None,
         graph: onnx.GraphProto | None = None,
@@ -83,7 +83,7 @@ class ShardingHooks(StackHooks, PartialSumHooks):
         self.views = dict(views)
         self.copies = dict(copies or {})
         self.gathered: dict[tuple, Any] = {}
-        self.placed: dict[tuple[int, Placement], tuple[Any, Any, Any]] = {}
+        self.placed: dict[tuple[int, TensorPlacement], tuple[Any, Any, Any]] = {}
         self._init_stacks(graph, placements, params)
         self._init_partial_sums(graph, placements)
 

@@ -32,7 +32,8 @@ import onnx
 from onnx2jax import symbolic
 from onnx2jax.errors import NodeError
 from onnx2jax.runtime.executable import x64_scope
-from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
+from onnx2jax.runtime.constraints import ShardingHooks
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.fast_call import FastCall, call_key, moved_inputs
 from onnx2jax.runtime.in_flight import InFlight
 from onnx2jax.runtime.parameters import ParameterStore
@@ -62,9 +63,9 @@ class _Signature:
     """What depends on one call's input shapes: inference, specs on the mesh, output placements."""
 
     inference: Inference | None
-    placements: dict[SpecKey, Placement]
+    placements: dict[SpecKey, TensorPlacement]
     out_placements: tuple  # per graph output, its producer's placement or None
-    in_placements: dict[str, Placement]  # per graph input, its first annotated reader's placement
+    in_placements: dict[str, TensorPlacement]  # per graph input, its first annotated reader's placement
 
 
 class Compiled:
