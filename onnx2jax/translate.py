@@ -46,6 +46,7 @@ from onnx2jax.input_checks import IndexCheck
 from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
 from onnx2jax.placing import holding
 from onnx2jax.runtime.xla_options import compiler_options
+from onnx2jax.x64 import x64_scope
 
 STATIC_INITIALIZER_LIMIT = 4096
 """Non-float initializers up to this many elements are folded as constants."""
@@ -268,7 +269,7 @@ class JaxModel:
         opsets = opsets_of(model)
 
         def host(values: Mapping[str, Any]) -> list:
-            with jax.enable_x64(True):
+            with x64_scope(True):
                 outputs = GraphRunner(opsets).run(model.graph, {**constants, **values})
             return [np.asarray(o) for o in outputs]
 
@@ -343,10 +344,10 @@ class JaxModel:
             # The common case, kept short: jax.jit's own C++ dispatch finds the executable for
             # the input shapes, and the runtime parameters go as one tuple already on the device.
             if x64:
-                with jax.enable_x64(True):
+                with x64_scope(True):
                     return self._program(())(self._runtime_params(), bound)
             return self._program(())(self._runtime_params(), bound)
-        with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
+        with x64_scope(self.uses_64bit):
             dynamic, static, key = self.split_static(bound)
             if static and not dynamic:
                 # Every input is a constant (string models, say): the graph folds while
@@ -415,8 +416,8 @@ def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", chec
     64-bit types: ONNX models are full of int64 (ids, shapes) and sometimes
     float64. JAX turns those into 32-bit unless its x64 mode is on, and that
     mode is a global setting. onnx2jax never changes it globally: calling the
-    model object enables x64 for that call only (``jax.enable_x64`` is a
-    context manager). When you trace ``model.fn`` yourself, do it inside
+    model object enables x64 for that call only (:func:`onnx2jax.x64.x64_scope`).
+    When you trace ``model.fn`` yourself, do it inside
     ``with jax.enable_x64(True):`` if ``model.uses_64bit``; otherwise a
     :class:`PrecisionError` says so instead of silently narrowing types.
 

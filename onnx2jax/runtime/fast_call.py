@@ -26,6 +26,8 @@ from typing import Any, Hashable, Mapping, Sequence
 import jax
 import numpy as np
 
+from onnx2jax.x64 import x64_scope
+
 
 def _value_key(value: Any) -> Hashable | None:
     """What one input's placement and program depend on; None when only the full path can tell."""
@@ -64,7 +66,7 @@ class FastCall:
       moves: per input name, the sharding a jax.Array input was moved to by
         the full path (an array on other devices, or relabelled from Explicit
         to Auto axes); an input not listed goes as it is.
-      x64: enter ``jax.enable_x64`` for the call (a 64-bit model with x64 off).
+      x64: enter :func:`~onnx2jax.x64.x64_scope` for the call (a 64-bit model with x64 off).
     """
 
     executable: Any
@@ -80,7 +82,7 @@ class FastCall:
         for name, sharding in self.moves:
             values[name] = jax.device_put(values[name], sharding)
         if self.x64:
-            with jax.enable_x64(True):
+            with x64_scope(True):
                 return self.executable(self.stored, values)
         return self.executable(self.stored, values)
 

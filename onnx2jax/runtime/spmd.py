@@ -31,7 +31,7 @@ import onnx
 
 from onnx2jax import symbolic
 from onnx2jax.errors import NodeError
-from onnx2jax.runtime.executable import x64_scope
+from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.constraints import ShardingHooks
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.fast_call import FastCall, call_key, moved_inputs
