@@ -62,7 +62,7 @@ def run_on_views(
         return _elementwise(inputs, views, compute)
     if op == "Split":
         return _split(inputs, views, attrs, outputs)
-    if op in ("MatMul", "Gemm"):
+    if op in op_facts.LINEAR_PRODUCTS:
         return _product(op, inputs, views, attrs) or (_batched(inputs, views, compute) if op == "MatMul" else None)
     if op == "Reshape":
         return _reshape_leading(inputs, views) or _reshape_from_view(inputs, views)
