@@ -30,7 +30,7 @@ from sharding.shapes import InferredModel, topological_order
 from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
-from onnx2jax.runtime.fast_call import call_key
+from onnx2jax.call_keys import call_key
 from onnx2jax.graph_runner import (
     GraphRunner,
     Hooks,
@@ -45,7 +45,7 @@ from onnx2jax.hostvalues import to_host
 from onnx2jax.input_checks import IndexCheck
 from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
 from onnx2jax.placing import holding
-from onnx2jax.runtime.xla_options import compiler_options
+from onnx2jax.xla_options import compiler_options
 from onnx2jax.x64 import x64_scope
 
 STATIC_INITIALIZER_LIMIT = 4096
@@ -130,7 +130,7 @@ class JaxModel:
         strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}
         self.shape_input_names = (shape_setting | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
-        self._bound_keys: set = set()  # fast_call.call_key of input signatures bind_inputs accepted
+        self._bound_keys: set = set()  # call_keys.call_key of input signatures bind_inputs accepted
         self._input_name_tuple = tuple(self.input_names)
         self._device_runtime_params: tuple | None = None
         self._segmentable, self._external_dir = segmentable, external_dir

@@ -32,7 +32,7 @@ from onnx2jax.runtime.generate_sharding import CachePlacement
 from onnx2jax.runtime.sampling import Search, choose
 from onnx2jax.runtime.spmd import Compiled
 from onnx2jax.runtime.total_length import TOTAL_LENGTH, fill_total_length
-from onnx2jax.runtime.xla_options import compiler_options
+from onnx2jax.xla_options import compiler_options
 from onnx2jax.translate import JaxModel
 
 State = dict[str, jax.Array]
