@@ -36,7 +36,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper
 
 import onnx2jax
-from onnx2jax.runtime.xla_options import compiler_options
+from onnx2jax.xla_options import compiler_options
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -50,7 +50,7 @@ OPTIONS = {
     "XNNPACK fusions off": {"xla_cpu_experimental_xnn_fusion_type": ""},
     "YNNPACK fusions off": {"xla_cpu_experimental_ynn_fusion_type": ""},
 }
-"""Per-executable XLA CPU options tried on top of onnx2jax's own (``onnx2jax.runtime.xla_options``)."""
+"""Per-executable XLA CPU options tried on top of onnx2jax's own (``onnx2jax.xla_options``)."""
 
 
 def _session(model: onnx.ModelProto) -> ort.InferenceSession:

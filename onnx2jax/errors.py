@@ -1,7 +1,7 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
 onnx2jax's own: `ModelLoadError` (defined in `sharding.model_arg`, which raises it too), `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
-`ParameterError`, `ConfigurationError`, `ScheduleError`, `PipelineJitError`
+`ParameterError`, `ConfigurationError`, `CacheFolderError`, `ScheduleError`, `PipelineJitError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
 `ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
@@ -143,6 +143,23 @@ class BranchShapesDiffer(ValueError):
 
 class PrecisionError(RuntimeError):
     """A model with 64-bit tensors is traced while JAX's x64 mode is off."""
+
+
+class CacheFolderError(OSError):
+    """The folder of the persistent compilation cache cannot be created
+    (:func:`onnx2jax.runtime.compilation_cache.enable`): a file stands in its path, or no permission.
+
+    An ``OSError``, as the failure to create it is. The command line reports it as a usage error of
+    ``--cache``.
+
+    Attributes:
+      path: the folder asked for (absolute).
+      reason: why it cannot be created (the operating system's words).
+    """
+
+    def __init__(self, path: str, reason: str):
+        self.path, self.reason = path, reason
+        super().__init__(f"compilation cache folder {path}: cannot create the folder ({reason})")
 
 
 class ScheduleError(ValueError):

@@ -36,6 +36,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from onnx2jax.x64 import x64_scope
+
 FORMAT = 1
 
 
@@ -56,7 +58,6 @@ def export(compiled: Any, *inputs: Any, path: str | os.PathLike | None = None, *
       TypeError: ``compiled`` is not one SPMD program (pipeline stages, segments).
     """
     from onnx2jax.ops.contrib_quantization import portable
-    from onnx2jax.runtime.executable import x64_scope
     from onnx2jax.runtime.spmd import Compiled
 
     if not isinstance(compiled, Compiled):
@@ -129,7 +130,7 @@ class Artifact:
         self.output_names: list[str] = meta["outputs"]
         self._uses_64bit = meta["uses_64bit"]
         shardings = exported.in_shardings_jax(self.mesh)[: len(params)]
-        with jax.enable_x64(self._uses_64bit or jax.config.jax_enable_x64):
+        with x64_scope(self._uses_64bit):
             self.params = [jax.device_put(p, s) for p, s in zip(params, shardings)]
 
     def __call__(self, *inputs: Any, **named: Any) -> tuple:
@@ -138,7 +139,7 @@ class Artifact:
         missing = [n for n in self.input_names if n not in bound]
         if missing:
             raise TypeError(f"missing inputs: {missing}")
-        with jax.enable_x64(self._uses_64bit or jax.config.jax_enable_x64):
+        with x64_scope(self._uses_64bit):
             return tuple(self.exported.call(self.params, *[bound[n] for n in self.input_names]))
 
 

@@ -33,7 +33,7 @@ import jax
 import onnx
 from flax import nnx
 
-from onnx2jax.runtime.executable import x64_scope
+from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.pipeline import PipelineCompiled
 from onnx2jax.runtime.spmd import Compiled
 

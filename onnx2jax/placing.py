@@ -22,7 +22,7 @@ from onnx2jax.loading import (
     freeze,
     read_only_buffer,
 )
-from onnx2jax.runtime.executable import x64_scope
+from onnx2jax.x64 import x64_scope
 
 _COPIES: weakref.WeakValueDictionary[tuple, np.ndarray] = weakref.WeakValueDictionary()
 """The buffer of each slice of a mapped file copied for the devices (not contiguous, or padded), while a
@@ -107,7 +107,7 @@ def place_stacked(layers: Sequence[np.ndarray], sharding: jax.sharding.Sharding)
 
 
 def holding(dtype: np.dtype) -> ContextManager:
-    """:func:`onnx2jax.runtime.executable.x64_scope` for placing an array of ``dtype``: 64-bit stays 64-bit.
+    """:func:`onnx2jax.x64.x64_scope` for placing an array of ``dtype``: 64-bit stays 64-bit.
 
     Outside x64, ``device_put`` of a float64 weight gives a float32 array: a
     float64 model would then compute with rounded weights while its inputs and

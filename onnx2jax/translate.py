@@ -30,7 +30,7 @@ from sharding.shapes import InferredModel, topological_order
 from onnx2jax.binding import bind_inputs, input_info
 from onnx2jax.branch_step import if_step
 from onnx2jax.errors import BranchShapesDiffer, NodeError, PrecisionError, UnsupportedOpError
-from onnx2jax.runtime.fast_call import call_key
+from onnx2jax.call_keys import call_key
 from onnx2jax.graph_runner import (
     GraphRunner,
     Hooks,
@@ -45,7 +45,8 @@ from onnx2jax.hostvalues import to_host
 from onnx2jax.input_checks import IndexCheck
 from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
 from onnx2jax.placing import holding
-from onnx2jax.runtime.xla_options import compiler_options
+from onnx2jax.xla_options import compiler_options
+from onnx2jax.x64 import x64_scope
 
 STATIC_INITIALIZER_LIMIT = 4096
 """Non-float initializers up to this many elements are folded as constants."""
@@ -129,7 +130,7 @@ class JaxModel:
         strings = {i.name for i in self.inputs if i.dtype is not None and i.dtype.kind in "OSU"}
         self.shape_input_names = (shape_setting | strings) & set(self.input_names)
         self._jitted: dict[tuple, Any] = {}
-        self._bound_keys: set = set()  # fast_call.call_key of input signatures bind_inputs accepted
+        self._bound_keys: set = set()  # call_keys.call_key of input signatures bind_inputs accepted
         self._input_name_tuple = tuple(self.input_names)
         self._device_runtime_params: tuple | None = None
         self._segmentable, self._external_dir = segmentable, external_dir
@@ -268,7 +269,7 @@ class JaxModel:
         opsets = opsets_of(model)
 
         def host(values: Mapping[str, Any]) -> list:
-            with jax.enable_x64(True):
+            with x64_scope(True):
                 outputs = GraphRunner(opsets).run(model.graph, {**constants, **values})
             return [np.asarray(o) for o in outputs]
 
@@ -343,10 +344,10 @@ class JaxModel:
             # The common case, kept short: jax.jit's own C++ dispatch finds the executable for
             # the input shapes, and the runtime parameters go as one tuple already on the device.
             if x64:
-                with jax.enable_x64(True):
+                with x64_scope(True):
                     return self._program(())(self._runtime_params(), bound)
             return self._program(())(self._runtime_params(), bound)
-        with jax.enable_x64(self.uses_64bit or jax.config.jax_enable_x64):
+        with x64_scope(self.uses_64bit):
             dynamic, static, key = self.split_static(bound)
             if static and not dynamic:
                 # Every input is a constant (string models, say): the graph folds while
@@ -415,8 +416,8 @@ def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", chec
     64-bit types: ONNX models are full of int64 (ids, shapes) and sometimes
     float64. JAX turns those into 32-bit unless its x64 mode is on, and that
     mode is a global setting. onnx2jax never changes it globally: calling the
-    model object enables x64 for that call only (``jax.enable_x64`` is a
-    context manager). When you trace ``model.fn`` yourself, do it inside
+    model object enables x64 for that call only (:func:`onnx2jax.x64.x64_scope`).
+    When you trace ``model.fn`` yourself, do it inside
     ``with jax.enable_x64(True):`` if ``model.uses_64bit``; otherwise a
     :class:`PrecisionError` says so instead of silently narrowing types.
 

@@ -2,7 +2,8 @@
 
 This is the single source of the op facts that used to be kept as separate hand-written sets (and had
 drifted): which ops are elementwise, which read only their input's shape, which have outputs whose
-shape depends on values, which make 64-bit results, which draw random numbers. It lives in
+shape depends on values, which make 64-bit results, which draw random numbers; and the op families
+several modules single out (the linear products, the normalizations). It lives in
 ``sharding/`` because the jax-free side needs it (partitioning into segments and stages, the Megatron
 planner's walks) and ``sharding/`` never imports jax nor ``onnx2jax``. The translator side reads it
 through the op registry: ``onnx2jax.ops.registry.register`` attaches an op's :class:`OpFacts` to each
@@ -94,6 +95,29 @@ ONNX's reference fixes its draw in training mode."""
 NONDETERMINISTIC = RANDOM | {"Dropout"}
 """Ops that are not functions of their inputs, so never recomputed from them (Dropout in training
 mode draws its mask)."""
+
+LINEAR_PRODUCTS = frozenset({"MatMul", "Gemm"})
+"""The products of two matrices that carry a linear layer: MatMul, and Gemm (``transA``/``transB``,
+``alpha``, ``beta`` and the added ``C`` are Gemm's own; planners check ``op_type == "Gemm"`` for them)."""
+
+SOFTMAXES = frozenset({"Softmax", "LogSoftmax"})
+"""Normalizations of one axis to a distribution (``axis``, default -1)."""
+
+ONNX_LAYER_NORMS = frozenset({"LayerNormalization", "RMSNormalization"})
+"""ONNX's normalizations over the trailing axes from ``axis`` (default -1), with a scale (and a bias)."""
+
+LAYER_NORMS = ONNX_LAYER_NORMS | {"SimplifiedLayerNormalization"}
+"""The layer normalizations of one input: ONNX's, and onnxruntime's RMS norm (SimplifiedLayerNormalization,
+registered in the default domain), all over the trailing axes."""
+
+SKIP_LAYER_NORMS = frozenset({"SkipLayerNormalization", "SkipSimplifiedLayerNormalization"})
+"""onnxruntime's contrib layer norms that first add a residual (``skip``) to their input."""
+
+NORMALIZATIONS = LAYER_NORMS | SKIP_LAYER_NORMS | {
+    "GroupNormalization", "InstanceNormalization", "BatchNormalization", "MeanVarianceNormalization",
+    "LpNormalization",
+}
+"""Every op that normalizes a tensor by statistics of its own values (softmaxes apart: :data:`SOFTMAXES`)."""
 
 CONTRIB_DOMAIN = "com.microsoft"
 """onnxruntime's contrib domain: its ops have no ONNX schema (so they keep their Python attribute defaults)."""

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from sharding.op_facts import LINEAR_PRODUCTS
 from sharding.partition import GraphIndex, require_unique_names
 from sharding.shapes import node_inputs, tensor_shapes
 
@@ -227,7 +228,7 @@ def _flops(node: onnx.NodeProto, shapes: dict, batch: int, sequence: int) -> int
     tokens, ``batch * sequence``, on the first axis of a 2-D operand (an
     exporter's Gemm on ``[-1, width]``) and as ``batch`` elsewhere.
     """
-    if node.op_type not in ("MatMul", "Gemm"):
+    if node.op_type not in LINEAR_PRODUCTS:
         return 0
     a, out = shapes.get(node.input[0]), shapes.get(node.output[0])
     if a is None or out is None:

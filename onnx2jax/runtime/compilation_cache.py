@@ -23,6 +23,8 @@ import dataclasses
 import os
 from typing import Iterator
 
+from onnx2jax.errors import CacheFolderError
+
 
 ENVIRONMENT = "ONNX2JAX_CACHE_DIR"
 
@@ -42,12 +44,15 @@ def enable(path: str | None = None) -> str:
     those under one second, which is most onnx2jax models on CPU).
 
     Raises:
-      OSError: the folder cannot be created.
+      CacheFolderError: the folder cannot be created (an ``OSError``).
     """
     import jax
 
     path = os.path.abspath(os.path.expanduser(path or default_dir()))
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise CacheFolderError(path, e.strerror or str(e)) from e
     jax.config.update("jax_compilation_cache_dir", path)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -105,12 +110,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_arguments(args: argparse.Namespace) -> None:
-    """Turns the cache on as ``args`` say; a sub-command without the options is left alone."""
-    from onnx2jax.cli.errors import UsageError
+    """Turns the cache on as ``args`` say; a sub-command without the options is left alone.
 
+    Raises:
+      CacheFolderError: the folder cannot be created (the command line reports it as a usage error).
+    """
     if not hasattr(args, "no_cache") or args.no_cache:
         return
-    try:
-        enable(args.cache)
-    except OSError as e:
-        raise UsageError(f"--cache {args.cache or default_dir()}: cannot create the folder ({e.strerror})") from e
+    enable(args.cache)

@@ -49,12 +49,13 @@ from jax.sharding import NamedSharding, PartitionSpec
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.conv import conv_by_groups
 from onnx2jax.runtime.partial_sums import PartialSumHooks
-from onnx2jax.runtime.placement_keys import Placement, SpecKey, node_scope
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement, node_scope
 from onnx2jax.runtime.stacks import StackHooks, cached, store
 from onnx2jax.runtime.views import View, run_on_views, view_of
+from sharding import op_facts
 
 # Normalisations whose statistics span the axes from ``axis`` on (Softmax: ``axis`` alone).
-NORMALIZATIONS = frozenset({"Softmax", "LogSoftmax", "LayerNormalization", "RMSNormalization"})
+NORMALIZATIONS = op_facts.SOFTMAXES | op_facts.ONNX_LAYER_NORMS
 
 
 class ShardingHooks(StackHooks, PartialSumHooks):
@@ -73,7 +74,7 @@ class ShardingHooks(StackHooks, PartialSumHooks):
 
     def __init__(
         self,
-        placements: Mapping[SpecKey, Placement],
+        placements: Mapping[SpecKey, TensorPlacement],
         views: Mapping[str, View],
         copies: Mapping[SpecKey, Any] | None = None,
         graph: onnx.GraphProto | None = None,
@@ -83,7 +84,7 @@ class ShardingHooks(StackHooks, PartialSumHooks):
         self.views = dict(views)
         self.copies = dict(copies or {})
         self.gathered: dict[tuple, Any] = {}
-        self.placed: dict[tuple[int, Placement], tuple[Any, Any, Any]] = {}
+        self.placed: dict[tuple[int, TensorPlacement], tuple[Any, Any, Any]] = {}
         self._init_stacks(graph, placements, params)
         self._init_partial_sums(graph, placements)
 
@@ -113,7 +114,7 @@ class ShardingHooks(StackHooks, PartialSumHooks):
         if node.op_type in NORMALIZATIONS and views and views[0] is None:
             inputs = self._gather_before_norm(node, inputs, attrs)
         out_views = self._run_unfused(node, inputs, views, attrs, compute) if any(views) else None
-        if out_views is None and node.op_type in ("MatMul", "Gemm") and not any(views):
+        if out_views is None and node.op_type in op_facts.LINEAR_PRODUCTS and not any(views):
             out_views = self._column_parallel(node, inputs, attrs)
         partial = self._add_partials(node, inputs) if out_views is None and node.name in self.merging else None
         if partial is not None:

@@ -27,12 +27,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx2jax.runtime import generate_inputs, kv_cache
-from onnx2jax.runtime.executable import x64_scope
+from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.generate_sharding import CachePlacement
 from onnx2jax.runtime.sampling import Search, choose
 from onnx2jax.runtime.spmd import Compiled
 from onnx2jax.runtime.total_length import TOTAL_LENGTH, fill_total_length
-from onnx2jax.runtime.xla_options import compiler_options
+from onnx2jax.xla_options import compiler_options
 from onnx2jax.translate import JaxModel
 
 State = dict[str, jax.Array]
@@ -148,7 +148,7 @@ class Decoder:
     # ---- the programs
 
     def x64(self) -> ContextManager:
-        """The 64-bit context of this model (:func:`~onnx2jax.runtime.executable.x64_scope`); the programs
+        """The 64-bit context of this model (:func:`~onnx2jax.x64.x64_scope`); the programs
         enter it themselves."""
         return x64_scope(self.compiled.model.uses_64bit)
 
@@ -186,7 +186,7 @@ class Decoder:
 
 class Program:
     """A generation program (jitted over the compiled model's ``apply``), called and lowered in the model's
-    64-bit scope (:func:`~onnx2jax.runtime.executable.x64_scope`, the one place x64 is entered)."""
+    64-bit scope (:func:`~onnx2jax.x64.x64_scope`, the one place x64 is entered)."""
 
     def __init__(self, jitted: Callable, uses_64bit: bool):
         self._jitted, self._uses_64bit = jitted, uses_64bit

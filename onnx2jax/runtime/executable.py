@@ -12,13 +12,12 @@ same plan, placements and constraints: the generation handle
 (:func:`onnx2jax.load`, :class:`onnx2jax.runtime.decoder.Decoder`) is an
 Executable whose ``params``, ``__call__``, ``apply``, ``lower`` and ``report``
 are its compiled model's, with ``prefill`` and ``decode`` programs jitted over
-``apply`` and entered through :func:`x64_scope`.
+``apply`` and entered through :func:`onnx2jax.x64.x64_scope`.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterable, Iterator, Mapping, Protocol, runtime_checkable
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 import jax
 
@@ -51,16 +50,6 @@ class Executable(Protocol):
         ...
 
 
-@contextlib.contextmanager
-def x64_scope(uses_64bit: bool) -> Iterator[None]:
-    """64-bit types for one call of a model that has 64-bit tensors, never switched on globally.
-
-    The one place an executable enters jax's x64 mode (see :func:`onnx2jax.translate.translate`).
-    """
-    with jax.enable_x64(uses_64bit or jax.config.jax_enable_x64):
-        yield
-
-
 def merged_params(parts: Iterable[Executable | None]) -> dict[str, jax.Array]:
     """Every part's parameters by name; a parameter several parts hold: the first part's copy."""
     merged: dict[str, jax.Array] = {}
@@ -82,4 +71,4 @@ def part_params(part: Executable, params: Mapping[str, Any]) -> dict[str, Any]:
     return {name: jax.device_put(value, own[name].sharding) for name, value in params.items() if name in own}
 
 
-__all__ = ["Executable", "merged_params", "part_params", "x64_scope"]
+__all__ = ["Executable", "merged_params", "part_params"]

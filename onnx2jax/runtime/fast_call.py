@@ -8,49 +8,24 @@ have to enter them again before jit's C++ dispatch could find the executable.
 
 Instead, the first call compiles the program ahead of time
 (``jitted.lower(...).compile()``) and keeps it with what it decided, keyed by
-:func:`call_key`: the inputs' types, shapes, dtypes and (for jax.Arrays)
+:func:`onnx2jax.call_keys.call_key`: the inputs' types, shapes, dtypes and (for jax.Arrays)
 shardings. A later call with the same key goes straight to the executable's
 C++ dispatch, which places numpy inputs with the shardings the first call
 chose; only 64-bit models still enter x64 mode (numpy int64 inputs would
 otherwise be read as int32).
 
-:class:`onnx2jax.translate.JaxModel` uses :func:`call_key` too: a signature
-its input checks accepted once is bound without checking again.
+:class:`onnx2jax.translate.JaxModel` uses the same key: a signature its
+input checks accepted once is bound without checking again.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Hashable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
-import numpy as np
 
-
-def _value_key(value: Any) -> Hashable | None:
-    """What one input's placement and program depend on; None when only the full path can tell."""
-    kind = type(value)
-    if kind is np.ndarray:
-        return (value.shape, value.dtype)
-    if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
-        return (value.shape, value.dtype, value.sharding)
-    return None  # Python scalars, lists, tracers: bind_inputs and the trace decide
-
-
-def call_key(inputs: Sequence[Any], named: Mapping[str, Any]) -> Hashable | None:
-    """The key of one call's input signature, or None when it has no short path."""
-    keys = []
-    for value in inputs:
-        key = _value_key(value)
-        if key is None:
-            return None
-        keys.append(key)
-    for name, value in named.items():
-        key = _value_key(value)
-        if key is None:
-            return None
-        keys.append((name, key))
-    return tuple(keys)
+from onnx2jax.x64 import x64_scope
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +39,7 @@ class FastCall:
       moves: per input name, the sharding a jax.Array input was moved to by
         the full path (an array on other devices, or relabelled from Explicit
         to Auto axes); an input not listed goes as it is.
-      x64: enter ``jax.enable_x64`` for the call (a 64-bit model with x64 off).
+      x64: enter :func:`~onnx2jax.x64.x64_scope` for the call (a 64-bit model with x64 off).
     """
 
     executable: Any
@@ -80,7 +55,7 @@ class FastCall:
         for name, sharding in self.moves:
             values[name] = jax.device_put(values[name], sharding)
         if self.x64:
-            with jax.enable_x64(True):
+            with x64_scope(True):
                 return self.executable(self.stored, values)
         return self.executable(self.stored, values)
 

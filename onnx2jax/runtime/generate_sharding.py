@@ -30,7 +30,7 @@ from sharding.megatron.plan import megatron_layout, write_megatron_plan
 from sharding.megatron.specs import split_spec
 
 from onnx2jax.runtime.kv_cache import CacheLayout
-from onnx2jax.runtime.placement_keys import Placement
+from onnx2jax.runtime.placement_keys import TensorPlacement
 from onnx2jax.runtime.placements import input_placements, input_sharding
 from onnx2jax.runtime.spmd import Compiled
 
@@ -125,7 +125,7 @@ class CachePlacement:
         return jax.lax.with_sharding_constraint(array, self._shardings[tuple(array.shape)])
 
 
-def _heads_ways(compiled: Compiled, placement: Placement | None) -> int:
+def _heads_ways(compiled: Compiled, placement: TensorPlacement | None) -> int:
     """In how many parts the plan's ``placement`` of a past input splits its heads axis."""
     if placement is None or placement.fused:
         return 1

@@ -24,7 +24,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.placing import place
-from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.views import View
 
 
@@ -76,19 +76,19 @@ class ParameterStore:
         self,
         mesh: Mesh,
         params: Mapping[str, np.ndarray],
-        placements: Mapping[SpecKey, Placement],
+        placements: Mapping[SpecKey, TensorPlacement],
     ):
         self.arrays: dict[str, jax.Array] = {}
         self.copies: dict[str, jax.Array] = {}
         self.consumer_copy: dict[SpecKey, str] = {}
-        self.placements: dict[str, Placement | None] = {}
+        self.placements: dict[str, TensorPlacement | None] = {}
         self.layouts: dict[str, StoredLayout] = {}
-        wanted: dict[str, list[tuple[SpecKey, Placement]]] = {}
+        wanted: dict[str, list[tuple[SpecKey, TensorPlacement]]] = {}
         for key, placement in placements.items():
             if key.kind == "in" and key.tensor in params:
                 wanted.setdefault(key.tensor, []).append((key, placement))
         for name, array in params.items():
-            distinct: list[Placement] = []
+            distinct: list[TensorPlacement] = []
             for key, placement in wanted.get(name, []):
                 if placement not in distinct:
                     distinct.append(placement)
@@ -99,7 +99,7 @@ class ParameterStore:
             for index, placement in enumerate(distinct[1:], start=1):
                 self.copies[f"{name}#{index}"] = self._put(f"{name}#{index}", array, placement, mesh)
 
-    def _put(self, key: str, array: np.ndarray, placement: Placement | None, mesh: Mesh) -> jax.Array:
+    def _put(self, key: str, array: np.ndarray, placement: TensorPlacement | None, mesh: Mesh) -> jax.Array:
         self.placements[key] = placement
         if placement is None:
             return place(array, NamedSharding(mesh, PartitionSpec()))

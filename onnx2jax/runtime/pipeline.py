@@ -37,7 +37,8 @@ import onnx
 from jax.sharding import Mesh
 
 from onnx2jax.errors import DeviceCountError, NodeError, PipelineJitError, ScheduleError
-from onnx2jax.runtime.executable import merged_params, part_params, x64_scope
+from onnx2jax.runtime.executable import merged_params, part_params
+from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.parameters import holdable_sharding
 from onnx2jax.runtime.pipeline_report import PipelineReport, StageReport
 from onnx2jax.runtime.pipeline_stages import PipelineModel, Stage, local_stage_model, stage_input_shardings

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx2jax.runtime.executable import x64_scope
+from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.parameters import holdable_sharding
 from onnx2jax.runtime.pipeline_schedules import PipelineSchedule, issue_order
 from onnx2jax.trainable import checked_names

@@ -1,5 +1,5 @@
 """The names of a compiled model's placements: which node input or output (`SpecKey`), how it is laid out
-(`Placement`), and the HLO scope of a node (`node_scope`).
+(`TensorPlacement`), and the HLO scope of a node (`node_scope`).
 
 Their own module so that the hooks that read them (`onnx2jax.runtime.constraints`, `stacks`,
 `partial_sums`) and the planning and reporting modules import them without an import circle.
@@ -28,7 +28,7 @@ class SpecKey(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class Placement:
+class TensorPlacement:
     """How one tensor is laid out on the mesh.
 
     ``fused`` lists the fused axes and their sub-axis sizes: the sharding

@@ -3,7 +3,7 @@
 A completed inference's specs are laid out at concrete shapes
 (:func:`spec_layouts`), mapped onto one jax ``Mesh`` (:func:`mesh_for`, the
 user's or one searched from the layouts) and turned into a
-:class:`~onnx2jax.runtime.constraints.Placement` per node input and output
+:class:`~onnx2jax.runtime.placement_keys.TensorPlacement` per node input and output
 (:func:`placements_on`). From those come each graph input's placement (its
 first annotated reader's: :func:`input_placements`, :func:`place_on_mesh`)
 and each graph output's sharding (its producer's: :func:`output_placements`,
@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.errors import DeviceCountError
 from sharding import codes
 from sharding.mesh.layout import Layout, MeshPlan, layout_of
@@ -109,17 +109,19 @@ def spec_layouts(inference: "sharding.Inference", *, strict: bool) -> dict[SpecK
     return layouts
 
 
-def placements_on(mapping: MeshMapping, layouts: Mapping[SpecKey, Layout], mesh: Mesh) -> dict[SpecKey, Placement]:
+def placements_on(
+    mapping: MeshMapping, layouts: Mapping[SpecKey, Layout], mesh: Mesh
+) -> dict[SpecKey, TensorPlacement]:
     """Every laid-out spec as a NamedSharding on ``mesh`` (with whether it fuses an axis)."""
     return {
-        key: Placement(NamedSharding(mesh, PartitionSpec(*pspec)), layouts[key].fused)
+        key: TensorPlacement(NamedSharding(mesh, PartitionSpec(*pspec)), layouts[key].fused)
         for key, pspec in mapping.pspecs.items()
     }
 
 
-def output_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> tuple:
+def output_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, TensorPlacement]) -> tuple:
     """Each graph output's placement from its producer's spec (None: no spec)."""
-    produced: dict[str, Placement] = {}
+    produced: dict[str, TensorPlacement] = {}
     for node in proto.graph.node:
         for position, name in enumerate(node.output):
             placement = placements.get(SpecKey(node.name, "out", position, name))
@@ -132,10 +134,12 @@ def output_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Place
     return tuple(shardings)
 
 
-def input_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placement]) -> dict[str, Placement]:
+def input_placements(
+    proto: onnx.ModelProto, placements: Mapping[SpecKey, TensorPlacement]
+) -> dict[str, TensorPlacement]:
     """Each graph input's placement from the first node input that reads it with a spec."""
     names = {i.name for i in proto.graph.input}
-    found: dict[str, Placement] = {}
+    found: dict[str, TensorPlacement] = {}
     for node in proto.graph.node:
         for position, name in enumerate(node.input):
             placement = placements.get(SpecKey(node.name, "in", position, name))
@@ -144,7 +148,9 @@ def input_placements(proto: onnx.ModelProto, placements: Mapping[SpecKey, Placem
     return found
 
 
-def place_on_mesh(values: Mapping[str, Any], in_placements: Mapping[str, Placement], mesh: Mesh) -> dict[str, Any]:
+def place_on_mesh(
+    values: Mapping[str, Any], in_placements: Mapping[str, TensorPlacement], mesh: Mesh
+) -> dict[str, Any]:
     """Every runtime input as a jax.Array on ``mesh``, so that XLA never picks an input layout.
 
     A jax.Array already on the mesh's devices is used as it is. Anything
@@ -169,7 +175,7 @@ def place_on_mesh(values: Mapping[str, Any], in_placements: Mapping[str, Placeme
     return placed
 
 
-def input_sharding(shape: tuple[int, ...], placement: Placement | None, mesh: Mesh) -> jax.sharding.Sharding:
+def input_sharding(shape: tuple[int, ...], placement: TensorPlacement | None, mesh: Mesh) -> jax.sharding.Sharding:
     """Where :func:`place_on_mesh` puts an input of ``shape`` whose first reader's placement is ``placement``:
     that spec where JAX can hold it, else replicated."""
     if placement is None or placement.fused:
@@ -201,7 +207,7 @@ def output_shardings(
     return tuple(shardings)
 
 
-def holdable_output(shape: tuple[int, ...], placement: Placement) -> tuple[NamedSharding, str | None]:
+def holdable_output(shape: tuple[int, ...], placement: TensorPlacement) -> tuple[NamedSharding, str | None]:
     """The sharding an output of ``shape`` placed as ``placement`` comes back with, and why, if not as placed.
 
     JAX holds no unevenly sharded array, and a fused axis's shards are not

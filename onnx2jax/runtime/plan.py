@@ -31,7 +31,7 @@ from jax.sharding import Mesh
 
 from onnx2jax.errors import ConfigurationError
 from onnx2jax.loading import ModelLike, open_model
-from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.placements import mesh_for, placements_on, spec_layouts
 from onnx2jax.runtime.user_mesh import auto_axes, context_mesh
 from onnx2jax.scan import ScanSetting
@@ -62,7 +62,7 @@ class ProgramPlan:
       inference: the completed annotations at the model's own shapes (None: unannotated).
       mesh: the jax Mesh the program runs on.
       mapping: the specs mapped onto ``mesh`` (None: unannotated).
-      placements: every laid-out spec as a Placement on ``mesh``.
+      placements: every laid-out spec as a TensorPlacement on ``mesh``.
       check: whether inference errors at a call's shapes refuse the call.
       structural: what ``sharding.validate`` found (sizes to check at each call).
     """
@@ -72,13 +72,13 @@ class ProgramPlan:
     inference: Inference | None
     mesh: Mesh
     mapping: MeshMapping | None
-    placements: Mapping[SpecKey, Placement]
+    placements: Mapping[SpecKey, TensorPlacement]
     check: bool = True
     structural: tuple[Diagnostic, ...] = ()
 
     def at_shapes(
         self, input_shapes: Mapping[str, tuple[int, ...]]
-    ) -> tuple[Inference, Mapping[SpecKey, Placement]]:
+    ) -> tuple[Inference, Mapping[SpecKey, TensorPlacement]]:
         """Inference and placements at a call's input shapes (a pure function of the plan: the executable
         keeps the result per shape signature, as :class:`~onnx2jax.runtime.spmd.Compiled` does).
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
 
-from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.scan_sharded import loop_collectives
 from sharding.text import format_spec
 
@@ -26,7 +26,7 @@ _COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", 
 
 
 def node_rows(
-    inference: "sharding.Inference | None", placements: Mapping[SpecKey, Placement]
+    inference: "sharding.Inference | None", placements: Mapping[SpecKey, TensorPlacement]
 ) -> list[tuple[str, str, str, str, str]]:
     """Per node input and output with a spec: node, tensor, spec, given/inferred, PartitionSpec."""
     rows = []

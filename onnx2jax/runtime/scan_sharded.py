@@ -20,19 +20,20 @@ import numpy as np
 import onnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from onnx2jax.runtime.constraints import Placement, SpecKey
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.parameters import padded_shape
 from onnx2jax.scan import ScanPlan, Stacked
 
 
-def _describe(placement: Placement | None) -> str:
+def _describe(placement: TensorPlacement | None) -> str:
     if placement is None:
         return "without a spec"
     return f"as {placement.sharding.spec}" + (f" (fused {placement.fused})" if placement.fused else "")
 
 
 def layer_specs_differ(
-    proto: onnx.ModelProto, plan: ScanPlan, placements: Mapping[SpecKey, Placement], params: Mapping[str, np.ndarray]
+    proto: onnx.ModelProto, plan: ScanPlan, placements: Mapping[SpecKey, TensorPlacement],
+    params: Mapping[str, np.ndarray],
 ) -> str:
     """Why the scanned layers cannot share the first layer's specs ('' when they can)."""
     rep = plan.repetition
@@ -63,10 +64,10 @@ def layer_specs_differ(
 
 
 def stacked_placements(
-    proto: onnx.ModelProto, plan: ScanPlan, placements: Mapping[SpecKey, Placement]
-) -> dict[str, tuple[Placement | None, ...]]:
+    proto: onnx.ModelProto, plan: ScanPlan, placements: Mapping[SpecKey, TensorPlacement]
+) -> dict[str, tuple[TensorPlacement | None, ...]]:
     """For each stacked slot, the placements its first-layer readers ask for."""
-    found: dict[str, list[Placement | None]] = {}
+    found: dict[str, list[TensorPlacement | None]] = {}
     for i in plan.repetition.layer_nodes(0):
         node = proto.graph.node[i]
         for position, name in enumerate(node.input):
@@ -78,7 +79,7 @@ def stacked_placements(
 def place_stacked(
     proto: onnx.ModelProto,
     plan: ScanPlan,
-    placements: Mapping[SpecKey, Placement],
+    placements: Mapping[SpecKey, TensorPlacement],
     stacked: Mapping[str, Stacked],
     mesh: jax.sharding.Mesh,
 ) -> dict[str, jax.Array]:

@@ -40,7 +40,8 @@ import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.errors import NodeError
-from onnx2jax.runtime.executable import merged_params, part_params, x64_scope
+from onnx2jax.runtime.executable import merged_params, part_params
+from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.placements import mesh_for, spec_layouts
 from onnx2jax.runtime.plan import Plan, program_plan
 from onnx2jax.runtime.report import Report

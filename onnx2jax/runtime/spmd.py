@@ -31,9 +31,11 @@ import onnx
 
 from onnx2jax import symbolic
 from onnx2jax.errors import NodeError
-from onnx2jax.runtime.executable import x64_scope
-from onnx2jax.runtime.constraints import Placement, ShardingHooks, SpecKey
-from onnx2jax.runtime.fast_call import FastCall, call_key, moved_inputs
+from onnx2jax.x64 import x64_scope
+from onnx2jax.runtime.constraints import ShardingHooks
+from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
+from onnx2jax.call_keys import call_key
+from onnx2jax.runtime.fast_call import FastCall, moved_inputs
 from onnx2jax.runtime.in_flight import InFlight
 from onnx2jax.runtime.parameters import ParameterStore
 from onnx2jax.runtime.placements import (
@@ -50,7 +52,7 @@ from onnx2jax.runtime.scan_sharded import layer_specs_differ, place_stacked
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
 from onnx2jax.runtime.training import full_params, initializer_values, trainable_keys, write_onnx
 from onnx2jax.runtime.user_mesh import auto_input, tracing
-from onnx2jax.runtime.xla_options import compiler_options
+from onnx2jax.xla_options import compiler_options
 from onnx2jax.scan import per_layer_names
 from onnx2jax.trainable import checked_names
 from onnx2jax.translate import JaxModel
@@ -62,9 +64,9 @@ class _Signature:
     """What depends on one call's input shapes: inference, specs on the mesh, output placements."""
 
     inference: Inference | None
-    placements: dict[SpecKey, Placement]
+    placements: dict[SpecKey, TensorPlacement]
     out_placements: tuple  # per graph output, its producer's placement or None
-    in_placements: dict[str, Placement]  # per graph input, its first annotated reader's placement
+    in_placements: dict[str, TensorPlacement]  # per graph input, its first annotated reader's placement
 
 
 class Compiled:

@@ -49,10 +49,10 @@ from jax.sharding import NamedSharding, PartitionSpec
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.registry import ops_with
 from onnx2jax.runtime.placement_keys import SpecKey
+from sharding import op_facts
 
 # Nodes a walk from a product's input goes back through (besides the normalisations), given one activation input.
 _PASSABLE = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Cast", "Identity", "Flatten"})
-_NORMS = frozenset({"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization"})
 # Outputs known while tracing whatever the inputs (they read shapes only).
 _SHAPE_READERS = frozenset({"Shape", "Size", "Constant", "ConstantOfShape"})
 
@@ -82,7 +82,7 @@ def plan_readers(graph: onnx.GraphProto, placements: Mapping[Any, Any], params: 
     """
     producers = {out: node for node in graph.node for out in node.output if out}
     dynamic = _dynamic(graph, params)
-    passable = ops_with(lambda f: f.elementwise, domain="") | _NORMS | _PASSABLE
+    passable = ops_with(lambda f: f.elementwise, domain="") | op_facts.LAYER_NORMS | _PASSABLE
 
     def place(node: onnx.NodeProto, kind: str, position: int, tensor: str):
         return placements.get(SpecKey(node.name, kind, position, tensor))
@@ -242,7 +242,7 @@ def product_layout(node: onnx.NodeProto, place: Callable) -> tuple[Any, tuple[An
 
     None where it is no such product, or a placement is missing or fused.
     """
-    if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or not node.output:
+    if node.op_type not in op_facts.LINEAR_PRODUCTS or len(node.input) < 2 or not node.output:
         return None
     keys = (("in", 0, node.input[0]), ("in", 1, node.input[1]), ("out", 0, node.output[0]))
     x, weight, out = (place(*key) for key in keys)

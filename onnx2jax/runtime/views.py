@@ -23,7 +23,7 @@ from onnx2jax.ops.shapes import reshape_target
 from sharding import op_facts
 
 if TYPE_CHECKING:
-    from onnx2jax.runtime.constraints import Placement
+    from onnx2jax.runtime.placement_keys import TensorPlacement
 
 ELEMENTWISE = op_facts.ELEMENTWISE - {"CastLike"}  # CastLike's second input gives a type only: no frame
 REDUCTIONS = op_facts.REDUCTIONS
@@ -47,7 +47,7 @@ class View:
         return math.prod(self.array.shape[self.axis + 1 : self.axis + self.count])
 
 
-def view_of(array: Any, shape: tuple[int, ...], placement: "Placement") -> View:
+def view_of(array: Any, shape: tuple[int, ...], placement: "TensorPlacement") -> View:
     """``array`` (ONNX ``shape``) seen through a fused placement's expanded shape."""
     ((axis, sizes),) = placement.fused
     return View(jnp.reshape(array, placement.expand(shape)), tuple(shape), axis, len(sizes))
@@ -62,7 +62,7 @@ def run_on_views(
         return _elementwise(inputs, views, compute)
     if op == "Split":
         return _split(inputs, views, attrs, outputs)
-    if op in ("MatMul", "Gemm"):
+    if op in op_facts.LINEAR_PRODUCTS:
         return _product(op, inputs, views, attrs) or (_batched(inputs, views, compute) if op == "MatMul" else None)
     if op == "Reshape":
         return _reshape_leading(inputs, views) or _reshape_from_view(inputs, views)

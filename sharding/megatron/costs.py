@@ -13,6 +13,7 @@ layer whole and say why; a split that reaches the graph outputs unchanged
 
 from __future__ import annotations
 
+from sharding.op_facts import LAYER_NORMS, SKIP_LAYER_NORMS, SOFTMAXES
 from sharding.megatron.graph import PlanGraph
 
 # Ops that keep a split of the last axis when their other operands are constants.
@@ -20,10 +21,7 @@ _KEEPS = frozenset(
     """Relu LeakyRelu Elu Selu Celu Gelu Sigmoid HardSigmoid HardSwish Mish Softplus Softsign Tanh Erf
     Clip Identity Dropout Cast Neg Abs Exp Log Sqrt Reciprocal Pow Add Sub Mul Div""".split()
 )
-_NORMALISES = frozenset(
-    {"LayerNormalization", "RMSNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
-     "SkipSimplifiedLayerNormalization", "Softmax", "LogSoftmax", "LpNormalization"}
-)
+_NORMALISES = LAYER_NORMS | SKIP_LAYER_NORMS | SOFTMAXES | {"LpNormalization"}
 
 
 def gather_point(graph: PlanGraph, tensor: str) -> tuple[str, str] | None:

@@ -16,27 +16,13 @@ from collections.abc import Mapping
 
 import onnx
 
-from sharding.op_facts import SHAPE_READERS
+from sharding.op_facts import NORMALIZATIONS, SHAPE_READERS
 from sharding.shapes import tensor_shapes
 
 from sharding.megatron.builder import ATTENTION_OPS
 
 _log = logging.getLogger(__name__)
 
-_NORM_OPS = frozenset(
-    {
-        "LayerNormalization",
-        "RMSNormalization",
-        "SimplifiedLayerNormalization",
-        "SkipLayerNormalization",
-        "SkipSimplifiedLayerNormalization",
-        "GroupNormalization",
-        "InstanceNormalization",
-        "BatchNormalization",
-        "MeanVarianceNormalization",
-        "LpNormalization",
-    }
-)
 # Ops that only carry shapes: a walk along values stops there.
 _SHAPE_OPS = SHAPE_READERS | {"ConstantOfShape", "EyeLike"}
 # Ops a norm's statistics flow through between the ReduceMean and the apply node.
@@ -105,7 +91,7 @@ class PlanGraph:
         stats: set[str] = set()
         norms = set()
         for index, node in enumerate(self.nodes):
-            if node.op_type in _NORM_OPS:
+            if node.op_type in NORMALIZATIONS:
                 norms.add(index)
                 continue
             if node.op_type == "ReduceMean":

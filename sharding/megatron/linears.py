@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import onnx
 
+from sharding.op_facts import LINEAR_PRODUCTS
 from sharding.megatron.builder import PackedAttention, packed_attention, quantized_weight
 from sharding.megatron.graph import PlanGraph
 from sharding.megatron.parts import Part, feature_parts
@@ -123,7 +124,7 @@ def _find_linear(graph: PlanGraph, index: int) -> Linear | None:
         lin = _quantized_linear(graph, node)
         bias, output = _bias_after(graph, lin.output, lin.out_features, lin.bias)
         return dataclasses.replace(lin, bias=bias, output=output)
-    if node.op_type not in ("MatMul", "Gemm"):
+    if node.op_type not in LINEAR_PRODUCTS:
         return None
     found = _weight_of(graph, node)
     if found is None:

@@ -2,7 +2,7 @@
 
 1. XLA's YNNPACK ``REDUCE`` fusion returns garbage for a reduction of a dot or
    convolution with a broadcast operand; onnx2jax compiles without that fusion
-   type (``onnx2jax.runtime.xla_options``).
+   type (``onnx2jax.xla_options``).
 2. XLA duplicates an elementwise producer (a mean's ``* 1/n``) into the max and
    the subtract of ``x - max(x)`` and contracts the latter into an FMA, so the
    shift can be positive and exp overflows; Softmax and its relatives clamp at
@@ -27,7 +27,7 @@ import onnxruntime as ort
 import pytest
 
 from onnx2jax import translate
-from onnx2jax.runtime.xla_options import compiler_options
+from onnx2jax.xla_options import compiler_options
 
 cpu_only = pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA CPU behaviour")
 
@@ -52,14 +52,14 @@ def test_reduce_of_conv_with_broadcast_weights_is_right_with_onnx2jax_options():
 
 @cpu_only
 def test_upstream_ynn_reduce_fusion_is_still_broken():
-    """Fails once jaxlib's default YNNPACK fusions get this right: then onnx2jax.runtime.xla_options can go."""
+    """Fails once jaxlib's default YNNPACK fusions get this right: then onnx2jax.xla_options can go."""
     if "xla_cpu_experimental_ynn_fusion_type" in os.environ.get("XLA_FLAGS", ""):
         pytest.skip("XLA_FLAGS sets the YNNPACK fusion types, so XLA's default is not what runs")
     x = np.ones((1, 64, 8, 8), np.float32)
     got = np.asarray(jax.jit(_conv_sum)(x))
     assert not np.array_equal(got, np.full((1, 64), 4096, np.float32)), (
         "XLA CPU's default YNNPACK REDUCE fusion now sums conv(ones, ones) right: "
-        "drop the workaround in onnx2jax/runtime/xla_options.py and docs/known-issues.md"
+        "drop the workaround in onnx2jax/xla_options.py and docs/known-issues.md"
     )
 
 

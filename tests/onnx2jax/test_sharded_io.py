@@ -99,10 +99,10 @@ def test_what_an_output_jax_cannot_hold_comes_back_as(shape, spec, fused, held, 
     import jax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from onnx2jax.runtime.constraints import Placement
+    from onnx2jax.runtime.placement_keys import TensorPlacement
     from onnx2jax.runtime.placements import holdable_output
 
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("dp", "tp"))
-    named, why = holdable_output(shape, Placement(NamedSharding(mesh, PartitionSpec(*spec)), fused))
+    named, why = holdable_output(shape, TensorPlacement(NamedSharding(mesh, PartitionSpec(*spec)), fused))
     assert tuple(named.spec) + (None,) * (len(shape) - len(named.spec)) == held
     assert (why is None) if says is None else (says in why), why
