@@ -7,8 +7,9 @@ way), its values equal onnxruntime's stored outputs, and its report names no dif
 compiled program and the prediction except those listed in KNOWN (each with why).
 
 The default suite runs a representative subset (DEFAULT: a GQA model where kv-head groups beat the
-hand plan, a vision encoder at TP 4, a CNN at data parallel); the whole matrix is `slow`. Also here:
-the strictly better cases, pipelines where nothing else fits, `annotate --auto` and its calibration.
+hand plan, a vision encoder at TP 4); the whole matrix is `slow`. Also here: the strictly better cases
+(data parallel for a CNN among them), pipelines where nothing else fits, `annotate --auto` and its
+calibration.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from onnx2jax.runtime.auto_check import collective_bytes, measured
 from sharding import auto_plan, describe_plan
 from sharding.megatron import megatron_plan
 
-DEFAULT = {("mistral", 8), ("vit", 4), ("resnet", 2)}
+DEFAULT = {("mistral", 8), ("vit", 4)}
 MERGED = "that the program does not hold: XLA merged it"
 KNOWN = {  # model or (model, devices) -> what every difference note says ("|": one of), and why
     "gpt_neox": (f"all-reduce: predicted 5, the program has 3|collective bytes: predicted 40,960, the program "

@@ -157,7 +157,7 @@ def _fresh_process_runs(name: str, processes: int, compiles: int) -> None:
 
 
 @cpu_only
-@pytest.mark.parametrize("name", ["squeezenet", "resnet50"])
+@pytest.mark.parametrize("name", ["squeezenet", pytest.param("resnet50", marks=pytest.mark.slow)])
 def test_light_cnns_in_a_fresh_process_are_finite_and_right(name):
     # Before the fix about half of SqueezeNet's compiles gave NaN; two compiles in a fresh process.
     _fresh_process_runs(name, processes=1, compiles=2)

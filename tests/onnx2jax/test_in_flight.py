@@ -15,6 +15,7 @@ from sharding.megatron import megatron_plan
 DEMO = "tests/data/tiny_llama.onnx"
 
 
+@pytest.mark.slow  # a stress run (30 s); the bound and the release are tested below in the default suite
 def test_ten_thousand_sharded_calls_run_and_equal_the_unsharded_run():
     model = onnx.load(DEMO)
     ids = np.load("tests/data/tiny_llama.inputs.npz")["input_ids"]
