@@ -119,3 +119,17 @@ def test_no_strategy_imports_the_front_door():
     graph = _graph(_modules())
     importers = sorted(name for name, imported in graph.items() if "onnx2jax.runtime.compile" in imported)
     assert [n for n in importers if n.startswith("onnx2jax.runtime.")] == []
+
+
+def test_graph_inference_knows_nothing_of_stages():
+    """``sharding/infer.py`` infers one graph; the front (``sharding.stage_infer.infer``) chooses per-stage or
+    whole-graph inference (issue 28 item 7). Nothing it imports, directly or not, is about stages."""
+    graph = _graph(_modules())
+    reached, todo = set(), ["sharding.infer"]
+    while todo:
+        for child in graph[todo.pop()] - reached:
+            reached.add(child)
+            todo.append(child)
+    stage_modules = {"sharding.stages", "sharding.stage_infer", "sharding.stage_cut", "sharding.partition"}
+    assert not reached & stage_modules, sorted(reached & stage_modules)
+    assert "sharding.stage_infer" in graph["sharding"]  # the package's `infer` is the front
