@@ -50,9 +50,8 @@ from onnx2jax.runtime.schedule import GPipe, Schedule, check_order
 from onnx2jax.runtime.training import parts_to_onnx
 from onnx2jax.trainable import checked_names
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
-from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.runtime.spmd import Compiled, translate_for
 from onnx2jax.binding import bind_inputs, input_info
-from onnx2jax.translate import JaxModel
 from sharding.diagnostics import Diagnostic
 from sharding.partition import Partition
 from sharding.segments import cut_reason, data_dependent_nodes
@@ -135,10 +134,10 @@ class PipelineCompiled:
         """This pipeline (stages, programs and parameters shared) with ``names`` as :attr:`trainable`.
 
         Raises:
-          KeyError: a name is not a key of :attr:`params`.
+          ParameterError (a KeyError): a name is not a key of :attr:`params`, naming it.
         """
         other = copy.copy(self)
-        other._trainable = checked_names(names, self.params)
+        other._trainable = checked_names(names, self.params, "with_trainable")
         chosen = set(other._trainable)
         other.stages = [
             dataclasses.replace(s, compiled=s.compiled.with_trainable([k for k in s.compiled.params if k in chosen]))
@@ -198,8 +197,8 @@ class PipelineCompiled:
         are the pipeline's own. Each micro-batch's loss is
         ``loss_fn(outputs, *loss_args_slices)``; the loss returned is their sum
         (so a loss that sums over the batch equals the single program's), and
-        ``grads`` its gradient, each placed like its parameter. See
-        :mod:`onnx2jax.runtime.pipeline_train`.
+        ``grads`` its gradient, each placed like its parameter; a name that is
+        not a parameter is a ``ParameterError``. See :mod:`onnx2jax.runtime.pipeline_train`.
         """
         return PipelineGrad(self, loss_fn)
 
@@ -462,7 +461,8 @@ def compile_pipeline(plan: Plan, schedule: "Schedule | PipelineSchedule | str | 
         else:
             program = program_plan(sub, None, Mesh(np.array(devices), ("d0",)))
         # check_indices=False: the pipeline's call checks the whole model's inputs (input_checks)
-        compiled = Compiled(JaxModel(sub, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False), program)
+        translated = translate_for(program, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False)
+        compiled = Compiled(translated, program)
         stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
         stage.input_shardings = stage_input_shardings(sub, program.placements, compiled.mesh, stage.inputs)
         stages.append(stage)
