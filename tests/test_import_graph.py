@@ -133,3 +133,15 @@ def test_graph_inference_knows_nothing_of_stages():
     stage_modules = {"sharding.stages", "sharding.stage_infer", "sharding.stage_cut", "sharding.partition"}
     assert not reached & stage_modules, sorted(reached & stage_modules)
     assert "sharding.stage_infer" in graph["sharding"]  # the package's `infer` is the front
+
+
+def test_the_runtime_knows_nothing_of_the_command_line():
+    """The CLI's options (``--cache``, ...) and errors live in ``onnx2jax/cli/``; the runtime imports neither it nor
+    argparse (issue 28 item 7)."""
+    modules = _modules()
+    graph = _graph(modules)
+    runtime = [name for name in graph if name.startswith("onnx2jax.runtime")]
+    assert not [(name, sorted(graph[name])) for name in runtime if any(t.startswith("onnx2jax.cli") for t in graph[name])]
+    parses = [name for name in runtime for node in _imports(ast.parse(modules[name].read_text()))
+              if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names)]
+    assert not parses, parses

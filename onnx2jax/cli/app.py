@@ -18,9 +18,8 @@ from typing import Sequence
 from onnx2jax import __version__
 from onnx2jax import bundled
 from onnx2jax.cli import annotate, bench, check, conformance, data, demo, explain, export, generate, run, serve
-from onnx2jax.cli.errors import UsageError, run_guarded
-from onnx2jax.errors import CacheFolderError
-from onnx2jax.runtime import compilation_cache
+from onnx2jax.cli.errors import run_guarded
+from onnx2jax.cli.options import apply_cache_arguments
 
 COMMANDS = (demo, run, generate, serve, conformance, annotate, check, explain, bench, export, data)
 
@@ -93,11 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     def dispatch() -> int:
         resolve_data_names(args)
-        try:
-            compilation_cache.apply_arguments(args)
-        except CacheFolderError as e:
-            raise UsageError(f"--cache {args.cache or compilation_cache.default_dir()}: "
-                             f"cannot create the folder ({e.reason})") from e
+        apply_cache_arguments(args)
         return args.handler(args)
 
     try:
