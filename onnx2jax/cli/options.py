@@ -1,12 +1,13 @@
 """Pieces several sub-commands share: ``--scan-layers``, ``--verbose``, ``--cache``/``--no-cache``, sizes such as
-``16GB``, and asking JAX for devices."""
+``16GB``, and starting JAX (XLA's own log kept off stderr, devices asked for)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from onnx2jax.cli.errors import CliError, UsageError
+from onnx2jax.cli.errors import CliError, UsageError, debug_requested
 from onnx2jax.errors import CacheFolderError
 from onnx2jax.runtime import compilation_cache
 
@@ -70,6 +71,22 @@ def byte_count(text: str) -> int:
 def scan_setting(choice: str) -> bool | str:
     """The ``scan_layers`` argument of ``onnx2jax.translate`` for a ``--scan-layers`` choice."""
     return _SCAN_CHOICES[choice]
+
+
+XLA_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+"""The variable XLA's C++ log reads once, when jaxlib loads: 2 keeps its errors and drops its warnings and info."""
+
+
+def quiet_xla_log(debug: bool = False) -> None:
+    """Keeps XLA's own C++ log lines (``W... spmd_partitioner.cc:656] [SPMD] Involuntary full
+    rematerialization ...``, many lines of HLO each) off the command's stderr, where every warning is one
+    line (onnx2jax's own notes say what the plan costs: collectives, reshards).
+
+    Sets ``TF_CPP_MIN_LOG_LEVEL=2`` before JAX is imported (later it has no effect), unless the user set it
+    or asked for ``--debug`` (``ONNX2JAX_DEBUG=1``), which let XLA's lines through as they are.
+    """
+    if "jax" not in sys.modules and not debug_requested(debug):
+        os.environ.setdefault(XLA_LOG_LEVEL, "2")
 
 
 def ensure_devices(count: int) -> None:
