@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from sharding.infer import infer
+from sharding import infer
 from sharding.model_configs import NodeConfig
 from sharding.spec import ShardingSpec
 

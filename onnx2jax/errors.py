@@ -1,7 +1,7 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
 onnx2jax's own: `ModelLoadError` (defined in `sharding.model_arg`, which raises it too), `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
-`ParameterError`, `ConfigurationError`, `CacheFolderError`, `ScheduleError`, `PipelineJitError`
+`ParameterError`, `ConfigurationError`, `CacheFolderError`, `ScheduleError`, `PipelineJitError`, `NotDifferentiableError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
 `ShardingError` (invalid annotations), `SpecSyntaxError` (the text notation), `MeshMappingError` (specs
@@ -59,10 +59,16 @@ class InputError(TypeError, ValueError):
     """
 
 
-class ParameterError(InputError):
-    """Parameters given to an executable (``apply``, ``to_onnx``) that it does not have, or of another shape
-    or dtype than it holds them; the message names the parameter, what was given and what is expected.
+class ParameterError(InputError, KeyError):
+    """Parameters given to an executable (``apply``, ``to_onnx``, ``with_trainable``, ``value_and_grad``'s
+    function) that it does not have, or of another shape or dtype than it holds them; the message names the
+    parameter, what was given and what is expected.
+
+    Also a ``KeyError`` (what ``with_trainable`` and ``value_and_grad`` raised for an unknown name before),
+    printed as its message, not quoted as a ``KeyError``'s key is.
     """
+
+    __str__ = BaseException.__str__
 
 
 class ConfigurationError(ValueError):
@@ -165,6 +171,13 @@ class CacheFolderError(OSError):
 class ScheduleError(ValueError):
     """A pipeline schedule that cannot run: an action before what it needs, a missing or repeated action,
     a stage on the wrong rank, or more micro-batches held than its memory bound. Names the schedule and action.
+    """
+
+
+class NotDifferentiableError(NotImplementedError):
+    """``value_and_grad`` asked of an executable whose run carries no gradient: a segmented run
+    (:class:`onnx2jax.runtime.segmented.SegmentedCompiled`), whose data-dependent nodes run on the host in
+    numpy between its jitted segments. The message names the first host step's node and why it is one.
     """
 
 

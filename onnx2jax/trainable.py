@@ -28,11 +28,14 @@ sinusoidal network whose weights feed ``Sin`` needs that).
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+import difflib
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
+
+from onnx2jax.errors import ParameterError
 
 #: Per op type, the input positions that carry no gradient (shapes, sizes,
 #: axes, indices, scales, rotary caches); None: none of its inputs does.
@@ -162,17 +165,30 @@ def trainable_names(model: onnx.ModelProto, values: Mapping[str, np.ndarray] | N
     )
 
 
-def checked_names(names: Iterable[str], known: Iterable[str]) -> tuple[str, ...]:
-    """``names`` as given, after checking each is a known parameter.
+def checked_names(names: Iterable[str], known: Mapping[str, Any] | Iterable[str], caller: str) -> tuple[str, ...]:
+    """``names`` as given, after checking each is a known parameter (``caller`` names the call in the message).
 
     Raises:
-      KeyError: a name is not one of ``known``.
+      ParameterError: a name is not one of ``known`` (:func:`unknown_parameters` says which, and what is near).
     """
     names = tuple(names)
-    unknown = sorted(set(names) - set(known))
+    known = known if isinstance(known, Mapping) else dict.fromkeys(known)
+    unknown = [name for name in names if name not in known]
     if unknown:
-        raise KeyError(f"not initializers of this model: {unknown}")
+        raise ParameterError(f"{caller}: {unknown_parameters(unknown, known)}")
     return names
 
 
-__all__ = ["FREQUENCY_OPS", "MASK_FILL", "NON_DIFFERENTIABLE_INPUTS", "checked_names", "trainable_names"]
+def unknown_parameters(names: Iterable[str], known: Mapping[str, Any]) -> str:
+    """Each of ``names`` said not to be a parameter, with the parameters its spelling is closest to."""
+    parts = []
+    for name in sorted(set(names)):
+        near = difflib.get_close_matches(name, list(known), n=2)
+        parts.append(f"{name!r} is not a parameter of this model" + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""))
+    listed = ", ".join(sorted(known)[:8]) + (", ..." if len(known) > 8 else "")
+    return f"{'; '.join(parts)}; its {len(known)} parameters: {listed}"
+
+
+__all__ = [
+    "FREQUENCY_OPS", "MASK_FILL", "NON_DIFFERENTIABLE_INPUTS", "checked_names", "trainable_names", "unknown_parameters",
+]

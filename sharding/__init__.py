@@ -42,4 +42,4 @@ from sharding.check import check as check
 from sharding.auto import auto_plan as auto_plan
 from sharding.infer import Inference as Inference
 from sharding.infer import NodeShardings as NodeShardings
-from sharding.infer import infer as infer
+from sharding.stage_infer import infer as infer

@@ -16,7 +16,8 @@ import onnx
 
 from sharding.codes import ANNOTATION_INVALID, SHAPE_INFERENCE_FAILED
 from sharding.diagnostics import Diagnostic
-from sharding.infer import Inference, infer
+from sharding.infer import Inference
+from sharding.stage_infer import infer
 from sharding.model_arg import ModelArg, as_model_proto
 from sharding.validate import validate_model
 

@@ -1,6 +1,9 @@
-"""Completing a model's partial sharding annotations (proposal 0007, extended).
+"""Completing a model's partial sharding annotations (proposal 0007, extended): one graph.
 
-One topological walk over the main graph. At each node:
+One topological walk over the main graph (:func:`infer_graph`); a model with
+pipeline stages is sent here stage by stage by the front, ``sharding.infer``
+(:func:`sharding.stage_infer.infer`), which also gives the ``stage-invalid``
+and ``pipeline-stage`` diagnostics below. At each node:
 
 1. Input specs: the one written on the node; else the spec the producer left
    (`Inference.tensors`); else, for a model input, an initializer or anything
@@ -73,13 +76,11 @@ from sharding.inference import Inference, NodeShardings
 from sharding.reshard import reshard_kind
 from sharding.rules import rule_for
 from sharding.shapes import CONSTANT_LIMIT, tensor_shapes, topological_order
-from sharding.stages import has_stages
 from sharding.rules.base import NodeContext, Shape, text
 from sharding.rules.normalization import statistics_kept_split
 from sharding.rules.views import node_devices, renamed, replicated, sharded_dims
 from sharding.model_configs import NodeConfig
 from sharding.spec import ShardingSpec
-from sharding.stage_infer import infer_by_stage
 
 
 class _Constants(Mapping):
@@ -205,7 +206,7 @@ def reshard_note_kind(note: Diagnostic) -> str:
     return note.message.rsplit("(", 1)[-1].rstrip(")")
 
 
-def infer(
+def infer_graph(
     model: ModelArg,
     configuration: str | None = None,
     *,
@@ -214,7 +215,11 @@ def infer(
     shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
     written: Mapping[str, NodeConfig] | None = None,
 ) -> Inference:
-    """Completes the sharding annotations of the main graph.
+    """Completes the sharding annotations of the main graph, as one graph (pipeline stages are not read).
+
+    ``sharding.infer`` (:func:`sharding.stage_infer.infer`) is the front every caller uses: it sends a model
+    whose configuration has pipeline stages stage by stage, each stage's model here, and any other model
+    straight here. This walk knows nothing of stages.
 
     Args:
         model: The model; not modified.
@@ -229,14 +234,14 @@ def infer(
             model's own annotations (which are then not read): a candidate
             plan evaluated as data, on one model, with no copy written
             (`sharding.auto`). Every entry names ``configuration``, which
-            must then be given; pipeline stages are not read from it.
+            must then be given.
 
     Returns:
         The `Inference`: every node's specs, every placed tensor's spec, and
         every problem found.
 
     Example:
-        >>> result = infer(model)  # doctest: +SKIP
+        >>> result = infer_graph(model)  # doctest: +SKIP
         >>> result.tensors["logits"]  # doctest: +SKIP
         ShardingSpec('logits', '2:4 @ [0,1,2,3]')
     """
@@ -252,8 +257,6 @@ def infer(
         choice = choose_configuration(model, configuration)
         diags += choice.diagnostics
         config = choice.name
-    if written is None and config is not None and has_stages(model, config):  # stages are inferred one by one
-        return infer_by_stage(model, config, infer, diags, input_shapes=input_shapes, unsupported=unsupported)
     order = topological_order(model.graph)
     shapes, shape_diags = shapes if shapes is not None else tensor_shapes(model, input_shapes, order)
     shape_diags = list(shape_diags)

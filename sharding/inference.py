@@ -1,6 +1,6 @@
 """What sharding inference gives: every node's complete specs, every placed tensor's, and the problems found.
 
-The values :func:`sharding.infer.infer` returns (one model, or one pipeline
+The values :func:`sharding.infer` (`sharding.stage_infer.infer`) returns (one model, or one pipeline
 stage at a time merged by :mod:`sharding.stage_infer`).
 """
 

@@ -36,11 +36,10 @@ import onnx.helper
 
 from sharding.segments import Segment, SegmentPlan
 from sharding.annotate import set_spec
-from sharding.infer import infer
 from sharding.inference import Inference
 from sharding.model_configs import NodeConfig
 from sharding.spec import ShardingSpec
-from sharding.stage_infer import PartsMerger
+from sharding.stage_infer import PartsMerger, infer
 from sharding.text import format_spec
 
 

@@ -1,4 +1,11 @@
-"""Inference for a model with pipeline stages: each stage on its own.
+"""Sharding inference's front (:func:`infer`, exported as ``sharding.infer``), and a staged model's inference.
+
+:func:`infer` chooses: a model whose configuration puts nodes in pipeline
+stages is inferred stage by stage (:func:`infer_by_stage`); any other, and a
+candidate plan given as data (``written=``), as one graph
+(:func:`sharding.infer.infer_graph`, which knows nothing of stages).
+
+Inference for a model with pipeline stages: each stage on its own.
 
 A tensor that crosses from one stage to the next is *sent*, not resharded
 inside one SPMD program: the consumer stage receives it on its own devices.
@@ -13,32 +20,76 @@ and for the jitted segments of a model with data-dependent shapes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import onnx
 
 from sharding import codes
+from sharding.configuration import choose_configuration
 from sharding.diagnostics import Diagnostic
+from sharding.infer import infer_graph
 from sharding.inference import Inference
+from sharding.model_arg import ModelArg, as_model_proto
+from sharding.model_configs import NodeConfig, device_configurations
 from sharding.partition import extract_part
+from sharding.rules.base import Shape
 from sharding.shapes import infer_model
-from sharding.model_configs import device_configurations
-from sharding.stages import model_partition, stage_devices
+from sharding.stages import has_stages, model_partition, stage_devices
+
+
+def infer(
+    model: ModelArg,
+    configuration: str | None = None,
+    *,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+    unsupported: str = "warning",
+    shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
+    written: Mapping[str, NodeConfig] | None = None,
+) -> Inference:
+    """Completes the sharding annotations of a model: ``sharding.infer``, the one front of inference.
+
+    A model whose configuration (the one asked for, else the model's first: a
+    note says so when there are several) has ``pipeline_stage`` annotations is
+    inferred stage by stage (:func:`infer_by_stage`; ``shapes`` is not used
+    then: each stage's model is typed from one shape inference of the whole);
+    any other model, and a candidate plan given as ``written=``, as one graph
+    (:func:`sharding.infer.infer_graph`, whose docstring says every argument).
+
+    Returns:
+        The `Inference`: every node's specs, every placed tensor's spec, and
+        every problem found.
+
+    Example:
+        >>> result = infer(model)  # doctest: +SKIP
+        >>> result.tensors["logits"]  # doctest: +SKIP
+        ShardingSpec('logits', '2:4 @ [0,1,2,3]')
+    """
+    model = as_model_proto(model)
+    if written is None:
+        choice = choose_configuration(model, configuration)
+        if choice.name is not None and has_stages(model, choice.name):
+            return infer_by_stage(
+                model, choice.name, choice.diagnostics, input_shapes=input_shapes, unsupported=unsupported
+            )
+    return infer_graph(
+        model, configuration, input_shapes=input_shapes, unsupported=unsupported, shapes=shapes, written=written
+    )
+
 
 def infer_by_stage(
     model: onnx.ModelProto,
     configuration: str,
-    infer: Callable[..., Inference],
     diagnostics: Sequence[Diagnostic] = (),
     *,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     unsupported: str = "warning",
 ):
-    """`sharding.infer.infer` of a staged model, one stage at a time (see the module docstring).
+    """The inference of a staged model, one stage at a time (see the module docstring); :func:`infer` calls it.
 
-    ``infer`` is `sharding.infer.infer` (which calls this for a staged model: it is passed in, not imported).
-    Every stage's inputs are typed from one shape inference of the whole model.
+    Each stage's model (:func:`stage_model`, without stages) goes through
+    :func:`sharding.infer.infer_graph`. Every stage's inputs are typed from one
+    shape inference of the whole model.
 
     Returns:
         One `Inference` holding every stage's nodes, tensors and diagnostics
@@ -66,7 +117,9 @@ def infer_by_stage(
             )
         )
         sub = stage_model(model, part, stage, configuration, types)
-        merged.add(part.nodes[stage], infer(sub, configuration, input_shapes=input_shapes, unsupported=unsupported))
+        merged.add(
+            part.nodes[stage], infer_graph(sub, configuration, input_shapes=input_shapes, unsupported=unsupported)
+        )
     order = {n.name: i for i, n in enumerate(model.graph.node)}
     merged.nodes = dict(sorted(merged.nodes.items(), key=lambda kv: order.get(kv[0], 0)))
     return merged.inference()
@@ -133,4 +186,4 @@ def stage_model(
     return sub
 
 
-__all__ = ["PartsMerger", "infer_by_stage", "stage_model"]
+__all__ = ["PartsMerger", "infer", "infer_by_stage", "stage_model"]

@@ -7,6 +7,7 @@ module, else to the package ``P`` (its ``__init__``).
 """
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -60,6 +61,12 @@ def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     return graph
 
 
+@functools.cache
+def _source_graph() -> dict[str, set[str]]:
+    """The graph of the tree as it is (read once for the file's tests)."""
+    return _graph(_modules())
+
+
 def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
     """Strongly connected components of more than one module (Tarjan, iterative)."""
     index, low, stack, on_stack, found, counter = {}, {}, [], set(), [], 0
@@ -101,13 +108,13 @@ def _circles(graph: dict[str, set[str]]) -> list[set[str]]:
 
 
 def test_the_graph_sees_a_known_edge():
-    graph = _graph(_modules())
+    graph = _source_graph()
     assert "sharding.spec" in graph["sharding.text"]  # module level
     assert "onnx2jax.translate" in graph["onnx2jax.conformance"]
 
 
 def test_no_import_circle_beyond_the_known_ones():
-    circles = _circles(_graph(_modules()))
+    circles = _circles(_source_graph())
     new = [sorted(c) for c in circles if c not in KNOWN]
     assert not new, f"import circles: {new}"
     gone = [sorted(c) for c in KNOWN if c not in circles]
@@ -116,6 +123,31 @@ def test_no_import_circle_beyond_the_known_ones():
 
 def test_no_strategy_imports_the_front_door():
     """The runtime's strategies take a plan; only the front door (runtime/compile.py) dispatches to them."""
-    graph = _graph(_modules())
+    graph = _source_graph()
     importers = sorted(name for name, imported in graph.items() if "onnx2jax.runtime.compile" in imported)
     assert [n for n in importers if n.startswith("onnx2jax.runtime.")] == []
+
+
+def test_graph_inference_knows_nothing_of_stages():
+    """``sharding/infer.py`` infers one graph; the front (``sharding.stage_infer.infer``) chooses per-stage or
+    whole-graph inference (issue 28 item 7). Nothing it imports, directly or not, is about stages."""
+    graph = _source_graph()
+    reached, todo = set(), ["sharding.infer"]
+    while todo:
+        for child in graph[todo.pop()] - reached:
+            reached.add(child)
+            todo.append(child)
+    stage_modules = {"sharding.stages", "sharding.stage_infer", "sharding.stage_cut", "sharding.partition"}
+    assert not reached & stage_modules, sorted(reached & stage_modules)
+    assert "sharding.stage_infer" in graph["sharding"]  # the package's `infer` is the front
+
+
+def test_the_runtime_knows_nothing_of_the_command_line():
+    """The CLI's options (``--cache``, ...) and errors live in ``onnx2jax/cli/``; the runtime imports neither it nor
+    argparse (issue 28 item 7)."""
+    modules, graph = _modules(), _source_graph()
+    runtime = [name for name in graph if name.startswith("onnx2jax.runtime")]
+    assert not [(name, sorted(graph[name])) for name in runtime if any(t.startswith("onnx2jax.cli") for t in graph[name])]
+    parses = [name for name in runtime for node in _imports(ast.parse(modules[name].read_text()))
+              if isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names)]
+    assert not parses, parses

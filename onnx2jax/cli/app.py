@@ -18,9 +18,8 @@ from typing import Sequence
 from onnx2jax import __version__
 from onnx2jax import bundled
 from onnx2jax.cli import annotate, bench, check, conformance, data, demo, explain, export, generate, run, serve
-from onnx2jax.cli.errors import UsageError, run_guarded
-from onnx2jax.errors import CacheFolderError
-from onnx2jax.runtime import compilation_cache
+from onnx2jax.cli.errors import run_guarded
+from onnx2jax.cli.options import apply_cache_arguments, quiet_xla_log
 
 COMMANDS = (demo, run, generate, serve, conformance, annotate, check, explain, bench, export, data)
 
@@ -41,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_DEBUG_HELP = "show the Python traceback of an error (also ONNX2JAX_DEBUG=1)"
+_DEBUG_HELP = "show the Python traceback of an error, and XLA's own log lines (also ONNX2JAX_DEBUG=1)"
 
 
 def _plain(text: str | None) -> str | None:
@@ -90,14 +89,11 @@ def _resolve_input(item: str) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``onnx2jax`` script: parses, runs one sub-command, returns the exit status."""
     args = build_parser().parse_args(argv)
+    quiet_xla_log(args.debug)
 
     def dispatch() -> int:
         resolve_data_names(args)
-        try:
-            compilation_cache.apply_arguments(args)
-        except CacheFolderError as e:
-            raise UsageError(f"--cache {args.cache or compilation_cache.default_dir()}: "
-                             f"cannot create the folder ({e.reason})") from e
+        apply_cache_arguments(args)
         return args.handler(args)
 
     try:

@@ -24,8 +24,7 @@ from onnx2jax.cli import console as terminal  # terminal.make_console at call ti
 from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.bundled import demo_model_path
 from onnx2jax.cli import summary
-from onnx2jax.cli.options import add_verbose_argument, ensure_devices
-from onnx2jax.runtime import compilation_cache
+from onnx2jax.cli.options import add_cache_arguments, add_verbose_argument, ensure_devices
 from sharding.megatron import megatron_layout, megatron_plan
 
 DEVICES = 8
@@ -39,7 +38,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--devices", type=int, default=DEVICES, metavar="N",
                         help="tensor-parallel degree (default 8; must divide the heads and the vocabulary)")
     add_verbose_argument(parser, "the sharding report's tables (every spec written, its PartitionSpec, the notes)")
-    compilation_cache.add_arguments(parser)
+    add_cache_arguments(parser)
     return parser
 
 

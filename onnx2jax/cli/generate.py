@@ -19,7 +19,7 @@ import time
 import numpy as np
 
 from onnx2jax.cli.errors import CliError, UsageError
-from onnx2jax.cli.options import ensure_devices
+from onnx2jax.cli.options import add_cache_arguments, ensure_devices
 from onnx2jax.runtime import compilation_cache
 
 TOKENIZER = "tokenizer.json"
@@ -49,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         "default genai_config's)")
     parser.add_argument("--check", action="store_true",
                         help="compare the greedy tokens with onnxruntime-genai's (needs onnxruntime-genai)")
-    compilation_cache.add_arguments(parser)
+    add_cache_arguments(parser)
     return parser
 
 

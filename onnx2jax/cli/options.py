@@ -1,11 +1,15 @@
-"""Pieces several sub-commands share: ``--scan-layers``, ``--verbose``, sizes such as ``16GB``, and asking JAX for devices."""
+"""Pieces several sub-commands share: ``--scan-layers``, ``--verbose``, ``--cache``/``--no-cache``, sizes such as
+``16GB``, and starting JAX (XLA's own log kept off stderr, devices asked for)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-from onnx2jax.cli.errors import CliError
+from onnx2jax.cli.errors import CliError, UsageError, debug_requested
+from onnx2jax.errors import CacheFolderError
+from onnx2jax.runtime import compilation_cache
 
 _SCAN_CHOICES = {"auto": "auto", "on": True, "off": False}
 
@@ -22,6 +26,30 @@ def add_scan_argument(parser: argparse.ArgumentParser) -> None:
 def add_verbose_argument(parser: argparse.ArgumentParser, tables: str) -> None:
     """``-v/--verbose``: print ``tables`` as well as the short summary every command prints."""
     parser.add_argument("-v", "--verbose", action="store_true", help=f"also print {tables}")
+
+
+def add_cache_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--cache DIR`` / ``--no-cache`` for a sub-command that compiles (:mod:`onnx2jax.runtime.compilation_cache`)."""
+    group = parser.add_mutually_exclusive_group()
+    default = compilation_cache.default_dir()
+    group.add_argument("--cache", metavar="DIR", default=None,
+                       help=f"keep compiled programs in DIR for the next run (default {default})")
+    group.add_argument("--no-cache", action="store_true", help="compile from scratch and keep nothing")
+
+
+def apply_cache_arguments(args: argparse.Namespace) -> None:
+    """Turns the persistent compilation cache on as ``args`` say; a sub-command without the options is left alone.
+
+    Raises:
+      UsageError: the folder cannot be created (``--cache`` named, with the operating system's reason).
+    """
+    if not hasattr(args, "no_cache") or args.no_cache:
+        return
+    try:
+        compilation_cache.enable(args.cache)
+    except CacheFolderError as e:
+        raise UsageError(f"--cache {args.cache or compilation_cache.default_dir()}: "
+                         f"cannot create the folder ({e.reason})") from e
 
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -43,6 +71,22 @@ def byte_count(text: str) -> int:
 def scan_setting(choice: str) -> bool | str:
     """The ``scan_layers`` argument of ``onnx2jax.translate`` for a ``--scan-layers`` choice."""
     return _SCAN_CHOICES[choice]
+
+
+XLA_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
+"""The variable XLA's C++ log reads once, when jaxlib loads: 2 keeps its errors and drops its warnings and info."""
+
+
+def quiet_xla_log(debug: bool = False) -> None:
+    """Keeps XLA's own C++ log lines (``W... spmd_partitioner.cc:656] [SPMD] Involuntary full
+    rematerialization ...``, many lines of HLO each) off the command's stderr, where every warning is one
+    line (onnx2jax's own notes say what the plan costs: collectives, reshards).
+
+    Sets ``TF_CPP_MIN_LOG_LEVEL=2`` before JAX is imported (later it has no effect), unless the user set it
+    or asked for ``--debug`` (``ONNX2JAX_DEBUG=1``), which let XLA's lines through as they are.
+    """
+    if "jax" not in sys.modules and not debug_requested(debug):
+        os.environ.setdefault(XLA_LOG_LEVEL, "2")
 
 
 def ensure_devices(count: int) -> None:

@@ -18,7 +18,9 @@ from onnx2jax.cli.inputs import (
     conform, defaulted_dims_hint, parse_dims, random_inputs, read_input_files, symbolic_dims,
 )
 from onnx2jax.cli import summary
-from onnx2jax.cli.options import add_scan_argument, add_verbose_argument, ensure_devices, scan_setting
+from onnx2jax.cli.options import (
+    add_cache_arguments, add_scan_argument, add_verbose_argument, ensure_devices, scan_setting,
+)
 from onnx2jax.runtime import compilation_cache
 from sharding.model_arg import as_model_proto
 from sharding.segments import describe
@@ -53,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     add_scan_argument(parser)
     add_verbose_argument(parser, "the sharding report's tables (every spec, where it went, the notes) and the "
                                  "layers' form")
-    compilation_cache.add_arguments(parser)
+    add_cache_arguments(parser)
     return parser
 
 

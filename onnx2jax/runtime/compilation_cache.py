@@ -7,7 +7,8 @@ Keys cover the program, the jax/jaxlib version, the devices and the compile
 options, so a stale entry is never used.
 
 The Python API leaves the cache to the user (it is a process-wide jax
-setting); :func:`enable` is the one call that turns it on (see docs/cli.md, "Compilation cache").
+setting); :func:`enable` is the one call that turns it on (see docs/cli.md, "Compilation cache"). The
+command line's ``--cache DIR`` / ``--no-cache`` are :mod:`onnx2jax.cli.options`'.
 
 Where the CLI keeps it (:func:`default_dir`): ``$ONNX2JAX_CACHE_DIR`` when set, else
 ``$XDG_CACHE_HOME/onnx2jax/xla``, else ``~/.cache/onnx2jax/xla``. Deleting the folder clears it
@@ -17,7 +18,6 @@ Where the CLI keeps it (:func:`default_dir`): ``$ONNX2JAX_CACHE_DIR`` when set, 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import os
@@ -99,22 +99,3 @@ def watch() -> Iterator[Lookups]:
         yield lookups
     finally:
         jax.monitoring.unregister_event_listener(listen)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """``--cache DIR`` / ``--no-cache`` for a sub-command that compiles."""
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--cache", metavar="DIR", default=None,
-                       help=f"keep compiled programs in DIR for the next run (default {default_dir()})")
-    group.add_argument("--no-cache", action="store_true", help="compile from scratch and keep nothing")
-
-
-def apply_arguments(args: argparse.Namespace) -> None:
-    """Turns the cache on as ``args`` say; a sub-command without the options is left alone.
-
-    Raises:
-      CacheFolderError: the folder cannot be created (the command line reports it as a usage error).
-    """
-    if not hasattr(args, "no_cache") or args.no_cache:
-        return
-    enable(args.cache)

@@ -24,9 +24,8 @@ from onnx2jax.runtime.pipeline import compile_pipeline
 from onnx2jax.runtime.pipeline_schedules import PipelineSchedule
 from onnx2jax.runtime.plan import make_plan
 from onnx2jax.runtime.segmented import compile_segmented
-from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.runtime.spmd import Compiled, translate_for
 from onnx2jax.scan import ScanSetting
-from onnx2jax.translate import JaxModel
 
 
 def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
@@ -125,9 +124,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     elif plan.kind == "segments":
         executable = compile_segmented(plan)
     else:
-        executable = Compiled(
-            JaxModel(plan.proto, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred), plan.program
-        )
+        translated = translate_for(plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred)
+        executable = Compiled(translated, plan.program)
     executable.model.index_check.enabled = check_indices
     return executable
 

@@ -108,6 +108,15 @@ class Decoder:
         """What one forward call's compiled program does (``Compiled.report``)."""
         return self.compiled.report(*inputs, **self._filled(inputs, named))
 
+    def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple]:
+        """``Compiled.value_and_grad`` of one forward call (cache inputs given explicitly, as :meth:`apply`'s)."""
+        grad = self.compiled.value_and_grad(loss_fn)
+
+        def run(params: Mapping[str, Any], *inputs: Any, loss_args: Any = (), **named: Any) -> tuple:
+            return grad(params, *inputs, loss_args=loss_args, **self._filled(inputs, named))
+
+        return run
+
     def _filled(self, inputs: tuple, named: Mapping[str, Any]) -> Mapping[str, Any]:
         """``named`` with the total length a rewired LongRoPE If reads (:mod:`onnx2jax.runtime.total_length`)
         filled in as the mask's width, as the graph computed it: a call runs the model as onnxruntime does."""

@@ -10,14 +10,14 @@ A way of running that needs more than one call of the model extends the
 protocol with its own programs, built over ``apply`` so that they run the
 same plan, placements and constraints: the generation handle
 (:func:`onnx2jax.load`, :class:`onnx2jax.runtime.decoder.Decoder`) is an
-Executable whose ``params``, ``__call__``, ``apply``, ``lower`` and ``report``
-are its compiled model's, with ``prefill`` and ``decode`` programs jitted over
+Executable whose ``params``, ``__call__``, ``apply``, ``lower``, ``report`` and
+``value_and_grad`` are its compiled model's, with ``prefill`` and ``decode`` programs jitted over
 ``apply`` and entered through :func:`onnx2jax.x64.x64_scope`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Mapping, Protocol, runtime_checkable
 
 import jax
 
@@ -47,6 +47,22 @@ class Executable(Protocol):
 
     def report(self, *inputs: Any, **named: Any) -> Any:
         """What the compiled program(s) do at these inputs: specs, collectives, bytes."""
+        ...
+
+    def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple]:
+        """``(params, *inputs, loss_args=(), **named) -> (loss, grads)``: the loss ``loss_fn(outputs, *loss_args)``
+        and its gradient over ``params`` (a subset of :attr:`params`, laid out alike; a name that is not one is a
+        ``ParameterError``), each gradient placed like its parameter.
+
+        Offered by one SPMD program (:class:`~onnx2jax.runtime.spmd.Compiled`: jitted
+        ``jax.value_and_grad`` over ``apply``), pipeline stages
+        (:class:`~onnx2jax.runtime.pipeline.PipelineCompiled`: by its schedule, the loss summed over
+        micro-batches) and the generation handle (:class:`~onnx2jax.runtime.decoder.Decoder`: its compiled
+        model's, one forward call with the cache inputs given). A segmented run
+        (:class:`~onnx2jax.runtime.segmented.SegmentedCompiled`) raises
+        :class:`~onnx2jax.errors.NotDifferentiableError` naming its first host step: its data-dependent
+        nodes run in numpy between the jitted segments, where no gradient flows.
+        """
         ...
 
 

@@ -13,13 +13,17 @@ JAX (0.10) has no public jit across meshes, so a model with
    (:class:`onnx2jax.runtime.spmd.Compiled`) on the sub-mesh of its devices:
    tensor parallelism inside a stage is exactly what :func:`onnx2jax.compile`
    does, and each stage's parameters live only on its devices. A stage with
-   data-dependent output shapes is refused before anything is translated;
+   data-dependent output shapes is refused before anything is translated
+   (steps 1-2: :func:`onnx2jax.runtime.pipeline_stages.compile_stages`);
 3. a call splits the batch (axis 0 of every input) into M micro-batches and
    issues the (stage, micro-batch) steps in the order of its schedule
    (:mod:`onnx2jax.runtime.schedule`; GPipe's fill-drain by default);
    activations move with ``jax.device_put`` to the consumer's sharding.
    Nothing blocks until the outputs are joined, so JAX's asynchronous
    dispatch lets stages on different devices overlap.
+
+Training (``value_and_grad`` by a schedule) is :mod:`onnx2jax.runtime.pipeline_train`; what ``report()``
+measures, :mod:`onnx2jax.runtime.pipeline_report`.
 """
 
 from __future__ import annotations
@@ -27,37 +31,30 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import onnx
-from jax.sharding import Mesh
 
-from onnx2jax.errors import DeviceCountError, NodeError, PipelineJitError, ScheduleError
+from onnx2jax.errors import PipelineJitError, ScheduleError
 from onnx2jax.runtime.executable import merged_params, part_params
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.parameters import holdable_sharding
-from onnx2jax.runtime.pipeline_report import PipelineReport, StageReport
-from onnx2jax.runtime.pipeline_stages import PipelineModel, Stage, local_stage_model, stage_input_shardings
-from onnx2jax.runtime.plan import Plan, program_plan
-from onnx2jax.runtime.report import count_collectives, example_inputs, param_bytes_per_device
+from onnx2jax.runtime.pipeline_report import PipelineReport, measure
+from onnx2jax.runtime.pipeline_stages import PipelineModel, Stage, compile_stages
+from onnx2jax.runtime.plan import Plan
+from onnx2jax.runtime.report import example_inputs
 from onnx2jax.runtime.pipeline_schedules import NAMES, PipelineSchedule, build
 from onnx2jax.runtime.pipeline_train import PipelineGrad
 from onnx2jax.runtime.schedule import GPipe, Schedule, check_order
 from onnx2jax.runtime.training import parts_to_onnx
 from onnx2jax.trainable import checked_names
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
-from onnx2jax.runtime.spmd import Compiled
-from onnx2jax.binding import bind_inputs, input_info
-from onnx2jax.translate import JaxModel
+from onnx2jax.binding import bind_inputs
 from sharding.diagnostics import Diagnostic
 from sharding.partition import Partition
-from sharding.segments import cut_reason, data_dependent_nodes
-from sharding.model_configs import device_configurations
-from sharding.stages import model_partition, stage_devices
 
 
 class PipelineCompiled:
@@ -112,7 +109,7 @@ class PipelineCompiled:
         self.stage_programs: dict[tuple[str, ...], list] = {}
         self.uses_64bit = any(s.compiled.model.uses_64bit for s in self.stages)
         self._last_inputs: tuple | None = None
-        self._stage_args: dict[int, dict[str, Any]] = {}
+        self.stage_args: dict[int, dict[str, Any]] = {}  # the last call's inputs of each stage, by index
         self._reports: dict[tuple, PipelineReport] = {}  # report() per input shapes, repeats, micro-batches
         # sizes written on symbolic axes, checked at the shapes the graph runs at (a micro-batch's)
         self._sizes = SizesAtCall(model.proto, structural)
@@ -135,10 +132,10 @@ class PipelineCompiled:
         """This pipeline (stages, programs and parameters shared) with ``names`` as :attr:`trainable`.
 
         Raises:
-          KeyError: a name is not a key of :attr:`params`.
+          ParameterError (a KeyError): a name is not a key of :attr:`params`, naming it.
         """
         other = copy.copy(self)
-        other._trainable = checked_names(names, self.params)
+        other._trainable = checked_names(names, self.params, "with_trainable")
         chosen = set(other._trainable)
         other.stages = [
             dataclasses.replace(s, compiled=s.compiled.with_trainable([k for k in s.compiled.params if k in chosen]))
@@ -198,8 +195,8 @@ class PipelineCompiled:
         are the pipeline's own. Each micro-batch's loss is
         ``loss_fn(outputs, *loss_args_slices)``; the loss returned is their sum
         (so a loss that sums over the batch equals the single program's), and
-        ``grads`` its gradient, each placed like its parameter. See
-        :mod:`onnx2jax.runtime.pipeline_train`.
+        ``grads`` its gradient, each placed like its parameter; a name that is
+        not a parameter is a ``ParameterError``. See :mod:`onnx2jax.runtime.pipeline_train`.
         """
         return PipelineGrad(self, loss_fn)
 
@@ -248,7 +245,7 @@ class PipelineCompiled:
                 outputs = stage.compiled.apply(part_params(stage.compiled, params), **args)
             envs[m].update(zip(stage.outputs, outputs))
             if m == 0:
-                self._stage_args[k] = args
+                self.stage_args[k] = args
         if len(envs) == 1:
             return tuple(envs[0][name] for name in self.output_names)
         return tuple(jnp.concatenate([env[name] for env in envs], axis=0) for name in self.output_names)
@@ -339,56 +336,8 @@ class PipelineCompiled:
         )
         if not refresh and key in self._reports:
             return self._reports[key]
-        self._reports[key] = report = self._measure(inputs, named, repeats)
+        self._reports[key] = report = measure(self, inputs, named, repeats)
         return report
-
-    def _measure(self, inputs: Sequence[Any], named: Mapping[str, Any], repeats: int) -> "PipelineReport":
-        """Times the pipeline and each stage (see :meth:`report`)."""
-        jax.block_until_ready(self(*inputs, **named))  # compiles everything, records stage inputs
-        wall: list[float] = []
-        alone: list[list[float]] = [[] for _ in self.stages]
-        outputs: list[tuple] = [()] * len(self.stages)
-        with x64_scope(self.uses_64bit):
-            for _ in range(repeats):  # alternated, so that machine noise hits both alike
-                start = time.perf_counter()
-                jax.block_until_ready(self(*inputs, **named))
-                wall.append(time.perf_counter() - start)
-                for k, stage in enumerate(self.stages):
-                    start = time.perf_counter()
-                    outputs[k] = jax.block_until_ready(stage.compiled(**self._stage_args[k]))
-                    alone[k].append(time.perf_counter() - start)
-            crossing = {(t, f) for t, f, _ in self.partition.crossing}
-            rows = []
-            for k, stage in enumerate(self.stages):
-                args = self._stage_args[k]
-                sent = sum(
-                    int(np.prod(out.shape)) * out.dtype.itemsize
-                    for name, out in zip(stage.outputs, outputs[k])
-                    if (name, stage.stage) in crossing
-                )
-                rows.append(
-                    StageReport(
-                        stage=stage.stage,
-                        nodes=len(stage.nodes),
-                        first_node=stage.nodes[0],
-                        last_node=stage.nodes[-1],
-                        devices=stage.devices,
-                        param_bytes_per_device=param_bytes_per_device(stage.compiled.stored_params),
-                        sent_bytes=sent,
-                        collectives=count_collectives(stage.compiled.compiled_text(**args)),
-                        seconds=min(alone[k]),
-                    )
-                )
-        pipeline = min(wall)
-        busy = sum(self.microbatches * r.seconds for r in rows)
-        return PipelineReport(
-            stages=rows,
-            microbatches=self.microbatches,
-            seconds=pipeline,
-            bubble=1.0 - busy / (len(rows) * pipeline),
-            bound=(len(rows) - 1) / (self.microbatches + len(rows) - 1),
-            repeats=repeats,
-        )
 
 
 
@@ -403,76 +352,22 @@ def _concrete(leaf: jax.core.Tracer) -> bool:
     return True
 
 
-# ---------------------------------------------------------------------------
-# Compiling
-# ---------------------------------------------------------------------------
-
-
 def compile_pipeline(plan: Plan, schedule: "Schedule | PipelineSchedule | str | None" = None) -> PipelineCompiled:
-    """Compiles each stage of a staged model on its devices (see the module docstring).
+    """Compiles each stage of a staged model on its devices (see the module docstring), and runs them by
+    ``schedule``.
 
-    The plan's mesh (when given) lends its devices in row-major order, each
-    configuration device at the flat position ``plan.devices`` gives it
-    (default: device i at position i); else ``jax.devices()``. Sizes written
-    on symbolic axes (the plan's ``structural`` notes) are checked at each
-    call against a micro-batch's shapes; each stage translates with the
-    plan's ``scan_layers``.
+    The stages are made by :func:`onnx2jax.runtime.pipeline_stages.compile_stages`. Sizes written
+    on symbolic axes (the plan's ``structural`` notes) are checked at each call against a micro-batch's
+    shapes.
 
     Raises:
-      ValueError: bad stages (duplicate names, backward edges, negative
-        stages), a spec naming a device outside its stage's group,
-        ``microbatches`` < 1, or ``devices`` not a permutation.
-      DeviceCountError: too few devices.
-      NodeError: a stage has nodes with data-dependent output shapes (naming the stage and node).
+      ValueError: ``microbatches`` < 1, or as :func:`~onnx2jax.runtime.pipeline_stages.compile_stages`.
+      DeviceCountError, NodeError: as :func:`~onnx2jax.runtime.pipeline_stages.compile_stages`.
     """
-    proto, configuration, microbatches = plan.proto, plan.configuration, plan.microbatches
+    configuration, microbatches = plan.configuration, plan.microbatches
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise ValueError(f"microbatches must be an int >= 1, got {microbatches!r}")
-    num_devices = device_configurations(proto)[configuration].num_devices
-    mesh = plan.mesh
-    pool = list(mesh.devices.flat) if mesh is not None else jax.devices()
-    if len(pool) < num_devices:
-        raise DeviceCountError(
-            configuration, num_devices, len(pool), mesh=mesh is not None, hint=len(jax.devices()) < num_devices
-        )
-    positions = list(plan.devices) if plan.devices is not None else list(range(num_devices))
-    if sorted(positions) != list(range(num_devices)):
-        raise ValueError(f"devices= must be a permutation of range({num_devices}), got {positions}")
-    part = model_partition(proto, configuration)
-    groups = stage_devices(proto, configuration, part.parts, num_devices)
-    types = plan.inferred.value_types(proto)  # one shape inference types every stage's inputs
-    models = {
-        stage_id: local_stage_model(proto, part, stage_id, configuration, groups[stage_id], types) for stage_id in part.parts
-    }
-    for stage_id, (sub, _) in models.items():
-        cuts = data_dependent_nodes(sub)
-        if cuts:
-            node = cuts[0][1]
-            raise NodeError(
-                f"node {node.name!r} (stage {stage_id}): {cut_reason(node)}. Pipeline stages with data-dependent "
-                "output shapes inside them are not supported; compile the model without pipeline_stage"
-            )
-    stages = []
-    for stage_id in part.parts:
-        group = groups[stage_id]
-        sub, annotated = models[stage_id]
-        devices = [pool[positions[d]] for d in group]
-        if annotated:
-            program = program_plan(sub, configuration, None, check=plan.check, jax_devices=devices, shapes=plan.shapes)
-        else:
-            program = program_plan(sub, None, Mesh(np.array(devices), ("d0",)))
-        # check_indices=False: the pipeline's call checks the whole model's inputs (input_checks)
-        compiled = Compiled(JaxModel(sub, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False), program)
-        stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
-        stage.input_shardings = stage_input_shardings(sub, program.placements, compiled.mesh, stage.inputs)
-        stages.append(stage)
-    initialized = {t.name for t in proto.graph.initializer}
-    model = PipelineModel(
-        proto,
-        tuple(input_info(i) for i in proto.graph.input if i.name not in initialized),
-        tuple(o.name for o in proto.graph.output),
-        tuple((s.stage, s.compiled.model.layers_report()) for s in stages),
-    )
+    stages, part, model = compile_stages(plan)
     return PipelineCompiled(stages, part, model, microbatches, configuration, plan.structural, schedule)
 
 

@@ -1,9 +1,20 @@
-"""What :meth:`onnx2jax.runtime.pipeline.PipelineCompiled.report` measured: a line per stage, and its table."""
+"""What :meth:`onnx2jax.runtime.pipeline.PipelineCompiled.report` measures (:func:`measure`): a line per stage,
+and its table."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import time
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from onnx2jax.runtime.report import count_collectives, param_bytes_per_device
+from onnx2jax.x64 import x64_scope
+
+if TYPE_CHECKING:
+    from onnx2jax.runtime.pipeline import PipelineCompiled
 
 
 @dataclasses.dataclass
@@ -75,10 +86,61 @@ class PipelineReport:
                       "each timed next to the stages)")
 
 
+def measure(
+    pipeline: "PipelineCompiled", inputs: Sequence[Any], named: Mapping[str, Any], repeats: int
+) -> PipelineReport:
+    """Times the pipeline and each stage alone, alternately (see :meth:`PipelineCompiled.report`)."""
+    jax.block_until_ready(pipeline(*inputs, **named))  # compiles everything, records stage inputs
+    wall: list[float] = []
+    alone: list[list[float]] = [[] for _ in pipeline.stages]
+    outputs: list[tuple] = [()] * len(pipeline.stages)
+    with x64_scope(pipeline.uses_64bit):
+        for _ in range(repeats):  # alternated, so that machine noise hits both alike
+            start = time.perf_counter()
+            jax.block_until_ready(pipeline(*inputs, **named))
+            wall.append(time.perf_counter() - start)
+            for k, stage in enumerate(pipeline.stages):
+                start = time.perf_counter()
+                outputs[k] = jax.block_until_ready(stage.compiled(**pipeline.stage_args[k]))
+                alone[k].append(time.perf_counter() - start)
+        crossing = {(t, f) for t, f, _ in pipeline.partition.crossing}
+        rows = []
+        for k, stage in enumerate(pipeline.stages):
+            args = pipeline.stage_args[k]
+            sent = sum(
+                int(np.prod(out.shape)) * out.dtype.itemsize
+                for name, out in zip(stage.outputs, outputs[k])
+                if (name, stage.stage) in crossing
+            )
+            rows.append(
+                StageReport(
+                    stage=stage.stage,
+                    nodes=len(stage.nodes),
+                    first_node=stage.nodes[0],
+                    last_node=stage.nodes[-1],
+                    devices=stage.devices,
+                    param_bytes_per_device=param_bytes_per_device(stage.compiled.stored_params),
+                    sent_bytes=sent,
+                    collectives=count_collectives(stage.compiled.compiled_text(**args)),
+                    seconds=min(alone[k]),
+                )
+            )
+    call = min(wall)
+    busy = sum(pipeline.microbatches * r.seconds for r in rows)
+    return PipelineReport(
+        stages=rows,
+        microbatches=pipeline.microbatches,
+        seconds=call,
+        bubble=1.0 - busy / (len(rows) * call),
+        bound=(len(rows) - 1) / (pipeline.microbatches + len(rows) - 1),
+        repeats=repeats,
+    )
+
+
 def _devices(devices: Sequence[int]) -> str:
     if len(devices) > 2 and list(devices) == list(range(devices[0], devices[0] + len(devices))):
         return f"{devices[0]}..{devices[-1]}"
     return ",".join(map(str, devices))
 
 
-__all__ = ["PipelineReport", "StageReport"]
+__all__ = ["PipelineReport", "StageReport", "measure"]

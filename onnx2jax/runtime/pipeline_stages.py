@@ -1,7 +1,8 @@
-"""A pipeline's stages as values: each stage's program and tensors, the whole model's interface,
-and how a stage model is renumbered onto its own devices and where its inputs go.
+"""A pipeline's stages: how they are made from the plan, and what they are (each stage's program and
+tensors, the whole model's interface, how a stage model is renumbered onto its own devices and where its
+inputs go).
 
-:func:`onnx2jax.runtime.pipeline.compile_pipeline` builds them;
+:func:`compile_stages` makes them (for :func:`onnx2jax.runtime.pipeline.compile_pipeline`);
 :class:`onnx2jax.runtime.pipeline.PipelineCompiled` runs them.
 """
 
@@ -11,17 +12,23 @@ import dataclasses
 import functools
 from typing import Any, Mapping, Sequence
 
+import jax
+import numpy as np
 import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.binding import InputInfo
+from onnx2jax.binding import InputInfo, input_info
+from onnx2jax.errors import DeviceCountError, NodeError
 from onnx2jax.input_checks import IndexCheck
 from onnx2jax.runtime.constraints import SpecKey
-from onnx2jax.runtime.spmd import Compiled
-from sharding.model_configs import NodeConfig
+from onnx2jax.runtime.plan import Plan, program_plan
+from onnx2jax.runtime.spmd import Compiled, translate_for
+from sharding.model_configs import NodeConfig, device_configurations
 from sharding.partition import Partition
+from sharding.segments import cut_reason, data_dependent_nodes
 from sharding.spec import remap_spec
 from sharding.stage_infer import stage_model
+from sharding.stages import model_partition, stage_devices
 
 
 @dataclasses.dataclass
@@ -134,4 +141,70 @@ def stage_input_shardings(
     return result
 
 
-__all__ = ["PipelineModel", "Stage", "local_stage_model", "stage_input_shardings"]
+def compile_stages(plan: Plan) -> tuple[list[Stage], Partition, PipelineModel]:
+    """Each stage of a staged model planned and compiled on its devices, with the partition and the whole
+    model's interface (:mod:`onnx2jax.runtime.pipeline`'s module docstring says the steps).
+
+    The plan's mesh (when given) lends its devices in row-major order, each
+    configuration device at the flat position ``plan.devices`` gives it
+    (default: device i at position i); else ``jax.devices()``. Each stage
+    translates with the plan's ``scan_layers`` (:func:`~onnx2jax.runtime.spmd.translate_for`).
+
+    Raises:
+      ValueError: bad stages (duplicate names, backward edges, negative
+        stages), a spec naming a device outside its stage's group, or
+        ``devices`` not a permutation.
+      DeviceCountError: too few devices.
+      NodeError: a stage has nodes with data-dependent output shapes (naming the stage and node).
+    """
+    proto, configuration = plan.proto, plan.configuration
+    num_devices = device_configurations(proto)[configuration].num_devices
+    mesh = plan.mesh
+    pool = list(mesh.devices.flat) if mesh is not None else jax.devices()
+    if len(pool) < num_devices:
+        raise DeviceCountError(
+            configuration, num_devices, len(pool), mesh=mesh is not None, hint=len(jax.devices()) < num_devices
+        )
+    positions = list(plan.devices) if plan.devices is not None else list(range(num_devices))
+    if sorted(positions) != list(range(num_devices)):
+        raise ValueError(f"devices= must be a permutation of range({num_devices}), got {positions}")
+    part = model_partition(proto, configuration)
+    groups = stage_devices(proto, configuration, part.parts, num_devices)
+    types = plan.inferred.value_types(proto)  # one shape inference types every stage's inputs
+    models = {
+        stage_id: local_stage_model(proto, part, stage_id, configuration, groups[stage_id], types) for stage_id in part.parts
+    }
+    for stage_id, (sub, _) in models.items():
+        cuts = data_dependent_nodes(sub)
+        if cuts:
+            node = cuts[0][1]
+            raise NodeError(
+                f"node {node.name!r} (stage {stage_id}): {cut_reason(node)}. Pipeline stages with data-dependent "
+                "output shapes inside them are not supported; compile the model without pipeline_stage"
+            )
+    stages = []
+    for stage_id in part.parts:
+        group = groups[stage_id]
+        sub, annotated = models[stage_id]
+        devices = [pool[positions[d]] for d in group]
+        if annotated:
+            program = program_plan(sub, configuration, None, check=plan.check, jax_devices=devices, shapes=plan.shapes)
+        else:
+            program = program_plan(sub, None, Mesh(np.array(devices), ("d0",)))
+        # check_indices=False: the pipeline's call checks the whole model's inputs (input_checks)
+        translated = translate_for(program, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False)
+        compiled = Compiled(translated, program)
+        stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
+        stage.input_shardings = stage_input_shardings(sub, program.placements, compiled.mesh, stage.inputs)
+        stages.append(stage)
+    initialized = {t.name for t in proto.graph.initializer}
+    model = PipelineModel(
+        proto,
+        tuple(input_info(i) for i in proto.graph.input if i.name not in initialized),
+        tuple(o.name for o in proto.graph.output),
+        tuple((s.stage, s.compiled.model.layers_report()) for s in stages),
+    )
+    return stages, part, model
+
+
+__all__ = ["PipelineModel", "Stage", "compile_stages", "local_stage_model", "stage_input_shardings"]

@@ -128,7 +128,7 @@ class PipelineGrad:
 
     def __call__(self, params: Mapping[str, Any], *inputs: Any, loss_args: Sequence[Any] = (), **named: Any):
         pipeline = self.pipeline
-        checked_names(params, pipeline.params)
+        checked_names(params, pipeline.params, "value_and_grad")
         with x64_scope(pipeline.uses_64bit):
             pipeline.model.index_check.call(inputs, named)
             bound = pipeline._bind(inputs, named)

@@ -37,7 +37,7 @@ from onnx2jax.runtime.user_mesh import auto_axes, context_mesh
 from onnx2jax.scan import ScanSetting
 from sharding.configuration import choose_configuration
 from sharding.diagnostics import Diagnostic, ShardingError
-from sharding.infer import infer
+from sharding.stage_infer import infer
 from sharding.inference import Inference
 from sharding.mesh.mapping import MeshMapping, map_specs
 from sharding.rules.base import Shape

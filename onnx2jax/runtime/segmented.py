@@ -32,14 +32,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import numpy as np
 import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from onnx2jax.errors import NodeError
+from onnx2jax.errors import NodeError, NotDifferentiableError
 from onnx2jax.runtime.executable import merged_params, part_params
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.placements import mesh_for, spec_layouts
@@ -147,9 +147,9 @@ class SegmentedCompiled:
         """This run (programs and parameters shared) with ``names`` as :attr:`trainable`.
 
         Raises:
-          KeyError: a name is not a key of :attr:`params`.
+          ParameterError (a KeyError): a name is not a key of :attr:`params`, naming it.
         """
-        chosen = set(checked_names(names, self.params))
+        chosen = set(checked_names(names, self.params, "with_trainable"))
         other = copy.copy(self)
         other.programs = [
             None if p is None else p.with_trainable([k for k in p.params if k in chosen]) for p in self.programs
@@ -180,6 +180,19 @@ class SegmentedCompiled:
         nor differentiable across a host step: call it eagerly.
         """
         return self._run(inputs, named, params)
+
+    def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple]:
+        """Refused (the :class:`~onnx2jax.runtime.executable.Executable` protocol says which runs offer it).
+
+        Raises:
+          NotDifferentiableError: always, naming the first host step: no gradient flows through numpy.
+        """
+        host = next(s for s in self.segments if s.kind == "host")
+        raise NotDifferentiableError(
+            f"value_and_grad: node {host.nodes[0]!r} ({host.op_type}) runs on the host between the jitted segments "
+            f"({host.reason}), and no gradient flows through it; {len(self.segments)} segments in all. Each jitted "
+            "segment's program (programs[i]) offers value_and_grad over its own parameters"
+        )
 
     def _run(self, inputs: Sequence[Any], named: Mapping[str, Any], params: Mapping[str, Any] | None) -> tuple:
         bound = self.model.bind_inputs(inputs, named)

@@ -11,6 +11,10 @@ made once by :mod:`onnx2jax.runtime.plan`), and then:
    ``with_sharding_constraint`` on every node input and output that has a
    spec, and jits it; XLA inserts the collectives.
 
+:func:`translate_for` translates a program's model for its plan (the plan
+decides whether the layers run as a scan); :class:`Compiled` never changes
+the model it is given.
+
 Where values live on the mesh (spec layouts, placements, the inputs' and
 outputs' shardings) is :mod:`onnx2jax.runtime.placements`; what ``report()``
 measures is :mod:`onnx2jax.runtime.report`; the front door that plans and
@@ -69,6 +73,27 @@ class _Signature:
     in_placements: dict[str, TensorPlacement]  # per graph input, its first annotated reader's placement
 
 
+def translate_for(program: ProgramPlan, external_dir: str | None, **options: Any) -> JaxModel:
+    """``program``'s model translated to run under its plan: the one place a plan decides the layer scan.
+
+    A ``lax.scan`` runs every layer with the first layer's specs: when the
+    plan's placements give the layers different specs, the layers run
+    unrolled and the model's report says why
+    (:func:`~onnx2jax.runtime.scan_sharded.layer_specs_differ`). ``options``
+    are :class:`~onnx2jax.translate.JaxModel`'s (``scan_layers``,
+    ``inferred``, ``check_indices``).
+
+    Raises:
+      NodeError: ``scan_layers=True`` and the plan's specs differ between layers.
+    """
+    model = JaxModel(program.proto, external_dir, **options)
+    if model.scan.active:
+        why = layer_specs_differ(model.proto, model.scan, program.placements, model.params)
+        if why:
+            model.unscan(why)
+    return model
+
+
 class Compiled:
     """A model compiled for a mesh. Call it like the model; see :func:`onnx2jax.compile`.
 
@@ -99,6 +124,12 @@ class Compiled:
     """
 
     def __init__(self, model: JaxModel, plan: ProgramPlan):
+        """Places ``model``'s parameters as ``plan`` says; ``model`` is kept as given, never changed.
+
+        Raises:
+          ValueError: ``model`` runs its layers as a scan whose layers ``plan`` gives different specs
+            (:func:`translate_for` makes the model for a plan).
+        """
         self.model = model
         self.plan = plan
         self.mesh = plan.mesh
@@ -107,13 +138,15 @@ class Compiled:
         self.configuration = plan.configuration
         placements = plan.placements
         params: Mapping[str, np.ndarray] = model.params
-        if model.scan.active:
+        if model.scan.active:  # the plan decides the scan (translate_for); this program keeps what it is given
             why = layer_specs_differ(model.proto, model.scan, placements, model.params)
             if why:
-                model.unscan(why)
-            else:  # each layer's parameters live only in the stacked copies
-                scanned = per_layer_names(model.scan)
-                params = {k: v for k, v in model.params.items() if k not in scanned}
+                raise ValueError(
+                    f"the model runs its layers as one lax.scan, which this plan cannot keep: {why}; translate it "
+                    "for its plan (onnx2jax.runtime.spmd.translate_for, which unrolls them) or with scan_layers=False"
+                )
+            scanned = per_layer_names(model.scan)  # each layer's parameters live only in the stacked copies
+            params = {k: v for k, v in model.params.items() if k not in scanned}
         self._store = ParameterStore(self.mesh, params, placements)
         self.params = self._store.arrays
         if model.scan.active:
@@ -154,10 +187,10 @@ class Compiled:
         """This compiled program (programs, parameters and caches shared) with ``names`` as :attr:`trainable`.
 
         Raises:
-          KeyError: a name is not a key of :attr:`params`.
+          ParameterError (a KeyError): a name is not a key of :attr:`params`, naming it.
         """
         other = copy.copy(self)
-        other._trainable = checked_names(names, self.params)
+        other._trainable = checked_names(names, self.params, "with_trainable")
         return other
 
     def to_onnx(
@@ -177,13 +210,14 @@ class Compiled:
         ``params``: the parameters to differentiate (a subset of :attr:`params`,
         laid out alike); the others are this program's own. The loss is
         ``loss_fn(outputs, *loss_args)`` with the outputs in ONNX order; the
-        gradients come back placed like their parameters. The same face as
+        gradients come back placed like their parameters; a name that is not
+        a parameter is a ``ParameterError``. The same face as
         :meth:`onnx2jax.runtime.pipeline.PipelineCompiled.value_and_grad`.
         """
         jitted: dict[tuple, Any] = {}
 
         def run(params: Mapping[str, Any], *inputs: Any, loss_args: Sequence[Any] = (), **named: Any) -> tuple:
-            checked_names(params, self.params)
+            checked_names(params, self.params, "value_and_grad")
             dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
             found = jitted.get(key)
             if found is None:

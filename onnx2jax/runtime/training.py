@@ -20,7 +20,7 @@ import onnx
 from onnx import numpy_helper
 
 from onnx2jax.errors import ParameterError
-from onnx2jax.trainable import trainable_names
+from onnx2jax.trainable import trainable_names, unknown_parameters
 
 if TYPE_CHECKING:
     from onnx2jax.runtime.spmd import Compiled
@@ -58,18 +58,6 @@ def _shape(value: Any) -> tuple[int, ...]:
     return tuple(int(d) for d in np.shape(value))  # np.shape reads .shape first: a tracer's too
 
 
-def _unknown(names: list[str], known: Mapping[str, Any]) -> str:
-    """Each of ``names`` said not to be a parameter, with the parameters its spelling is closest to."""
-    import difflib
-
-    parts = []
-    for name in sorted(names):
-        near = difflib.get_close_matches(name, list(known), n=2)
-        parts.append(f"{name!r} is not a parameter of this model" + (f" (did you mean {' or '.join(map(repr, near))}?)" if near else ""))
-    listed = ", ".join(sorted(known)[:8]) + (", ..." if len(known) > 8 else "")
-    return f"{'; '.join(parts)}; its {len(known)} parameters: {listed}"
-
-
 def full_params(compiled: "Compiled", params: Mapping[str, Any]) -> dict[str, Any]:
     """The parameters an ``apply`` traces with: ``params`` over the executable's own placed ones.
 
@@ -84,7 +72,7 @@ def full_params(compiled: "Compiled", params: Mapping[str, Any]) -> dict[str, An
     own = compiled.params
     unknown = [name for name in params if name not in own]
     if unknown:
-        raise ParameterError(f"apply: {_unknown(unknown, own)}")
+        raise ParameterError(f"apply: {unknown_parameters(unknown, own)}")
     for name, value in params.items():
         want, got = tuple(own[name].shape), _shape(value)
         if got != want:
@@ -105,7 +93,7 @@ def initializer_values(compiled: "Compiled", params: Mapping[str, Any]) -> dict[
     initializer's dtype.
 
     Raises:
-      ParameterError (a KeyError's place): a key is not a parameter of the model, or its value's shape
+      ParameterError (a KeyError): a key is not a parameter of the model, or its value's shape
         or dtype is not the one the executable holds it in (``compiled.params``; the initializer's for a
         constant), naming both.
       NotImplementedError: a key is a sparse initializer's.
@@ -116,7 +104,7 @@ def initializer_values(compiled: "Compiled", params: Mapping[str, Any]) -> dict[
     sparse = {s.values.name for s in compiled.plan.proto.graph.sparse_initializer}
     unknown = [key for key in params if key not in stacked and key not in values and key not in compiled.params]
     if unknown:
-        raise ParameterError(f"to_onnx: {_unknown(unknown, compiled.params)}")
+        raise ParameterError(f"to_onnx: {unknown_parameters(unknown, compiled.params)}")
     for key, value in params.items():
         if key in sparse:
             raise NotImplementedError(f"{key!r} is a sparse initializer: writing it back is not supported")

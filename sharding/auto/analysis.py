@@ -4,7 +4,7 @@
 runs ONNX shape inference once at the workload's shapes, and indexes the graph
 (`sharding.megatron.graph.PlanGraph`). `PlanAnalysis.evaluate` then takes a
 candidate's specs as a mapping ``{node: NodeConfig}`` and runs sharding
-inference over that same graph (`sharding.infer.infer` with ``written=``): no
+inference over that same graph (`sharding.infer.infer_graph` with ``written=``): no
 ModelProto is copied and no shape inference runs per candidate. What it gives
 back (`Evaluation`):
 
@@ -38,7 +38,7 @@ import onnx
 
 from sharding import codes
 from sharding.annotate import add_configuration, name_nodes
-from sharding.infer import infer, reshard_note_kind
+from sharding.infer import infer_graph, reshard_note_kind
 from sharding.inference import Inference
 from sharding.megatron.graph import PlanGraph
 from sharding.megatron.specs import Assignment
@@ -184,7 +184,7 @@ class PlanAnalysis:
         """
         if not isinstance(written, Mapping):
             written = node_configs(written)
-        inference = infer(self.model, CONFIGURATION, shapes=(self.shapes, []), written=written)
+        inference = infer_graph(self.model, CONFIGURATION, shapes=(self.shapes, []), written=written)
         errors = tuple(f"{d.node}: {d.message}" for d in inference.errors())
         return Evaluation(
             collectives=tuple(self.collectives(inference)),

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import onnx
 
 from sharding.auto.analysis import CONFIGURATION, Collective, Evaluation, PlanAnalysis
-from sharding.infer import infer
+from sharding.stage_infer import infer
 from sharding.model_configs import read_model_configs
 from sharding.stage_cut import DEFAULT_SEQUENCE
 from sharding.stages import StageAssignment, annotate_stages, auto_stages, device_groups

@@ -422,3 +422,39 @@ def test_run_that_fails_on_dims_nobody_sized_says_which_to_give(capsys):
     assert "GroupQueryAttention" in err
     assert err.endswith("give the sizes the model expects (--dim batch_size=N --dim sequence_length=N "
                         "--dim total_sequence_length=N --dim past_sequence_length=N --dim kv_cache_dim=N)")
+
+
+def test_xla_own_warnings_stay_off_stderr_unless_debug(tmp_path):
+    """XLA's C++ log ("Involuntary full rematerialization", lines of HLO) is not a one-line note: the command
+    line keeps it off stderr (TF_CPP_MIN_LOG_LEVEL=2 before JAX starts); --debug lets it through. The model:
+    [36] cut in 4 reshaped to [6, 6] cut in 4 on axis 1, which does not divide (XLA warns at its compile)."""
+    from sharding.annotate import add_configuration, set_spec
+    from sharding.text import parse_spec
+
+    graph = oh.make_graph(
+        [oh.make_node("Reshape", ["x", "shape"], ["y"], name="r")], "remat",
+        [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [36])],
+        [oh.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [6, 6])],
+        [onh.from_array(np.array([6, 6], np.int64), "shape")],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 18)])
+    add_configuration(model, "tp", 8)
+    groups = "[{0,1},{2,3},{4,5},{6,7}]"
+    set_spec(model, "r", parse_spec(f"0:4 @ {groups}", "x"), "tp")
+    set_spec(model, "r", parse_spec(f"1:4 @ {groups}", "y"), "tp")
+    path = tmp_path / "remat.onnx"
+    onnx.save(model, path)
+    code = "import sys; from onnx2jax.cli.app import main; sys.exit(main())"
+    env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "ONNX2JAX_DEBUG")}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(ROOT))
+
+    def run(*extra: str) -> str:
+        done = subprocess.run([sys.executable, "-c", code, "run", str(path), "--devices", "8", "--no-cache", *extra],
+                              cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stderr
+
+    quiet = run()
+    assert "rematerialization" not in quiet and ".cc:" not in quiet, quiet
+    assert all(line.startswith(("note: ", "onnx2jax run: note: ")) for line in quiet.strip().splitlines()), quiet
+    assert "Involuntary full rematerialization" in run("--debug")  # the model does make XLA warn

@@ -13,6 +13,7 @@ import sys
 
 from onnx2jax.runtime import compilation_cache
 from onnx2jax.cli.app import build_parser, main
+from onnx2jax.cli.options import apply_cache_arguments
 
 ROOT = pathlib.Path(__file__).parents[2]
 MODEL = str(ROOT / "tests" / "data" / "tiny_gpt2.onnx")
@@ -46,7 +47,7 @@ def test_no_cache_leaves_jax_alone(monkeypatch):
 
     monkeypatch.setattr(compilation_cache, "enable", refuse)
     for argv in (["run", MODEL, "--no-cache"], ["conformance"]):  # conformance has no cache options
-        compilation_cache.apply_arguments(build_parser().parse_args(argv))
+        apply_cache_arguments(build_parser().parse_args(argv))
 
 
 def test_a_cache_dir_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys):

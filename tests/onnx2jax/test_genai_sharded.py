@@ -31,7 +31,7 @@ import pytest
 
 import onnx2jax
 from sharding import megatron_layout, megatron_plan
-from sharding.infer import infer
+from sharding import infer
 
 GENAI = pathlib.Path(__file__).parents[1] / "data" / "genai"
 # fixture -> (layers, kv heads)

@@ -143,3 +143,22 @@ def test_the_handle_is_an_executable_whose_forward_equals_onnxruntime():
     names = model.model.output_names
     got = np.asarray(model(**feeds)[names.index("logits")])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    # value_and_grad (the protocol's): the logits are linear in the final norm's weight, so onnxruntime's
+    # central difference along a random direction is its gradient's projection up to float32 rounding.
+    norm, weights = "lm.model.norm.weight", np.random.default_rng(1).standard_normal(want.shape).astype(np.float32)
+    loss, grads = model.value_and_grad(lambda outputs, w: (outputs[names.index("logits")] * w).sum())(
+        {norm: model.params[norm]}, **feeds, loss_args=(weights,))
+    proto, step = onnx.load(TORCH / "model.onnx"), np.random.default_rng(2).standard_normal(128).astype(np.float32)
+    initializer = next(t for t in proto.graph.initializer if t.name == norm)
+    base = onnx.numpy_helper.to_array(initializer)
+
+    def ort_loss(value):
+        initializer.CopyFrom(onnx.numpy_helper.from_array(value.astype(np.float32), norm))
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        run = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return float((run.run(["logits"], feeds)[0].astype(np.float64) * weights).sum())
+
+    np.testing.assert_allclose(float(loss), ort_loss(base), rtol=1e-4)
+    central = (ort_loss(base + 0.5 * step) - ort_loss(base - 0.5 * step)) / 1.0
+    np.testing.assert_allclose(float(np.dot(np.asarray(grads[norm]), step)), central, rtol=1e-4)

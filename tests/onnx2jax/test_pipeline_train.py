@@ -28,7 +28,7 @@ from train_helpers import ort_outputs
 from zoo_cases import ZOO
 
 import onnx2jax
-from onnx2jax.errors import PipelineJitError, ScheduleError
+from onnx2jax.errors import NotDifferentiableError, ParameterError, PipelineJitError, ScheduleError
 from onnx2jax.runtime import pipeline_schedules as ps
 from onnx2jax.runtime.pipeline import PipelineCompiled
 from onnx2jax.runtime.spmd import Compiled
@@ -289,10 +289,14 @@ def test_a_pipeline_has_the_executable_training_face(pipeline, single, ids, tmp_
     assert pipeline.trainable == tuple(k for k in pipeline.params if k in set(single.trainable))
     few = pipeline.with_trainable(pipeline.trainable[:2])
     assert few.trainable == pipeline.trainable[:2] and pipeline.trainable != few.trainable
-    with pytest.raises(KeyError, match="not initializers of this model"):
-        pipeline.with_trainable(["nope"])
-    for executable in (pipeline, single):  # a gradient asked of no parameter is refused, not zero
-        with pytest.raises(KeyError, match=r"not initializers of this model: \['nope'\]"):
+    near = pipeline.trainable[0]
+    for executable in (pipeline, single):  # one error for one mistake, as apply's (a KeyError too, as before)
+        with pytest.raises(ParameterError, match=rf"with_trainable: 'nope' is not a parameter of this model; its"):
+            executable.with_trainable(["nope"])
+        with pytest.raises(KeyError, match=rf"with_trainable: '{near}x' is not a parameter .*did you mean '{near}'"):
+            executable.with_trainable([f"{near}x"])
+        # a gradient asked of no parameter is refused, not zero
+        with pytest.raises(ParameterError, match=r"value_and_grad: 'nope' is not a parameter of this model"):
             executable.value_and_grad(weighted_sum)({"nope": np.zeros(3, np.float32)}, ids)
     rng = np.random.default_rng(5)
     new = {k: pipeline.params[k] + 0.05 * rng.normal(size=pipeline.params[k].shape).astype(np.float32)
@@ -386,6 +390,11 @@ def test_a_segmented_run_has_the_training_face(tmp_path):
     compiled = onnx2jax.compile(nonzero_then_matmul())
     assert compiled.trainable == ("w0", "w2")  # not the axes nor the folded zero
     assert compiled.with_trainable(["w2"]).trainable == ("w2",) and compiled.trainable == ("w0", "w2")
+    with pytest.raises(ParameterError, match=r"with_trainable: 'w00' is not a parameter .*did you mean 'w0'"):
+        compiled.with_trainable(["w00"])
+    # the Executable protocol's value_and_grad: refused by name (no gradient flows through a host step)
+    with pytest.raises(NotDifferentiableError, match=r"value_and_grad: node '[^']+' \(NonZero\) runs on the host"):
+        compiled.value_and_grad(lambda outputs: outputs[0].sum())
     new = {"w2": np.asarray(compiled.params["w2"]) * -2.0}
     written = compiled.to_onnx(new, tmp_path / "segmented.onnx")
     x = np.random.default_rng(3).normal(size=(6, 16)).astype(np.float32)

@@ -8,6 +8,7 @@ the same parameter bytes on every device.
 from __future__ import annotations
 
 import functools
+import sys
 
 import numpy as np
 import onnx
@@ -75,3 +76,51 @@ def test_sharded_scan_is_said_in_the_report():
     )
     unrolled, _, _ = _compiled("mistral", False)
     assert unrolled.report().notes[0] == "layers unrolled: scan_layers=False"
+
+
+def _first_layer_only(layers: int) -> onnx.ModelProto:
+    """bench's tiny transformer (scanned by "auto") with one spec: layer 0's first FFN weight column-parallel
+    on 2 devices; every other layer unannotated, so the plan gives the layers different specs."""
+    from sharding import add_configuration, parse_spec, set_spec
+
+    sys.path.insert(0, str(ZOO.parents[2] / "bench"))
+    from tiny_transformer import tiny_transformer
+
+    model = tiny_transformer(layers)
+    for i, node in enumerate(model.graph.node):
+        node.name = f"n{i}"
+    add_configuration(model, "tp", 2)
+    reader = next(n for n in model.graph.node if "l0_w1" in n.input)
+    set_spec(model, reader.name, parse_spec("1:2 @ [0,1]", "l0_w1"), "tp")
+    return model
+
+
+def test_compiled_never_changes_the_model_it_is_given():
+    """The plan decides the scan where it is made (spmd.translate_for); Compiled refuses a scanned model whose
+    layers the plan gives different specs, and leaves it as it was (before: unrolled in place)."""
+    from onnxruntime_reference import onnxruntime_outputs
+
+    from onnx2jax.runtime.plan import make_plan
+    from onnx2jax.runtime.spmd import Compiled
+    from onnx2jax.scan import AUTO_MIN_LAYERS
+
+    proto = _first_layer_only(AUTO_MIN_LAYERS)
+    x = np.random.default_rng(0).standard_normal((2, 3, 64)).astype(np.float32)
+    (reference,) = onnxruntime_outputs(proto, {"x": x})
+    given = onnx2jax.translate(proto)
+    assert given.scan.active
+    with pytest.raises(ValueError, match="cannot keep: node .* first layer's specs"):
+        Compiled(given, make_plan(proto).program)
+    assert given.scan.active and "run as one lax.scan" in given.layers_report()
+    np.testing.assert_allclose(np.asarray(given(x)[0]), reference, atol=1e-5, rtol=1e-5)  # still usable
+    unannotated = onnx.ModelProto()
+    unannotated.CopyFrom(proto)
+    del unannotated.configuration[:]
+    for node in unannotated.graph.node:
+        del node.device_configurations[:]
+    kept = Compiled(given, make_plan(unannotated).program)  # a plan the scan fits: the given model, as it was
+    assert kept.model is given and given.scan.active
+    np.testing.assert_allclose(np.asarray(kept(x)[0]), reference, atol=1e-5, rtol=1e-5)
+    compiled = onnx2jax.compile(proto)  # the front door translates for its plan: unrolled, and says why
+    assert not compiled.model.scan.active and "first layer's specs" in compiled.model.layers_report()
+    np.testing.assert_allclose(np.asarray(compiled(x)[0]), reference, atol=1e-5, rtol=1e-5)

@@ -32,8 +32,9 @@ def ids():
 
 def test_apply_names_an_unknown_parameter(compiled, ids):
     name = compiled.trainable[0]
-    with pytest.raises(ParameterError, match=rf"'{name}x' is not a parameter of this model \(did you mean '{name}'"):
+    with pytest.raises(ParameterError, match=rf"'{name}x' is not a parameter of this model \(did you mean '{name}'") as caught:
         compiled.apply({f"{name}x": compiled.params[name]}, ids)
+    assert isinstance(caught.value, KeyError) and str(caught.value).startswith("apply: ")  # one error class, unquoted
 
 
 def test_apply_names_a_wrong_shaped_parameter_with_both_shapes(compiled, ids):

@@ -18,6 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from zoo_cases import CASES, ZOO
 
 import onnx2jax
+from onnx2jax.errors import ParameterError
 from onnx2jax.trainable import trainable_names
 
 DATA = ZOO.parent
@@ -104,5 +105,5 @@ def test_the_rule_can_be_overridden() -> None:
     chosen = compiled.with_trainable(["model.model.norm.weight", "model.model.rotary_emb.inv_freq"])
     assert chosen.trainable == ("model.model.norm.weight", "model.model.rotary_emb.inv_freq")
     assert "model.model.rotary_emb.inv_freq" not in compiled.trainable and chosen.params is compiled.params
-    with pytest.raises(KeyError, match="not initializers"):
+    with pytest.raises(ParameterError, match="with_trainable: 'no such weight' is not a parameter of this model"):
         compiled.with_trainable(["no such weight"])

@@ -7,7 +7,7 @@ import onnx.helper as oh
 
 from sharding.annotate import add_configuration
 from sharding.configuration import choose_configuration
-from sharding.infer import infer
+from sharding import infer
 
 
 def _model(*configurations: str) -> onnx.ModelProto:

@@ -8,7 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from sharding.megatron import megatron_plan
-from sharding.infer import Inference, NodeShardings, completed_model, infer
+from sharding import infer
+from sharding.infer import Inference, NodeShardings, completed_model
 from sharding.shapes import topological_order
 from sharding.reshard import same_spec
 from sharding.model_configs import NodeConfig

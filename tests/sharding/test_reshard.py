@@ -35,7 +35,7 @@ def test_written_output_moved_to_another_axis_is_an_all_to_all():
     import onnx
     from onnx import TensorProto, helper
 
-    from sharding.infer import infer
+    from sharding import infer
     from sharding.model_configs import NodeConfig
 
     node = helper.make_node("Relu", ["X"], ["Y"], name="relu")

@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from sharding.infer import infer
+from sharding import infer
 from sharding.model_configs import NodeConfig
 from sharding.text import format_spec, parse_spec
 

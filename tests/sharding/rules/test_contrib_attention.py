@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from sharding.infer import infer
+from sharding import infer
 
 G8 = "[{0,1,2,3},{4,5,6,7}]"  # 2 kv heads, each on the 4 devices whose query heads read it
 ALL8 = "[0,1,2,3,4,5,6,7]"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from onnx import TensorProto, helper
 
-from sharding.infer import infer
+from sharding import infer
 
 
 def _run(g, op, inputs, specs, outputs, domain, inits=(), **attrs):

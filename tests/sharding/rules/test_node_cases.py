@@ -4,7 +4,7 @@ import warnings
 
 import onnx
 
-from sharding.infer import infer
+from sharding import infer
 from sharding.rules import rule_for
 from sharding.model_configs import NodeConfig
 from sharding.spec import ShardingSpec
