@@ -436,6 +436,107 @@ void float_rows_avx512(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 
+// Float, AVX-512, few rows of A (decode), K a multiple of 128: B's packed bytes read as 32-bit lanes. A group
+// of 128 values of a row of B is 64 bytes, 16 lanes of 8 nibbles; the i-th nibble of lane d is value 8d + i of
+// the group, so shifting the whole register by 4i and masking gives 16 values (one a lane) that meet A's values
+// 8d + i (A is permuted to that order per group: lane_permute_row). A nibble becomes the float q - zero_point
+// exactly with one `vpternlogd` ((bits & 15) | the exponent of 2^23, i.e. 2^23 + q) and one subtract of
+// 2^23 + zero_point: no shuffles, where the chunk loops spend three shuffle-port operations per 32 values.
+// Each lane's sum over a group is scaled by its block's scale (lanes 4b..4b+3 hold block b at block 32).
+// Integer zero points only (2^23 + z is exact); float ones go through the chunk loops.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))) inline __m512 lane_scales(const Problem& p,
+                                                                                                int64_t n, int64_t g) {
+  const float* s = p.scales + n * p.blocks;
+  if (p.block == 32)
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                 _mm512_castps128_ps512(_mm_loadu_ps(s + 4 * g)));
+  if (p.block == 64)
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s + 2 * g)))));
+  return _mm512_set1_ps(s[g * 128 / p.block]);
+}
+
+// 2^23 + zero_point for each lane of group g of row n.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))) inline __m512 lane_offsets(const Problem& p,
+                                                                                                 int64_t n, int64_t g) {
+  if (p.zp_kind == 0) return _mm512_set1_ps(8388616.0f);
+  const int64_t per = std::max<int64_t>(1, 128 / p.block), first = g * 128 / p.block;
+  alignas(16) float z[4] = {0, 0, 0, 0};
+  for (int64_t j = 0; j < per; ++j) z[j] = 8388608.0f + static_cast<float>(zero_point_int(p, n, first + j));
+  const __m512i spread = per == 4   ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                         : per == 2 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                                    : _mm512_setzero_si512();
+  return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_load_ps(z)));
+}
+
+template <int RA, int RB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))) void lanes_tile(const Problem& p, int64_t n0,
+                                                                                      int64_t m0) {
+  const int64_t kp = p.blocks * p.block, row_bytes = kp / 2, groups = kp / 128;
+  const __m512i mask = _mm512_set1_epi32(15), magic = _mm512_set1_epi32(0x4B000000);
+  const uint8_t* next = p.b + (n0 + RB) * row_bytes;
+  __m512 acc[RA][RB];
+  #pragma GCC unroll 8
+  for (int r = 0; r < RA; ++r)
+    #pragma GCC unroll 8
+    for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 inner[RA][RB], offset[RB];
+    __m512i x[RB];
+    #pragma GCC unroll 8
+    for (int q = 0; q < RB; ++q) {
+      // The next tile's line of this group (a group is one cache line a row): from DRAM the hardware
+      // prefetcher lags behind RB streams. A prefetch past B's end does not fault.
+      _mm_prefetch(reinterpret_cast<const char*>(next + q * row_bytes + g * 64), _MM_HINT_T0);
+      x[q] = _mm512_loadu_si512(p.b + (n0 + q) * row_bytes + g * 64);
+      offset[q] = lane_offsets(p, n0 + q, g);
+      #pragma GCC unroll 8
+      for (int r = 0; r < RA; ++r) inner[r][q] = _mm512_setzero_ps();
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      __m512 a[RA];
+      #pragma GCC unroll 8
+      for (int r = 0; r < RA; ++r) a[r] = _mm512_loadu_ps(p.af + (m0 + r) * kp + g * 128 + 16 * i);
+      #pragma GCC unroll 8
+      for (int q = 0; q < RB; ++q) {
+        const __m512 w = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(x[q], mask, magic, 0xEA)), offset[q]);
+        x[q] = _mm512_srli_epi32(x[q], 4);
+        #pragma GCC unroll 8
+        for (int r = 0; r < RA; ++r) inner[r][q] = _mm512_fmadd_ps(a[r], w, inner[r][q]);
+      }
+    }
+    #pragma GCC unroll 8
+    for (int q = 0; q < RB; ++q) {
+      const __m512 s = lane_scales(p, n0 + q, g);
+      #pragma GCC unroll 8
+      for (int r = 0; r < RA; ++r) acc[r][q] = _mm512_fmadd_ps(inner[r][q], s, acc[r][q]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int r = 0; r < RA; ++r)
+    #pragma GCC unroll 8
+    for (int q = 0; q < RB; ++q) p.y[(m0 + r) * p.N + n0 + q] = _mm512_reduce_add_ps(acc[r][q]);
+}
+
+template <int RB>
+void lanes_tiles(const Problem& p, int64_t n) {
+  int64_t m = 0;
+  for (; m + 2 <= p.M; m += 2) lanes_tile<2, RB>(p, n, m);
+  if (m < p.M) lanes_tile<1, RB>(p, n, m);
+}
+
+void lanes_rows(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) lanes_tiles<4>(p, n);
+  switch (n1 - n) {
+    case 3: lanes_tiles<3>(p, n); break;
+    case 2: lanes_tiles<2>(p, n); break;
+    case 1: lanes_tiles<1>(p, n); break;
+    default: break;
+  }
+}
+
 // Many rows of A (a prompt), AVX-512: rows of B are dequantized once, (q - zero_point) * scale, into a float
 // panel (chunk-permuted like A) that every row of A then reads, 4 rows of A by 4 of B per tile with 16
 // accumulators of 16 lanes along K. Float compute only: int8 compute at any M goes through int8_rows_vnni,
@@ -658,6 +759,16 @@ void permute_row(const float* src, int64_t k, int64_t kp, int64_t chunk, float* 
     }
 }
 
+// A's row in the order of lanes_tile: per group of 128 values, value 8d + i of the group at 16i + d.
+void lane_permute_row(const float* src, int64_t k, int64_t kp, float* dst) {
+  for (int64_t g = 0; g < kp; g += 128)
+    for (int64_t i = 0; i < 8; ++i)
+      for (int64_t d = 0; d < 16; ++d) {
+        const int64_t j = g + 8 * d + i;
+        dst[g + 16 * i + d] = j < k ? src[j] : 0.0f;
+      }
+}
+
 void quantize_row(const float* a, int64_t blocks, int64_t block, int8_t* q, float* scale, int32_t* sum) {
   for (int64_t b = 0; b < blocks; ++b) {
     float amax = 0;
@@ -710,12 +821,18 @@ __attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* a, int64
 
 // ---- threads ----
 
-// Runs body(n0, n1) over [0, N) in chunks on XLA's intra-op pool and the calling thread.
+// A chunk of work handed to another thread is at least this many multiply-adds (10-20 us on one core). Handing
+// work to XLA's pool costs several us of CPU a call (waking a thread, its steal loop, the wait): with chunks of
+// 64K, a [1, 512] x [512, 1408] product took 54-58 us of CPU on 2 threads against 38-42 on one, and a
+// [1, 512] x [512, 512] one 25-32 against 14-16 (loaded 2-core machine, alternated in one process).
+constexpr int64_t kMinChunk = 262144;
+
+// Runs body(n0, n1) over [0, N) in chunks (4 per thread for balance, each of at least kMinChunk multiply-adds)
+// on XLA's intra-op pool and the calling thread.
 template <typename Body>
 void parallel_rows(ffi::ThreadPool* pool, int64_t N, int64_t work_per_row, Body body) {
   const int64_t threads = pool ? std::max<int64_t>(1, pool->num_threads()) : 1;
-  // Chunks of at least ~64K multiply-adds, 4 per thread for balance.
-  int64_t step = std::max<int64_t>(1, (65536 + work_per_row - 1) / std::max<int64_t>(1, work_per_row));
+  int64_t step = std::max<int64_t>(1, (kMinChunk + work_per_row - 1) / std::max<int64_t>(1, work_per_row));
   step = std::max(step, (N + 4 * threads - 1) / (4 * threads));
   step = std::min((step + 7) / 8 * 8, N);  // whole tiles of 8 rows of B (int8_rows_vnni)
   const int64_t chunks = (N + step - 1) / step;
@@ -815,8 +932,15 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
   thread_local std::vector<int8_t> aq;
   thread_local std::vector<float> ascale;
   thread_local std::vector<int32_t> asum;
+  // Float compute, few rows, K a multiple of 128, integer zero points: lanes_tile, with A in its lane order.
+  const bool lanes = p.simd == 2 && !int8 && p.block >= 32 && p.M < kPanelRows && kp % 128 == 0 && zp_kind != 2;
   af.resize(p.M * kp);
-  for (int64_t m = 0; m < p.M; ++m) permute_row(a.typed_data() + m * p.K, p.K, kp, p.chunk, af.data() + m * kp);
+  for (int64_t m = 0; m < p.M; ++m) {
+    if (lanes)
+      lane_permute_row(a.typed_data() + m * p.K, p.K, kp, af.data() + m * kp);
+    else
+      permute_row(a.typed_data() + m * p.K, p.K, kp, p.chunk, af.data() + m * kp);
+  }
   if (int8) {
     aq.resize(p.M * kp);
     ascale.resize(p.M * p.blocks);
@@ -840,8 +964,9 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
     p.af = af.data();
   }
   const Problem& q = p;
-  parallel_rows(&pool, p.N, p.M * kp, [&q, int8](int64_t n0, int64_t n1) {
+  parallel_rows(&pool, p.N, p.M * kp, [&q, int8, lanes](int64_t n0, int64_t n1) {
 #ifdef O2J_X86
+    if (lanes) return lanes_rows(q, n0, n1);
     if (q.simd == 2 && q.block >= 32 && q.M >= kPanelRows && !int8) return panel_product(q, q.af, n0, n1);
     if (q.simd && q.block >= 32) {
       if (!int8) return q.simd == 2 ? float_rows_avx512(q, n0, n1) : fused_rows<FloatAvx2>(q, n0, n1);
