@@ -14,8 +14,9 @@
 // waits only for chunks already claimed, so nothing waits on a task that has not started). On x86-64 the
 // inner loops use AVX2 (and AVX512-VNNI's u8 x s8 dot for int8) where the CPU has them (checked at run time),
 // plain C++ otherwise; the attribute `simd` caps them (0 plain, 1 AVX2, 2 all; the tests compare each with
-// onnxruntime). Blocks of 32 and more unpack B's bytes in registers for up to 4 rows of A at a time; blocks
-// of 16 go through a row buffer.
+// onnxruntime). Blocks of 32 and more unpack B's bytes in registers for up to 4 rows of A at a time (float
+// compute with K a multiple of 128: as 32-bit lanes, lanes_tile); from 8 rows of A float compute runs a GEMM
+// over K-major panels of dequantized rows (panel_product); blocks of 16 go through a row buffer.
 //
 // A row of A is permuted within each chunk of C values (C = 32, or 16 for blocks of 16) so that a chunk of
 // B's packed bytes needs no interleaving: its low nibbles meet A's even positions, its high nibbles the odd.

@@ -1,9 +1,11 @@
 """Quantization: QuantizeLinear, DequantizeLinear, DynamicQuantizeLinear and the integer MatMul/Conv ops.
 
-Integer arithmetic stays in int32 (``preferred_element_type=int32``), like
-ONNX's reference: inputs are widened, zero points subtracted, then multiplied
-and accumulated in int32. Rounding is half-to-even (``jnp.round``), and
-integer outputs saturate to their type's range.
+Integer arithmetic gives ONNX's reference's int32 results: in general inputs are
+widened, zero points subtracted, then multiplied and accumulated in int32; an
+8-bit 2-D weight of MatMulInteger/QLinearMatMul stays 8-bit and is multiplied
+int8 x int8 -> int32 with the zero points' shares added from row and column sums
+(``_integer_matmul``). Rounding is half-to-even (``jnp.round``), and integer
+outputs saturate to their type's range.
 """
 
 from __future__ import annotations
