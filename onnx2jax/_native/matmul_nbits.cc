@@ -14,8 +14,9 @@
 // waits only for chunks already claimed, so nothing waits on a task that has not started). On x86-64 the
 // inner loops use AVX2 (and AVX512-VNNI's u8 x s8 dot for int8) where the CPU has them (checked at run time),
 // plain C++ otherwise; the attribute `simd` caps them (0 plain, 1 AVX2, 2 all; the tests compare each with
-// onnxruntime). Blocks of 32 and more unpack B's bytes in registers for up to 4 rows of A at a time; blocks
-// of 16 go through a row buffer.
+// onnxruntime). Blocks of 32 and more unpack B's bytes in registers for up to 4 rows of A at a time (float
+// compute with K a multiple of 128: as 32-bit lanes, lanes_tile); from 8 rows of A float compute runs a GEMM
+// over K-major panels of dequantized rows (panel_product); blocks of 16 go through a row buffer.
 //
 // A row of A is permuted within each chunk of C values (C = 32, or 16 for blocks of 16) so that a chunk of
 // B's packed bytes needs no interleaving: its low nibbles meet A's even positions, its high nibbles the odd.
@@ -436,73 +437,212 @@ void float_rows_avx512(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 
-// Many rows of A (a prompt), AVX-512: rows of B are dequantized once, (q - zero_point) * scale, into a float
-// panel (chunk-permuted like A) that every row of A then reads, 4 rows of A by 4 of B per tile with 16
-// accumulators of 16 lanes along K. Float compute only: int8 compute at any M goes through int8_rows_vnni,
-// whose integer block dots beat these float FMAs (one [128, 1024] x [2816, 1024] product 9.5 -> 6.8 CPU ms).
+// Float, AVX-512, few rows of A (decode), K a multiple of 128: B's packed bytes read as 32-bit lanes. A group
+// of 128 values of a row of B is 64 bytes, 16 lanes of 8 nibbles; the i-th nibble of lane d is value 8d + i of
+// the group, so shifting the whole register by 4i and masking gives 16 values (one a lane) that meet A's values
+// 8d + i (A is permuted to that order per group: lane_permute_row). A nibble becomes the float q - zero_point
+// exactly with one `vpternlogd` ((bits & 15) | the exponent of 2^23, i.e. 2^23 + q) and one subtract of
+// 2^23 + zero_point: no shuffles, where the chunk loops spend three shuffle-port operations per 32 values.
+// Each lane's sum over a group is scaled by its block's scale (lanes 4b..4b+3 hold block b at block 32).
+// Integer zero points only (2^23 + z is exact); float ones go through the chunk loops.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))) inline __m512 lane_scales(const Problem& p,
+                                                                                                int64_t n, int64_t g) {
+  const float* s = p.scales + n * p.blocks;
+  if (p.block == 32)
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                 _mm512_castps128_ps512(_mm_loadu_ps(s + 4 * g)));
+  if (p.block == 64)
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                                 _mm512_castps128_ps512(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(s + 2 * g)))));
+  return _mm512_set1_ps(s[g * 128 / p.block]);
+}
+
+// 2^23 + zero_point for each lane of group g of row n.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))) inline __m512 lane_offsets(const Problem& p,
+                                                                                                 int64_t n, int64_t g) {
+  if (p.zp_kind == 0) return _mm512_set1_ps(8388616.0f);
+  const int64_t per = std::max<int64_t>(1, 128 / p.block), first = g * 128 / p.block;
+  alignas(16) float z[4] = {0, 0, 0, 0};
+  for (int64_t j = 0; j < per; ++j) z[j] = 8388608.0f + static_cast<float>(zero_point_int(p, n, first + j));
+  const __m512i spread = per == 4   ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                         : per == 2 ? _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1)
+                                    : _mm512_setzero_si512();
+  return _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_load_ps(z)));
+}
+
+template <int RA, int RB>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,fma"))) void lanes_tile(const Problem& p, int64_t n0,
+                                                                                      int64_t m0) {
+  const int64_t kp = p.blocks * p.block, row_bytes = kp / 2, groups = kp / 128;
+  const __m512i mask = _mm512_set1_epi32(15), magic = _mm512_set1_epi32(0x4B000000);
+  const uint8_t* next = p.b + (n0 + RB) * row_bytes;
+  __m512 acc[RA][RB];
+  #pragma GCC unroll 8
+  for (int r = 0; r < RA; ++r)
+    #pragma GCC unroll 8
+    for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 inner[RA][RB], offset[RB];
+    __m512i x[RB];
+    #pragma GCC unroll 8
+    for (int q = 0; q < RB; ++q) {
+      // The next tile's line of this group (a group is one cache line a row): from DRAM the hardware
+      // prefetcher lags behind RB streams. A prefetch past B's end does not fault.
+      _mm_prefetch(reinterpret_cast<const char*>(next + q * row_bytes + g * 64), _MM_HINT_T0);
+      x[q] = _mm512_loadu_si512(p.b + (n0 + q) * row_bytes + g * 64);
+      offset[q] = lane_offsets(p, n0 + q, g);
+      #pragma GCC unroll 8
+      for (int r = 0; r < RA; ++r) inner[r][q] = _mm512_setzero_ps();
+    }
+    #pragma GCC unroll 8
+    for (int i = 0; i < 8; ++i) {
+      __m512 a[RA];
+      #pragma GCC unroll 8
+      for (int r = 0; r < RA; ++r) a[r] = _mm512_loadu_ps(p.af + (m0 + r) * kp + g * 128 + 16 * i);
+      #pragma GCC unroll 8
+      for (int q = 0; q < RB; ++q) {
+        const __m512 w = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(x[q], mask, magic, 0xEA)), offset[q]);
+        x[q] = _mm512_srli_epi32(x[q], 4);
+        #pragma GCC unroll 8
+        for (int r = 0; r < RA; ++r) inner[r][q] = _mm512_fmadd_ps(a[r], w, inner[r][q]);
+      }
+    }
+    #pragma GCC unroll 8
+    for (int q = 0; q < RB; ++q) {
+      const __m512 s = lane_scales(p, n0 + q, g);
+      #pragma GCC unroll 8
+      for (int r = 0; r < RA; ++r) acc[r][q] = _mm512_fmadd_ps(inner[r][q], s, acc[r][q]);
+    }
+  }
+  #pragma GCC unroll 8
+  for (int r = 0; r < RA; ++r)
+    #pragma GCC unroll 8
+    for (int q = 0; q < RB; ++q) p.y[(m0 + r) * p.N + n0 + q] = _mm512_reduce_add_ps(acc[r][q]);
+}
+
+template <int RB>
+void lanes_tiles(const Problem& p, int64_t n) {
+  int64_t m = 0;
+  for (; m + 2 <= p.M; m += 2) lanes_tile<2, RB>(p, n, m);
+  if (m < p.M) lanes_tile<1, RB>(p, n, m);
+}
+
+void lanes_rows(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + 4 <= n1; n += 4) lanes_tiles<4>(p, n);
+  switch (n1 - n) {
+    case 3: lanes_tiles<3>(p, n); break;
+    case 2: lanes_tiles<2>(p, n); break;
+    case 1: lanes_tiles<1>(p, n); break;
+    default: break;
+  }
+}
+
+// Many rows of A (a prompt), AVX-512: a GEMM over a K-major panel. 32 rows of B (two registers of 16 lanes)
+// are dequantized once, (q - zero_point) * scale as onnxruntime computes it, and stored K-major (value k of
+// the 32 rows contiguous), so that the micro-kernel keeps 8 rows of A by 32 outputs in 16 accumulators, each
+// step one broadcast value of A times two loaded rows of the panel: no horizontal sums (the 4 x 4 tiles this
+// replaces reduced 16 accumulators along K at the end of every tile, a large share at K of 128-512). The
+// panel (kp x 32 floats, 64 KB at K 512) stays in L2 while every row of A passes over it. Float compute only:
+// int8 compute at any M goes through int8_rows_vnni, whose integer block dots beat float FMAs.
 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_dequantize(const Problem& p, int64_t n,
-                                                                                    float* panel) {
+                                                                                    float* row_out) {
   const int64_t kp = p.blocks * p.block;
   const uint8_t* row = p.b + n * (kp / 2);
   for (int64_t b = 0; b < p.blocks; ++b) {
     const __m512 table = dequantized_values(p, n, b);
     for (int64_t c = b * p.block; c < (b + 1) * p.block; c += 32) {
       const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + c / 2)));
-      _mm512_storeu_ps(panel + c, _mm512_permutexvar_ps(bytes, table));
-      _mm512_storeu_ps(panel + c + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table));
+      _mm512_storeu_ps(row_out + c, _mm512_permutexvar_ps(bytes, table));
+      _mm512_storeu_ps(row_out + c + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table));
     }
   }
 }
 
-template <int RA, int RB>
-__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_tile(const Problem& p, const float* a,
-                                                                              const float* panel, int64_t n0,
-                                                                              int64_t m0) {
-  const int64_t kp = p.blocks * p.block;
-  __m512 acc[RA][RB];
-  for (int r = 0; r < RA; ++r)
-    for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_setzero_ps();
+constexpr int64_t kPanel = 32;  // rows of B a panel: two registers of 16 lanes
+
+// 16 rows of `rows` (row-major, stride kp) transposed into panel[k * kPanel + 16 * half + j], 16 values of K at a
+// time (a 16 x 16 transpose in registers).
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_transpose(const float* rows, int64_t kp,
+                                                                                  float* panel, int half) {
   for (int64_t k = 0; k < kp; k += 16) {
-    __m512 w[RB];
-    for (int q = 0; q < RB; ++q) w[q] = _mm512_loadu_ps(panel + q * kp + k);
-    for (int r = 0; r < RA; ++r) {
-      const __m512 x = _mm512_loadu_ps(a + (m0 + r) * kp + k);
-      for (int q = 0; q < RB; ++q) acc[r][q] = _mm512_fmadd_ps(x, w[q], acc[r][q]);
+    __m512 r[16], t[16];
+    for (int j = 0; j < 16; ++j) r[j] = _mm512_loadu_ps(rows + j * kp + k);
+    for (int j = 0; j < 16; j += 2) {  // pairs of 32-bit values
+      t[j] = _mm512_unpacklo_ps(r[j], r[j + 1]);
+      t[j + 1] = _mm512_unpackhi_ps(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 16; j += 4) {  // 64-bit pairs
+      r[j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+      r[j + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j]), _mm512_castps_pd(t[j + 2])));
+      r[j + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+      r[j + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[j + 1]), _mm512_castps_pd(t[j + 3])));
+    }
+    // r[4g + i] now holds, in each 128-bit lane L, values k + 4L + i of rows 4g..4g+3. Gather the lanes.
+    for (int i = 0; i < 4; ++i) {
+      const __m512 a = r[i], b = r[4 + i], c = r[8 + i], d = r[12 + i];
+      const __m512 ab_lo = _mm512_shuffle_f32x4(a, b, 0x44), ab_hi = _mm512_shuffle_f32x4(a, b, 0xEE);
+      const __m512 cd_lo = _mm512_shuffle_f32x4(c, d, 0x44), cd_hi = _mm512_shuffle_f32x4(c, d, 0xEE);
+      t[i] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0x88);       // lane 0 of a, b, c, d: value k + i
+      t[4 + i] = _mm512_shuffle_f32x4(ab_lo, cd_lo, 0xDD);   // lane 1: k + 4 + i
+      t[8 + i] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0x88);   // lane 2: k + 8 + i
+      t[12 + i] = _mm512_shuffle_f32x4(ab_hi, cd_hi, 0xDD);  // lane 3: k + 12 + i
+    }
+    for (int j = 0; j < 16; ++j) _mm512_storeu_ps(panel + (k + j) * kPanel + 16 * half, t[j]);
+  }
+}
+
+template <int MR>
+__attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma"))) void panel_kernel(const Problem& p, const float* a,
+                                                                                const float* panel, int64_t n0,
+                                                                                int64_t m0, __mmask16 mask0,
+                                                                                __mmask16 mask1) {
+  const int64_t kp = p.blocks * p.block;
+  __m512 acc[MR][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  const float* x = a + m0 * kp;
+  for (int64_t k = 0; k < kp; ++k) {
+    const __m512 w0 = _mm512_load_ps(panel + k * kPanel), w1 = _mm512_load_ps(panel + k * kPanel + 16);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const __m512 v = _mm512_set1_ps(x[r * kp + k]);
+      acc[r][0] = _mm512_fmadd_ps(v, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(v, w1, acc[r][1]);
     }
   }
-  for (int r = 0; r < RA; ++r)
-    for (int q = 0; q < RB; ++q) p.y[(m0 + r) * p.N + n0 + q] = _mm512_reduce_add_ps(acc[r][q]);
-}
-
-template <int RA>
-void panel_group(const Problem& p, const float* a, const float* panel, int64_t n, int64_t rows, int64_t m) {
-  const int64_t kp = p.blocks * p.block;
-  int64_t g = 0;
-  for (; g + 4 <= rows; g += 4) panel_tile<RA, 4>(p, a, panel + g * kp, n + g, m);
-  switch (rows - g) {
-    case 3: panel_tile<RA, 3>(p, a, panel + g * kp, n + g, m); break;
-    case 2: panel_tile<RA, 2>(p, a, panel + g * kp, n + g, m); break;
-    case 1: panel_tile<RA, 1>(p, a, panel + g * kp, n + g, m); break;
-    default: break;
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    float* y = p.y + (m0 + r) * p.N + n0;
+    _mm512_mask_storeu_ps(y, mask0, acc[r][0]);
+    _mm512_mask_storeu_ps(y + 16, mask1, acc[r][1]);
   }
 }
-
-// Rows [n0, n1) of B in panels of up to kPanel rows (dequantized once, kept in L2 while every 4 rows of A, in
-// L1, pass over them).
-constexpr int64_t kPanel = 32;
 
 void panel_product(const Problem& p, const float* a, int64_t n0, int64_t n1) {
   const int64_t kp = p.blocks * p.block;
-  std::vector<float> panel(kPanel * kp);
+  thread_local std::vector<float> rows, storage;
+  rows.assign(kPanel * kp, 0.0f);
+  storage.resize(kPanel * kp + 16);
+  float* panel = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(storage.data()) + 63) & ~uintptr_t(63));
   for (int64_t n = n0; n < n1; n += kPanel) {
-    const int64_t rows = std::min<int64_t>(kPanel, n1 - n);
-    for (int64_t q = 0; q < rows; ++q) panel_dequantize(p, n + q, panel.data() + q * kp);
+    const int64_t count = std::min<int64_t>(kPanel, n1 - n);
+    for (int64_t q = 0; q < count; ++q) panel_dequantize(p, n + q, rows.data() + q * kp);
+    if (count < kPanel) std::fill(rows.begin() + count * kp, rows.end(), 0.0f);
+    panel_transpose(rows.data(), kp, panel, 0);
+    panel_transpose(rows.data() + 16 * kp, kp, panel, 1);
+    const __mmask16 mask0 = count >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << count) - 1);
+    const __mmask16 mask1 = count >= 32 ? 0xFFFF : count <= 16 ? 0 : static_cast<__mmask16>((1u << (count - 16)) - 1);
     int64_t m = 0;
-    for (; m + 4 <= p.M; m += 4) panel_group<4>(p, a, panel.data(), n, rows, m);
+    for (; m + 8 <= p.M; m += 8) panel_kernel<8>(p, a, panel, n, m, mask0, mask1);
     switch (p.M - m) {
-      case 3: panel_group<3>(p, a, panel.data(), n, rows, m); break;
-      case 2: panel_group<2>(p, a, panel.data(), n, rows, m); break;
-      case 1: panel_group<1>(p, a, panel.data(), n, rows, m); break;
+      case 7: panel_kernel<7>(p, a, panel, n, m, mask0, mask1); break;
+      case 6: panel_kernel<6>(p, a, panel, n, m, mask0, mask1); break;
+      case 5: panel_kernel<5>(p, a, panel, n, m, mask0, mask1); break;
+      case 4: panel_kernel<4>(p, a, panel, n, m, mask0, mask1); break;
+      case 3: panel_kernel<3>(p, a, panel, n, m, mask0, mask1); break;
+      case 2: panel_kernel<2>(p, a, panel, n, m, mask0, mask1); break;
+      case 1: panel_kernel<1>(p, a, panel, n, m, mask0, mask1); break;
       default: break;
     }
   }
@@ -658,6 +798,16 @@ void permute_row(const float* src, int64_t k, int64_t kp, int64_t chunk, float* 
     }
 }
 
+// A's row in the order of lanes_tile: per group of 128 values, value 8d + i of the group at 16i + d.
+void lane_permute_row(const float* src, int64_t k, int64_t kp, float* dst) {
+  for (int64_t g = 0; g < kp; g += 128)
+    for (int64_t i = 0; i < 8; ++i)
+      for (int64_t d = 0; d < 16; ++d) {
+        const int64_t j = g + 8 * d + i;
+        dst[g + 16 * i + d] = j < k ? src[j] : 0.0f;
+      }
+}
+
 void quantize_row(const float* a, int64_t blocks, int64_t block, int8_t* q, float* scale, int32_t* sum) {
   for (int64_t b = 0; b < blocks; ++b) {
     float amax = 0;
@@ -710,12 +860,18 @@ __attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* a, int64
 
 // ---- threads ----
 
-// Runs body(n0, n1) over [0, N) in chunks on XLA's intra-op pool and the calling thread.
+// A chunk of work handed to another thread is at least this many multiply-adds (10-20 us on one core). Handing
+// work to XLA's pool costs several us of CPU a call (waking a thread, its steal loop, the wait): with chunks of
+// 64K, a [1, 512] x [512, 1408] product took 54-58 us of CPU on 2 threads against 38-42 on one, and a
+// [1, 512] x [512, 512] one 25-32 against 14-16 (loaded 2-core machine, alternated in one process).
+constexpr int64_t kMinChunk = 262144;
+
+// Runs body(n0, n1) over [0, N) in chunks (4 per thread for balance, each of at least kMinChunk multiply-adds)
+// on XLA's intra-op pool and the calling thread.
 template <typename Body>
 void parallel_rows(ffi::ThreadPool* pool, int64_t N, int64_t work_per_row, Body body) {
   const int64_t threads = pool ? std::max<int64_t>(1, pool->num_threads()) : 1;
-  // Chunks of at least ~64K multiply-adds, 4 per thread for balance.
-  int64_t step = std::max<int64_t>(1, (65536 + work_per_row - 1) / std::max<int64_t>(1, work_per_row));
+  int64_t step = std::max<int64_t>(1, (kMinChunk + work_per_row - 1) / std::max<int64_t>(1, work_per_row));
   step = std::max(step, (N + 4 * threads - 1) / (4 * threads));
   step = std::min((step + 7) / 8 * 8, N);  // whole tiles of 8 rows of B (int8_rows_vnni)
   const int64_t chunks = (N + step - 1) / step;
@@ -815,8 +971,15 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
   thread_local std::vector<int8_t> aq;
   thread_local std::vector<float> ascale;
   thread_local std::vector<int32_t> asum;
+  // Float compute, few rows, K a multiple of 128, integer zero points: lanes_tile, with A in its lane order.
+  const bool lanes = p.simd == 2 && !int8 && p.block >= 32 && p.M < kPanelRows && kp % 128 == 0 && zp_kind != 2;
   af.resize(p.M * kp);
-  for (int64_t m = 0; m < p.M; ++m) permute_row(a.typed_data() + m * p.K, p.K, kp, p.chunk, af.data() + m * kp);
+  for (int64_t m = 0; m < p.M; ++m) {
+    if (lanes)
+      lane_permute_row(a.typed_data() + m * p.K, p.K, kp, af.data() + m * kp);
+    else
+      permute_row(a.typed_data() + m * p.K, p.K, kp, p.chunk, af.data() + m * kp);
+  }
   if (int8) {
     aq.resize(p.M * kp);
     ascale.resize(p.M * p.blocks);
@@ -840,8 +1003,9 @@ ffi::Error MatMulNBitsImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> a, ffi::B
     p.af = af.data();
   }
   const Problem& q = p;
-  parallel_rows(&pool, p.N, p.M * kp, [&q, int8](int64_t n0, int64_t n1) {
+  parallel_rows(&pool, p.N, p.M * kp, [&q, int8, lanes](int64_t n0, int64_t n1) {
 #ifdef O2J_X86
+    if (lanes) return lanes_rows(q, n0, n1);
     if (q.simd == 2 && q.block >= 32 && q.M >= kPanelRows && !int8) return panel_product(q, q.af, n0, n1);
     if (q.simd && q.block >= 32) {
       if (!int8) return q.simd == 2 ? float_rows_avx512(q, n0, n1) : fused_rows<FloatAvx2>(q, n0, n1);

@@ -86,7 +86,7 @@ def _partition(block_size, accuracy, zp_kind, simd, mesh, arg_shapes, result_sha
     used = {*_flat(n_axes), *_flat(k_axes)}
     if set(_flat(m_axes)) & used:
         m_axes = None
-    zp_spec = PartitionSpec(n_axes, k_axes if zp_kind != ZP_NONE else None)
+    zp_spec = PartitionSpec(n_axes, k_axes)  # with no zero points the scales stand in: placed alike
     arg_shardings = (
         NamedSharding(mesh, PartitionSpec(m_axes, k_axes)),
         NamedSharding(mesh, PartitionSpec(n_axes, k_axes, None)),
@@ -141,7 +141,8 @@ def product(a, b, scales, zero_points, *, block_size: int, accuracy: int, simd: 
     a2 = a.reshape(-1, k)
     scales = scales.reshape(n, blocks)
     if zero_points is None:
-        zp_kind, zero_points = ZP_NONE, jnp.zeros((n, 1), jnp.uint8)  # unread: the rule's N factor fits it
+        # unread: the scales stand in (placed like them, no reshard), not a broadcast run on every call
+        zp_kind, zero_points = ZP_NONE, scales
     elif zero_points.dtype == jnp.uint8:
         zp_kind, zero_points = ZP_PACKED, zero_points.reshape(n, -1)
     else:

@@ -130,6 +130,28 @@ def test_gather_block_quantized_uint8(bits, with_zero_points):
     _check_gather(arrays, inits=(0, 2, 3), bits=bits, block_size=block_size)
 
 
+def test_gather_block_quantized_block_sizes_and_packed_table():
+    """Block sizes 16 to 128 and an odd hidden width (a partial last block) against onnxruntime; the program keeps
+    the table packed (its uint8 input, no float [vocab, hidden] buffer: only the gathered rows are unpacked)."""
+    import jax
+
+    from onnx2jax.ops.contrib_quantization import gather_block_quantized
+
+    vocab, hidden = 50, 200
+    indices = np.array([[0, 7, -1, 49]], np.int64)
+    for block_size in (16, 32, 64, 128):
+        blocks = -(-hidden // block_size)
+        data = RNG.integers(0, 256, (vocab, hidden // 2)).astype(np.uint8)
+        scales = RNG.random((vocab, blocks)).astype(np.float32)
+        zero = RNG.integers(0, 256, (vocab, -(-blocks // 2))).astype(np.uint8)
+        _check_gather([data, indices, scales, zero], inits=(0, 2, 3), bits=4, block_size=block_size)
+    hlo = jax.jit(lambda d, i, s, z: gather_block_quantized(d, i, s, z, block_size=block_size)).lower(
+        data, indices, scales, zero).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]  # the program's buffers
+    assert f"u8[{vocab},{hidden // 2}]" in entry and f"f32[1,4,{hidden}]" in entry  # the check below can fail
+    assert f"f32[{vocab},{hidden}]" not in entry and f"u8[{vocab},{hidden}]" not in entry
+
+
 @pytest.mark.parametrize("with_zero_points", [False, True])
 @pytest.mark.parametrize("axes", [(0, 1), (0, 0), (1, 2)])  # (gather_axis, quantize_axis)
 def test_gather_block_quantized_4_bit_types(with_zero_points, axes):

@@ -94,3 +94,11 @@ def test_wide_product_runs_on_several_threads():
     """A product large enough that its rows are split in chunks over XLA's intra-op threads."""
     _compare(2, 1024, 1408, 32, "uint8", 4)
     _compare(2, 1024, 1408, 32, None, 0)
+
+
+@pytest.mark.parametrize("block_size", [32, 64, 128])
+def test_few_rows_whole_groups_of_128(block_size):
+    """Float compute, a few rows, K a multiple of 128 (the loop that reads B's bytes as 32-bit lanes): 6 rows
+    (pairs of rows of A), N = 39 and 38 (4-row tiles and a tail of 3 or 2), zero points packed and absent."""
+    for zero_points, n in (("uint8", 39), (None, 38)):
+        _compare(6, 384, n, block_size, zero_points, 1)

@@ -104,6 +104,83 @@ def test_qlinear_matmul(opset, dtype):
     )
 
 
+def _ints(dtype, *shape):
+    info = np.iinfo(dtype)
+    return RNG.integers(info.min, info.max + 1, shape).astype(dtype)
+
+
+# onnxruntime's CPU MatMulInteger takes A uint8 with B uint8 or int8, and A int8 with B int8.
+_INT_PAIRS = [(np.uint8, np.uint8), (np.uint8, np.int8), (np.int8, np.int8)]
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", _INT_PAIRS, ids=["u8u8", "u8s8", "s8s8"])
+@pytest.mark.parametrize("zero_points", ["none", "scalar", "per_column"])
+def test_matmul_integer_weight(a_dtype, b_dtype, zero_points):
+    """B an 8-bit weight (an initializer), multiplied int8 x int8 -> int32 with the zero points' shares added
+    from row and column sums: exactly onnxruntime's integers, for one row (decode), a few and 128 (a prompt),
+    odd K, the extreme values included."""
+    for m, k, n in ((1, 37, 5), (3, 300, 17), (128, 64, 33)):
+        a, b = _ints(a_dtype, 2, m, k), _ints(b_dtype, k, n)
+        a.flat[:2], b.flat[:2] = np.iinfo(a_dtype).min, np.iinfo(b_dtype).max
+        arrays = [a, b]
+        if zero_points == "scalar":
+            arrays += [_ints(a_dtype), _ints(b_dtype)]
+        elif zero_points == "per_column":  # onnxruntime takes A's zero point as a scalar only
+            arrays += [_ints(a_dtype), _ints(b_dtype, n)]
+        check("MatMulInteger", 10, arrays, inits=(1, 3), compare="equal")
+
+
+def test_matmul_integer_keeps_the_weight_8_bit():
+    """The compiled program multiplies the int8 weight as it is: no int32 (or int16) copy of it [K, N]."""
+    import jax
+
+    from onnx2jax.ops.quantization import matmul_integer
+
+    k, n = 96, 40
+    a, b = _ints(np.uint8, 4, k), _ints(np.int8, k, n)
+    hlo = jax.jit(lambda a, b: matmul_integer(a, b, np.uint8(3), None)).lower(a, b).compile().as_text()
+    entry = hlo[hlo.index("\nENTRY"):]  # the program's buffers (fused computations' insides are not buffers)
+    assert f"s8[{k},{n}]" in entry and "s32[4,40]" in entry  # the check below can fail
+    assert f"s32[{k},{n}]" not in entry and f"s16[{k},{n}]" not in entry
+
+
+@pytest.mark.parametrize("axis", [1, 0], ids=["by_n", "by_k"])
+def test_matmul_integer_weight_sharded(axis):
+    """The 8-bit weight split over 8 fake devices by N (column) or K (row, the partial products and B's column
+    sums added across devices): the same integers as onnxruntime, and each device holds K * N / 8 bytes of it."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from onnx2jax.ops.quantization import matmul_integer
+
+    m, k, n = 3, 64, 48
+    a, b, a_zero, b_zero = _ints(np.uint8, m, k), _ints(np.uint8, k, n), _ints(np.uint8), _ints(np.uint8, n)
+    model, feeds = opcheck.single_node_model("MatMulInteger", 10, [a, b, a_zero, b_zero])
+    session = opcheck.ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, feeds)[0]
+    mesh = jax.sharding.Mesh(np.array(jax.devices()[:8]), ("x",))
+    spec = PartitionSpec(None, "x") if axis == 1 else PartitionSpec("x", None)
+    placed = jax.device_put(b, NamedSharding(mesh, spec))
+    assert placed.addressable_shards[0].data.nbytes == k * n // 8 and placed.dtype == np.uint8
+    zero = jax.device_put(b_zero, NamedSharding(mesh, PartitionSpec("x" if axis == 1 else None)))
+    got = jax.jit(lambda a, b, z: matmul_integer(a, b, a_zero, z))(a, placed, zero)
+    np.testing.assert_array_equal(np.asarray(got), expected)
+
+
+@pytest.mark.parametrize("a_dtype,b_dtype", [(np.uint8, np.uint8), (np.int8, np.int8)], ids=["u8", "s8"])
+def test_qlinear_matmul_weight_per_column(a_dtype, b_dtype):
+    """QLinearMatMul with an 8-bit weight, per-column scales and zero points, 1 and 64 rows."""
+    f = lambda v: np.asarray(v, np.float32)  # noqa: E731
+    for m, k, n in ((1, 45, 6), (64, 130, 12)):
+        a, b = _ints(a_dtype, m, k), _ints(b_dtype, k, n)
+        b_scale = f(RNG.random(n) * 0.01 + 0.001)
+        check(
+            "QLinearMatMul", 21,
+            [a, f(0.02), _ints(a_dtype), b, b_scale, _ints(b_dtype, n), f(0.5), _ints(a_dtype)],
+            inits=(1, 2, 3, 4, 5, 6, 7), compare="equal",
+        )
+
+
 @pytest.mark.parametrize(
     "attrs",
     [{}, {"pads": [1, 1, 1, 1]}, {"strides": [2, 2], "pads": [0, 1, 0, 1]}, {"auto_pad": "SAME_UPPER"}, {"group": 2}],
