@@ -89,7 +89,7 @@ def build_app(driver: EngineDriver, text: Text, model_name: str, *, aliases: tup
         except RuntimeError as error:
             return JSONResponse(api.error(str(error), kind="server_error"), status_code=503)
         reply = api.new_id("cmpl" if kind == "completion" else "chatcmpl")
-        detok = Detokenizer(text, parsed.stop)
+        detok = Detokenizer(text, parsed.stop, parsed.prompt)
         if parsed.stream:
             return StreamingResponse(_events(kind, reply, rid, queue, detok, parsed), media_type="text/event-stream")
         return await _whole(request, kind, reply, rid, queue, detok, parsed)
