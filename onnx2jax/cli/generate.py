@@ -1,6 +1,7 @@
 """``onnx2jax generate``: generate tokens from a decoder LLM (an onnxruntime-genai folder, a torch export with a
-cache), printing them as they come, then its figures from the command's start: the load, the time to first
-token (load included) and the decode rate over the decode time only (docs/generation.md).
+cache), printing each token as it is made (one decode step per call, its text flushed before the next step
+runs), then its figures from the command's start: the load, the time to first token (load included), the decode
+program's compile and the decode rate over the decode time only (docs/generation.md).
 
 Examples::
 
@@ -11,6 +12,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -21,6 +23,7 @@ import numpy as np
 from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.cli.options import ensure_devices
 from onnx2jax.runtime import compilation_cache
+from onnx2jax.runtime.compilation_cache import Lookups
 
 TOKENIZER = "tokenizer.json"
 
@@ -69,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         ensure_devices(args.devices)
     from onnx2jax.runtime.generate import Generator
     from onnx2jax.runtime.load import load
+    from onnx2jax.serving.text import IncrementalText
 
     model = load(args.model, devices=args.devices or None)
     loaded = time.perf_counter() - start
@@ -82,41 +86,66 @@ def run(args: argparse.Namespace) -> int:
     out.write(tokenizer.decode(ids) if tokenizer else " ".join(map(str, ids)))
     out.write(" |" if not tokenizer else "")
     out.flush()
-    times: list[float] = []  # when each new token came, from the command's start
-    new: list[int] = []
-    shown = ""
+    text = IncrementalText(tokenizer, ids) if tokenizer else None
+    timing = Timing(loaded)
     with compilation_cache.watch() as lookups:
-        for token in generator:
-            times.append(time.perf_counter() - start)
-            new.append(int(token[0]))
-            if tokenizer:
-                text = tokenizer.decode(ids + new)[len(tokenizer.decode(ids)):]
-                out.write(text[len(shown):])
-                shown = text
-            else:
-                out.write(f" {new[-1]}")
+        for token in generator:  # one step per call: each token printed before the next step runs
+            timing.token(time.perf_counter() - start)
+            out.write(text.add(int(token[0])) if text else f" {int(token[0])}")
             out.flush()
+            if timing.count == 1:  # the decode program's compile, timed apart from the decode
+                prefill = dataclasses.replace(lookups)
+                generator.compile_decode()
+                timing.decoding(time.perf_counter() - start, prefill, lookups)
+        if text:
+            out.write(text.flush())
     out.write("\n")
-    print(_figures(loaded, times, lookups.describe()))
+    print(timing.line(lookups))
     if args.check:
         return _check(generator, ids, args)
     return 0
 
 
-def _figures(loaded: float, times: list[float], compiled: str) -> str:
-    """The load time, the time to first token from the command's start (the load, the prefill's compile and the
-    prefill), and the decode rate: the tokens after the first over the time from the first to the last (the
-    decode program's compile, or its load from the persistent cache, included). ``compiled``: how the
-    programs were obtained (``compilation_cache.Lookups.describe``)."""
-    line = f"load {loaded:.3f}s"
-    if not times:
-        return line + "; no new tokens (the prompt fills max_length, or the first token was eos)"
-    line += (f"; time to first token {times[0]:.3f}s from the start (load included; prefill "
-             f"{times[0] - loaded:.3f}s, {compiled} included); {len(times)} new tokens")
-    if len(times) > 1:
-        decode = times[-1] - times[0]
-        line += f"; decode {len(times) - 1} tokens in {decode:.3f}s: {(len(times) - 1) / decode:.1f} tokens/s"
-    return line
+@dataclasses.dataclass
+class Timing:
+    """The run's figures, in seconds from the command's start: the load, the first token (the load, the
+    prefill's compile and the prefill), the decode program's compile (timed apart, after the first token:
+    ``Generator.compile_decode``), and the decode: the tokens after the first over the time from the compiled
+    decode program to the last token, so that the rate is the same whatever the number of tokens."""
+
+    loaded: float
+    count: int = 0
+    first: float = 0.0
+    last: float = 0.0
+    decode_from: float | None = None
+    prefill: Lookups = dataclasses.field(default_factory=Lookups)
+    decode: Lookups = dataclasses.field(default_factory=Lookups)
+
+    def token(self, at: float) -> None:
+        """A new token came at ``at``."""
+        self.count += 1
+        self.first = at if self.count == 1 else self.first
+        self.last = at
+
+    def decoding(self, at: float, prefill: Lookups, lookups: Lookups) -> None:
+        """The decode program is ready at ``at``; ``prefill``: the cache lookups up to the first token,
+        ``lookups``: those up to now."""
+        self.decode_from, self.prefill = at, prefill
+        self.decode = Lookups(lookups.hits - prefill.hits, lookups.misses - prefill.misses)
+
+    def line(self, lookups: Lookups) -> str:
+        """The figures line (``lookups``: the persistent cache's, where there was no decode)."""
+        line = f"load {self.loaded:.3f}s"
+        if not self.count:
+            return line + "; no new tokens (the prompt fills max_length, or the first token was eos)"
+        prefill = self.prefill if self.decode_from is not None else lookups
+        line += (f"; time to first token {self.first:.3f}s from the start (load included; prefill "
+                 f"{self.first - self.loaded:.3f}s, {prefill.describe()} included); {self.count} new tokens")
+        if self.count > 1 and self.decode_from is not None:
+            decode = self.last - self.decode_from
+            line += (f"; decode program {self.decode_from - self.first:.3f}s ({self.decode.describe()}); decode "
+                     f"{self.count - 1} tokens in {decode * 1e3:.2f} ms: {(self.count - 1) / decode:.1f} tokens/s")
+        return line
 
 
 def _parse_ids(text: str) -> list[int]:

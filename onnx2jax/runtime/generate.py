@@ -246,15 +246,34 @@ class Generator:
         self._cache = self._state = self._token = None  # the device buffers go now
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        """Each step's new tokens, [batch] int32, until done (a single prompt's eos is not yielded); the decode
-        steps run `~onnx2jax.runtime.decoder.DECODE_STEPS` at a time, their tokens yielded one by one."""
+        """Each step's new tokens, [batch] int32, until done (a single prompt's eos is not yielded), each as it
+        is made: one decode step per call of the decode program, its tokens on the host and yielded before the
+        next step runs (someone is listening). :func:`generate`, which only wants the end, runs
+        `~onnx2jax.runtime.decoder.DECODE_STEPS` steps per call instead."""
+        return self._steps(1)
+
+    def _steps(self, per_call: int) -> Iterator[np.ndarray]:
+        """Each step's new tokens, the decode program running up to ``per_call`` steps per call."""
         while not self._finished:
             if not self._ready:
-                self._take(self._run(DECODE_STEPS))
+                self._take(self._run(per_call))
                 if not self._ready:  # a single prompt's eos: not yielded
                     self._finish()
                     return
             yield self._next()
+
+    def compile_decode(self) -> None:
+        """Compiles (or loads from the persistent cache) the decode program now, by a call of zero steps after
+        the prefill (the cache and state pass through it unchanged), so that timing the decode that follows
+        times no compile: the CLI's tokens/s is decode tokens over decode time alone, the same whatever the
+        number of tokens. Does nothing before the prefill, once done, or for a model without a cache."""
+        if self._finished or self._cache is None or self.decoder.layout.kind == "none":
+            return
+        program = self.decoder.decode(self.search)
+        self._cache, self._state, self._token, _ = program(
+            self.decoder.params, self._cache, self._state, self._token, np.int32(0)
+        )
+        jax.block_until_ready(self._token)
 
     @property
     def sequences(self) -> np.ndarray:
@@ -294,7 +313,7 @@ def generate(
         do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
         eos_token_id=eos_token_id, pad_token_id=pad_token_id,
     )
-    for _ in generator:
+    for _ in generator._steps(DECODE_STEPS):  # nobody listens: as many steps per call as the program runs
         pass
     return generator.sequences
 

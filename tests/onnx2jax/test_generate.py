@@ -8,6 +8,7 @@ import json
 import pathlib
 import shutil
 
+import jax
 import numpy as np
 import onnx
 import onnx.helper as oh
@@ -110,6 +111,62 @@ def test_streaming_yields_each_new_token(decoders):
     streamed = [int(t[0]) for t in generator]
     assert streamed == want["tokens"][2][2:8]
     assert generator.is_done() and generator.sequences.tolist() == [want["tokens"][2][:8]]
+
+
+def _count_steps(monkeypatch, program) -> list[int]:
+    """The steps asked of each call of ``program`` (the decode program's last argument), as it is called."""
+    asked: list[int] = []
+    jitted = program._jitted
+
+    def counting(*args):
+        asked.append(int(args[-1]))
+        return jitted(*args)
+
+    counting._cache_size = jitted._cache_size  # Program.executables reads it
+    monkeypatch.setattr(program, "_jitted", counting)
+    return asked
+
+
+def test_iteration_yields_each_token_before_the_next_step_runs(decoders, monkeypatch):
+    """Streaming streams (issue 29 item 3): token k is on the host and yielded before the decode program runs
+    step k+1 (its calls counted: one step each); generate(), which nobody watches, runs 16 steps a call; both
+    give onnxruntime-genai's stored tokens."""
+    want = expected("llama_gqa")
+    decoder = decoders("llama_gqa")
+    prompt, stored = want["prompts"][1], want["tokens"][1]
+    generator = Generator(decoder, prompt, max_length=want["max_length"])
+    asked = _count_steps(monkeypatch, decoder.decode(generator.search))
+    streamed = []
+    for token in generator:
+        streamed.append(int(token[0]))
+        assert asked == [1] * (len(streamed) - 1)  # token 0 is the prefill's; token k, decode call k's
+    assert prompt + streamed == stored
+    asked.clear()
+    assert onnx2jax.generate(decoder, prompt, max_length=want["max_length"]).tolist() == [stored]
+    assert asked == [16, len(stored) - len(prompt) - 1 - 16]  # 19 decode steps in two calls
+
+
+def test_compile_decode_leaves_nothing_to_compile_in_the_timed_decode(decoders, monkeypatch):
+    """The CLI times the decode after Generator.compile_decode (a call of zero steps): the decode that follows
+    compiles nothing (XLA's compile events counted), whatever ran before, and its tokens are onnxruntime-genai's."""
+    want = expected("llama_gqa")
+    decoder = decoders("llama_gqa")
+    generator = Generator(decoder, want["prompts"][0], max_length=want["max_length"])
+    program = decoder.decode(generator.search)
+    asked = _count_steps(monkeypatch, program)
+    generator.generate_next_token()
+    generator.compile_decode()
+    ready = program.executables()
+    compiles: list[str] = []
+    listen = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        rest = [int(t[0]) for t in generator]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert ready >= 1 and program.executables() == ready and compiles == []
+    assert asked == [0] + [1] * len(rest)
+    assert generator.sequences.tolist() == [want["tokens"][0]]
 
 
 def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(decoders):
