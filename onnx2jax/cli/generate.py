@@ -43,11 +43,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--max-length", type=int, metavar="N",
                         help="tokens at most, prompt included (default genai_config's search.max_length)")
     parser.add_argument("--devices", type=int, default=0, metavar="N", help="tensor-parallel over N devices")
-    parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    parser.add_argument("--sample", action=argparse.BooleanOptionalAction, default=None,
+                        help="sample (--sample) or take the most likely token (--no-sample); default genai_config's "
+                        "do_sample, else greedy")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default genai_config's, or 1)")
-    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
-    parser.add_argument("--top-p", type=float, help="sample among the most likely tokens of total probability p")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default genai_config's; "
+                        "0: all)")
+    parser.add_argument("--top-p", type=float, help="sample among the most likely tokens of total probability p "
+                        "(default genai_config's, or 1)")
+    parser.add_argument("--repetition-penalty", type=float, metavar="P", help="transformers' repetition penalty, "
+                        "greedy or sampled (default genai_config's, or 1: none)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default genai_config's random_seed "
+                        "where >= 0, else 0)")
     parser.add_argument("--eos", type=int, action="append", metavar="ID", help="eos token id (repeatable; "
                         "default genai_config's)")
     parser.add_argument("--check", action="store_true",
@@ -59,9 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Generates from one prompt, streaming the tokens; exit 1 where --check finds a difference."""
     start = time.perf_counter()  # the figures count from here: loading is part of the first token's wait
-    if args.check and args.sample:
-        raise UsageError("--check compares greedy tokens; leave out --sample")
     folder = args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model))
+    _check_search(args)
     tokenizer = _tokenizer(folder) if args.prompt is not None else None
     if args.check:
         _require_genai()
@@ -78,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = time.perf_counter() - start
     generator = Generator(
         model, [ids], max_length=args.max_length, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_id=args.eos,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed, eos_token_id=args.eos,
     )
     if model.placement.note:
         print(f"note: {model.placement.note}")
@@ -148,6 +155,23 @@ class Timing:
         return line
 
 
+def _check_search(args: argparse.Namespace) -> None:
+    """Refuses, before anything loads, genai_config.json's unimplemented search options (by name:
+    ``num_beams`` > 1, ...), sampling flags on a greedy run (nothing is ignored) and --check on a sampled one."""
+    from onnx2jax.runtime.search_options import folder_defaults
+
+    defaults = folder_defaults(args.model) if os.path.isdir(args.model) else None
+    sample = args.sample if args.sample is not None else bool(defaults and defaults.do_sample)
+    why = "without --sample" if defaults is None or args.sample is not None else "genai_config.json's do_sample is false"
+    flags = [f for f, v in (("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p),
+                            ("--seed", args.seed)) if v is not None]
+    if flags and not sample:
+        raise UsageError(f"{', '.join(flags)}: for sampling, and this run is greedy ({why}): add --sample")
+    if args.check and sample:
+        raise UsageError("--check compares greedy tokens: leave out --sample" if args.sample else
+                         "--check compares greedy tokens, and genai_config.json's do_sample is true: give --no-sample")
+
+
 def _parse_ids(text: str) -> list[int]:
     """The prompt's ids: integers separated by commas, spaces or both (``"1,17,230"``, ``"1 17 230"``,
     ``"1, 17, 230"``); anything else (``"1.5"``, ``"a"``, ``"1,,2"``) is refused by name. Range is checked
@@ -192,7 +216,8 @@ def _check(generator, ids: list[int], args: argparse.Namespace) -> int:
     folder = args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model))
     model = og.Model(folder)
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=generator.max_length, do_sample=False)
+    params.set_search_options(max_length=generator.max_length, do_sample=False,
+                              repetition_penalty=generator.search.repetition_penalty)
     reference = og.Generator(model, params)
     reference.append_tokens(np.array([ids], np.int32))
     while not reference.is_done():

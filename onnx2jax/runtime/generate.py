@@ -30,6 +30,7 @@ from onnx2jax.runtime.decoder import DECODE_STEPS, Decoder
 from onnx2jax.runtime.load import load
 from onnx2jax.runtime.generate_inputs import check_prompts
 from onnx2jax.runtime.sampling import Search
+from onnx2jax.runtime.search_options import SearchDefaults, search_defaults
 from onnx2jax.translate import JaxModel
 
 QUADRATIC_NOTE = (
@@ -68,15 +69,18 @@ class Generator:
       max_new_tokens: instead of max_length: the padded prompt's width plus this.
       devices, mesh: run tensor-parallel (:mod:`onnx2jax.runtime.generate_sharding`); fixed by ``load``, so
         only with a path or model, not with a handle.
-      do_sample, temperature, top_k, top_p: greedy (default) or sampled; None takes genai_config's search
-        defaults where it has them.
-      seed: of the sampling (``jax.random``): the same seed gives the same tokens.
+      do_sample, temperature, top_k, top_p, repetition_penalty: greedy or sampled (top-k and top-p only where
+        sampling), the penalty transformers' (1: none); None takes genai_config.json's search defaults
+        (:mod:`onnx2jax.runtime.search_options`), else greedy without penalty.
+      seed: of the sampling (``jax.random``): the same seed gives the same tokens; None: genai_config's
+        random_seed where >= 0, else 0.
       eos_token_id: one id or several; default genai_config's.
       pad_token_id: fills padding and rows done; default genai_config's, else the first eos, else 0.
 
     Raises:
       ValueError: a prompt longer than the context or than max_length, max_length beyond the context,
         no max_length to be found, or prompts of different lengths for a model without attention_mask.
+      SearchOptionError: genai_config.json asks for a search option not implemented (``num_beams`` > 1, ...).
     """
 
     def __init__(
@@ -88,23 +92,27 @@ class Generator:
         max_new_tokens: int | None = None,
         devices: int | None = None,
         mesh: Any = None,
-        do_sample: bool = False,
+        do_sample: bool | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
-        seed: int = 0,
+        repetition_penalty: float | None = None,
+        seed: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
     ):
         self.decoder = _handle(model, devices, mesh)
         layout = self.decoder.layout
-        defaults = layout.search
+        defaults = search_defaults(layout.search, layout.source) or SearchDefaults()
+        do_sample = defaults.do_sample if do_sample is None else bool(do_sample)
         self.search = Search(
-            do_sample=bool(do_sample),
-            temperature=float(temperature if temperature is not None else defaults.get("temperature", 1.0)),
-            top_k=int(top_k if top_k is not None else (defaults.get("top_k", 0) if do_sample else 0)),
-            top_p=float(top_p if top_p is not None else defaults.get("top_p", 1.0)),
+            do_sample=do_sample,
+            temperature=float(_given(temperature, defaults.temperature)),
+            top_k=int(_given(top_k, defaults.top_k if do_sample else 0)),
+            top_p=float(_given(top_p, defaults.top_p)),
+            repetition_penalty=float(_given(repetition_penalty, defaults.repetition_penalty)),
         )
+        seed = _given(seed, defaults.seed if defaults.seed is not None else 0)
         if eos_token_id is None:
             self.eos = tuple(layout.eos_token_ids)
         else:
@@ -292,11 +300,12 @@ def generate(
     max_new_tokens: int | None = None,
     devices: int | None = None,
     mesh: Any = None,
-    do_sample: bool = False,
+    do_sample: bool | None = None,
     temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
-    seed: int = 0,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
 ) -> np.ndarray:
@@ -310,12 +319,16 @@ def generate(
     """
     generator = Generator(
         model, input_ids, max_length=max_length, max_new_tokens=max_new_tokens, devices=devices, mesh=mesh,
-        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+        repetition_penalty=repetition_penalty, seed=seed, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
     )
     for _ in generator._steps(DECODE_STEPS):  # nobody listens: as many steps per call as the program runs
         pass
     return generator.sequences
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _prompts(input_ids: Any, pad: int) -> list[list[int]]:

@@ -4,6 +4,7 @@ Each fixture's Decoder is made once per module; every prompt width compiles one 
 decode step.
 """
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -15,6 +16,7 @@ import onnx.helper as oh
 import pytest
 
 import onnx2jax
+from onnx2jax.errors import SearchOptionError
 from onnx2jax.genai_config import GenaiConfigError
 from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate import QUADRATIC_NOTE, Generator
@@ -167,6 +169,43 @@ def test_compile_decode_leaves_nothing_to_compile_in_the_timed_decode(decoders, 
     assert ready >= 1 and program.executables() == ready and compiles == []
     assert asked == [0] + [1] * len(rest)
     assert generator.sequences.tolist() == [want["tokens"][0]]
+
+
+def penalized_greedy(name: str, prompt: list[int], steps: int, penalty: float) -> list[int]:
+    """Plain onnxruntime, the whole sequence each call, greedy after transformers' repetition penalty in numpy:
+    the independent reference of a penalized run (the builder fixtures' 2 layers of 2 KV heads of 16)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(GENAI / name / "model.onnx"), providers=["CPUExecutionProvider"])
+    tokens = list(prompt)
+    for _ in range(steps):
+        feeds = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, len(tokens)), np.int64)}
+        feeds.update({f"past_key_values.{i}.{p}": np.zeros((1, 2, 0, 16), np.float32) for i in (0, 1)
+                      for p in ("key", "value")})
+        logits = session.run(["logits"], feeds)[0][0, -1].astype(np.float32)
+        seen = np.unique(tokens)
+        logits[seen] = np.where(logits[seen] < 0, logits[seen] * penalty, logits[seen] / penalty)
+        tokens.append(int(np.argmax(logits)))
+    return tokens[len(prompt):]
+
+
+def test_repetition_penalty_from_the_call_and_from_genai_config(decoders, monkeypatch):
+    """genai_config.json's repetition_penalty is the default, a call overrides it; the tokens are plain
+    onnxruntime's with the penalty in numpy, and the stored greedy ones at 1 (issue 29 item 2)."""
+    want = expected("llama_gqa")
+    decoder = decoders("llama_gqa")
+    prompt, stored, length = want["prompts"][0], want["tokens"][0], want["max_length"]  # the greedy tests' shapes
+    reference = penalized_greedy("llama_gqa", prompt, length - len(prompt), 1.3)
+    assert prompt + reference != stored  # the penalty changes the tokens
+    assert onnx2jax.generate(decoder, prompt, max_length=length, repetition_penalty=1.3)[0].tolist() == prompt + reference
+    layout = decoder.layout
+    monkeypatch.setattr(decoder, "layout", dataclasses.replace(layout, search={**layout.search, "repetition_penalty": 1.3}))
+    streamed = [int(t[0]) for t in Generator(decoder, prompt, max_length=length)]
+    assert streamed == reference
+    assert onnx2jax.generate(decoder, prompt, max_length=length, repetition_penalty=1.0)[0].tolist() == stored
+    monkeypatch.setattr(decoder, "layout", dataclasses.replace(layout, search={**layout.search, "num_beams": 4}))
+    with pytest.raises(SearchOptionError, match="num_beams=4 in .*genai_config.json: beam search is not implemented"):
+        Generator(decoder, prompt, max_new_tokens=12)
 
 
 def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(decoders):
