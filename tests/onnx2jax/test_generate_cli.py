@@ -81,8 +81,10 @@ def test_generate_prints_each_token_before_the_next_step_runs_then_the_figures(n
     assert figures["new"] == 6 and figures["decoded"] == 5
     on_line = [(text.split("|")[1].split(), calls) for text, calls in terminal.flushes if "\n" not in text]
     assert [len(shown) for shown, _ in on_line] == list(range(7))  # the prompt, then one token more each flush
-    assert [calls for _, calls in on_line] == [0, 0, 1, 2, 3, 4, 5]  # token k after k decode steps, before k + 1
-    assert max(asked) == 1
+    # the decode program readied after the first token (a step run ahead: compile_decode), then token k printed
+    # after k decode steps and before step k + 1
+    assert [calls for _, calls in on_line] == [0, 0, 2, 3, 4, 5, 6]
+    assert asked == [1] * 6
 
 
 def test_generate_with_a_repetition_penalty(capsys):
