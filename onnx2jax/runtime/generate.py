@@ -173,7 +173,7 @@ class Generator:
         """Runs one step (the prefill first) and returns its new token of each row, int32 [batch].
 
         A single prompt's eos ends generation without being returned (an empty array then); in a batch, a
-        row done gets pad_token_id. Tokens a streaming iteration already computed are returned first.
+        row done gets pad_token_id. Tokens a call of several steps already computed are returned first.
         """
         if self._finished:
             raise RuntimeError("generation is done (is_done() is True)")

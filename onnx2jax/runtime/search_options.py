@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 from onnx2jax.errors import SearchOptionError
 
+IMPLEMENTED = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "random_seed")
 READ_ELSEWHERE = ("max_length", "past_present_share_buffer")
 BEAM_ONLY = ("length_penalty", "early_stopping")
 ONLY_AT = {"num_beams": 1, "num_return_sequences": 1, "min_length": 0, "no_repeat_ngram_size": 0,
@@ -68,8 +69,7 @@ def search_defaults(search: Mapping[str, Any], source: str = "") -> SearchDefaul
             if value is None or _number(option, value, source) == ONLY_AT[option]:
                 continue
             raise SearchOptionError(option, value, source, WHY[option])
-        if option not in READ_ELSEWHERE + BEAM_ONLY + tuple(f.name for f in dataclasses.fields(SearchDefaults)) \
-                and option != "random_seed":
+        if option not in IMPLEMENTED + READ_ELSEWHERE + BEAM_ONLY:
             raise SearchOptionError(option, value, source, "not an option onnx2jax knows; remove it (nothing "
                                     "is ignored)")
     if not search:

@@ -220,6 +220,10 @@ def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(decoders)
     traced = dict(decoder.traces)
     again, other = run(1), run(2)
     assert np.array_equal(first, again)
+    streamed = Generator(decoder, prompts, max_length=32, do_sample=True, temperature=1.5, seed=1)
+    for _ in streamed:  # one step a call: the same keys as 16 a call
+        pass
+    assert np.array_equal(streamed.sequences, first)
     assert not np.array_equal(first, other)
     greedy = expected("llama_gqa")["batch_right_padded"]["tokens"]
     assert first.tolist() != greedy

@@ -30,7 +30,7 @@ def test_the_builders_search_section_reads_as_onnxruntime_genai_defaults():
 
 @pytest.mark.parametrize("option, value", [
     ("num_beams", 4), ("num_return_sequences", 2), ("min_length", 5), ("no_repeat_ngram_size", 3),
-    ("diversity_penalty", 0.5), ("frobnicate", 1), ("do_sample", "yes"), ("temperature", "hot"),
+    ("diversity_penalty", 0.5), ("frobnicate", 1), ("seed", 3), ("do_sample", "yes"), ("temperature", "hot"),
 ])
 def test_an_option_not_implemented_is_refused_by_name(option, value):
     with pytest.raises(SearchOptionError, match=f"search option {option}=.* in cfg.json") as info:
