@@ -16,6 +16,7 @@ import onnx.helper as oh
 import pytest
 
 import onnx2jax
+from onnx2jax.cli.app import main
 from onnx2jax.errors import SearchOptionError
 from onnx2jax.genai_config import GenaiConfigError
 from onnx2jax.runtime.decoder import Decoder
@@ -190,15 +191,20 @@ def penalized_greedy(name: str, prompt: list[int], steps: int, penalty: float) -
     return tokens[len(prompt):]
 
 
-def test_repetition_penalty_from_the_call_and_from_genai_config(decoders, monkeypatch):
-    """genai_config.json's repetition_penalty is the default, a call overrides it; the tokens are plain
-    onnxruntime's with the penalty in numpy, and the stored greedy ones at 1 (issue 29 item 2)."""
+def test_repetition_penalty_from_the_call_and_from_genai_config(decoders, monkeypatch, capsys):
+    """genai_config.json's repetition_penalty is the default, a call (or onnx2jax generate's
+    --repetition-penalty) overrides it; the tokens are plain onnxruntime's with the penalty in numpy, and the
+    stored greedy ones at 1 (issue 29 item 2)."""
     want = expected("llama_gqa")
     decoder = decoders("llama_gqa")
     prompt, stored, length = want["prompts"][0], want["tokens"][0], want["max_length"]  # the greedy tests' shapes
     reference = penalized_greedy("llama_gqa", prompt, length - len(prompt), 1.3)
     assert prompt + reference != stored  # the penalty changes the tokens
     assert onnx2jax.generate(decoder, prompt, max_length=length, repetition_penalty=1.3)[0].tolist() == prompt + reference
+    args = ["generate", str(GENAI / "llama_gqa"), "--prompt-ids", ",".join(map(str, prompt)), "--max-length",
+            str(length), "--repetition-penalty", "1.3"]  # the CLI's load gives the handle held here
+    assert main(args) == 0
+    assert capsys.readouterr().out.splitlines()[0] == " ".join(map(str, prompt)) + " | " + " ".join(map(str, reference))
     layout = decoder.layout
     monkeypatch.setattr(decoder, "layout", dataclasses.replace(layout, search={**layout.search, "repetition_penalty": 1.3}))
     streamed = [int(t[0]) for t in Generator(decoder, prompt, max_length=length)]

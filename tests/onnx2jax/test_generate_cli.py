@@ -87,18 +87,6 @@ def test_generate_prints_each_token_before_the_next_step_runs_then_the_figures(n
     assert asked == [1] * 6
 
 
-def test_generate_with_a_repetition_penalty(capsys):
-    """--repetition-penalty: plain onnxruntime's tokens with the penalty in numpy (issue 29 item 2)."""
-    from test_generate import penalized_greedy
-
-    prompt = stored("llama_gqa")["prompts"][0]
-    args = ["generate", str(GENAI / "llama_gqa"), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "12",
-            "--repetition-penalty", "1.3"]
-    assert main(args) == 0
-    first = capsys.readouterr().out.splitlines()[0]
-    assert first == " ".join(map(str, prompt)) + " | " + " ".join(map(str, penalized_greedy("llama_gqa", prompt, 12, 1.3)))
-
-
 def test_generate_sampled(capsys):
     args = ["generate", str(GENAI / "llama_gqa"), "--prompt-ids", "1,42", "--max-new-tokens", "5", "--sample",
             "--temperature", "1.5", "--top-p", "0.9", "--seed", "4"]
