@@ -78,8 +78,9 @@ def genai_run(python: str, folder: pathlib.Path, max_length: int, repeats: int, 
 
 
 def onnx2jax_run(decoder, max_length: int, repeats: int, prompt: list[int] = PROMPT) -> dict:
-    """``repeats`` greedy generations through :class:`Generator`'s iteration (as ``generate`` and the CLI
-    stream): the same measures as genai_timings.py."""
+    """``repeats`` greedy generations through :class:`Generator`'s iteration (one decode step per call, each
+    token on the host before the next step, as the CLI streams and as onnxruntime-genai's generate_next_token
+    loop runs): the same measures as genai_timings.py."""
     from onnx2jax.runtime.generate import Generator
 
     ttft, decode, cpu, steps = [], [], [], []

@@ -237,3 +237,19 @@ class RequestError(ValueError):
     def __init__(self, field: str, reason: str):
         self.field, self.reason = field, reason
         super().__init__(f"{field}: {reason}")
+
+
+class SearchOptionError(ValueError):
+    """A search option of genai_config.json (or given for generation) that onnx2jax does not implement at that
+    value (``num_beams`` > 1, say), or does not know: refused by name rather than ignored.
+
+    Attributes:
+      option: the option's name.
+      value: its value.
+      source: where it was read (the genai_config.json's path), or "" where it was given directly.
+    """
+
+    def __init__(self, option: str, value: object, source: str, reason: str):
+        self.option, self.value, self.source = option, value, source
+        where = f" in {source}" if source else ""
+        super().__init__(f"search option {option}={value!r}{where}: {reason}")

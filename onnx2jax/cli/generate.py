@@ -1,6 +1,7 @@
 """``onnx2jax generate``: generate tokens from a decoder LLM (an onnxruntime-genai folder, a torch export with a
-cache), printing them as they come, then its figures from the command's start: the load, the time to first
-token (load included) and the decode rate over the decode time only (docs/generation.md).
+cache), printing each token as it is made (one decode step per call, its text flushed before the next step
+runs), then its figures from the command's start: the load, the time to first token (load included), the decode
+program's compile and the decode rate over the decode time only (docs/generation.md).
 
 Examples::
 
@@ -11,6 +12,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import sys
@@ -21,6 +23,7 @@ import numpy as np
 from onnx2jax.cli.errors import CliError, UsageError
 from onnx2jax.cli.options import add_cache_arguments, ensure_devices
 from onnx2jax.runtime import compilation_cache
+from onnx2jax.runtime.compilation_cache import Lookups
 
 TOKENIZER = "tokenizer.json"
 
@@ -40,11 +43,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--max-length", type=int, metavar="N",
                         help="tokens at most, prompt included (default genai_config's search.max_length)")
     parser.add_argument("--devices", type=int, default=0, metavar="N", help="tensor-parallel over N devices")
-    parser.add_argument("--sample", action="store_true", help="sample instead of greedy")
+    parser.add_argument("--sample", action=argparse.BooleanOptionalAction, default=None,
+                        help="sample (--sample) or take the most likely token (--no-sample); default genai_config's "
+                        "do_sample, else greedy")
     parser.add_argument("--temperature", type=float, help="sampling temperature (default genai_config's, or 1)")
-    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
-    parser.add_argument("--top-p", type=float, help="sample among the most likely tokens of total probability p")
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default 0)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens (default genai_config's; "
+                        "0: all)")
+    parser.add_argument("--top-p", type=float, help="sample among the most likely tokens of total probability p "
+                        "(default genai_config's, or 1)")
+    parser.add_argument("--repetition-penalty", type=float, metavar="P", help="transformers' repetition penalty, "
+                        "greedy or sampled (default genai_config's, or 1: none)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default genai_config's random_seed "
+                        "where >= 0, else 0)")
     parser.add_argument("--eos", type=int, action="append", metavar="ID", help="eos token id (repeatable; "
                         "default genai_config's)")
     parser.add_argument("--check", action="store_true",
@@ -56,9 +66,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Generates from one prompt, streaming the tokens; exit 1 where --check finds a difference."""
     start = time.perf_counter()  # the figures count from here: loading is part of the first token's wait
-    if args.check and args.sample:
-        raise UsageError("--check compares greedy tokens; leave out --sample")
     folder = args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model))
+    _check_search(args)
     tokenizer = _tokenizer(folder) if args.prompt is not None else None
     if args.check:
         _require_genai()
@@ -69,12 +78,14 @@ def run(args: argparse.Namespace) -> int:
         ensure_devices(args.devices)
     from onnx2jax.runtime.generate import Generator
     from onnx2jax.runtime.load import load
+    from onnx2jax.serving.text import IncrementalText
 
     model = load(args.model, devices=args.devices or None)
     loaded = time.perf_counter() - start
     generator = Generator(
         model, [ids], max_length=args.max_length, max_new_tokens=args.max_new_tokens, do_sample=args.sample,
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed, eos_token_id=args.eos,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        repetition_penalty=args.repetition_penalty, seed=args.seed, eos_token_id=args.eos,
     )
     if model.placement.note:
         print(f"note: {model.placement.note}")
@@ -82,41 +93,83 @@ def run(args: argparse.Namespace) -> int:
     out.write(tokenizer.decode(ids) if tokenizer else " ".join(map(str, ids)))
     out.write(" |" if not tokenizer else "")
     out.flush()
-    times: list[float] = []  # when each new token came, from the command's start
-    new: list[int] = []
-    shown = ""
+    text = IncrementalText(tokenizer, ids) if tokenizer else None
+    timing = Timing(loaded)
     with compilation_cache.watch() as lookups:
-        for token in generator:
-            times.append(time.perf_counter() - start)
-            new.append(int(token[0]))
-            if tokenizer:
-                text = tokenizer.decode(ids + new)[len(tokenizer.decode(ids)):]
-                out.write(text[len(shown):])
-                shown = text
-            else:
-                out.write(f" {new[-1]}")
+        for token in generator:  # one step per call: each token printed before the next step runs
+            timing.token(time.perf_counter() - start)
+            out.write(text.add(int(token[0])) if text else f" {int(token[0])}")
             out.flush()
+            if timing.count == 1:  # the decode program's compile, timed apart from the decode
+                prefill = dataclasses.replace(lookups)
+                generator.compile_decode()
+                timing.decoding(time.perf_counter() - start, prefill, lookups)
+        if text:
+            out.write(text.flush())
     out.write("\n")
-    print(_figures(loaded, times, lookups.describe()))
+    print(timing.line(lookups))
     if args.check:
         return _check(generator, ids, args)
     return 0
 
 
-def _figures(loaded: float, times: list[float], compiled: str) -> str:
-    """The load time, the time to first token from the command's start (the load, the prefill's compile and the
-    prefill), and the decode rate: the tokens after the first over the time from the first to the last (the
-    decode program's compile, or its load from the persistent cache, included). ``compiled``: how the
-    programs were obtained (``compilation_cache.Lookups.describe``)."""
-    line = f"load {loaded:.3f}s"
-    if not times:
-        return line + "; no new tokens (the prompt fills max_length, or the first token was eos)"
-    line += (f"; time to first token {times[0]:.3f}s from the start (load included; prefill "
-             f"{times[0] - loaded:.3f}s, {compiled} included); {len(times)} new tokens")
-    if len(times) > 1:
-        decode = times[-1] - times[0]
-        line += f"; decode {len(times) - 1} tokens in {decode:.3f}s: {(len(times) - 1) / decode:.1f} tokens/s"
-    return line
+@dataclasses.dataclass
+class Timing:
+    """The run's figures, in seconds from the command's start: the load, the first token (the load, the
+    prefill's compile and the prefill), the decode program's compile (timed apart, after the first token:
+    ``Generator.compile_decode``), and the decode: the tokens after the first over the time from the compiled
+    decode program to the last token, so that the rate is the same whatever the number of tokens."""
+
+    loaded: float
+    count: int = 0
+    first: float = 0.0
+    last: float = 0.0
+    decode_from: float | None = None
+    prefill: Lookups = dataclasses.field(default_factory=Lookups)
+    decode: Lookups = dataclasses.field(default_factory=Lookups)
+
+    def token(self, at: float) -> None:
+        """A new token came at ``at``."""
+        self.count += 1
+        self.first = at if self.count == 1 else self.first
+        self.last = at
+
+    def decoding(self, at: float, prefill: Lookups, lookups: Lookups) -> None:
+        """The decode program is ready at ``at``; ``prefill``: the cache lookups up to the first token,
+        ``lookups``: those up to now."""
+        self.decode_from, self.prefill = at, prefill
+        self.decode = Lookups(lookups.hits - prefill.hits, lookups.misses - prefill.misses)
+
+    def line(self, lookups: Lookups) -> str:
+        """The figures line (``lookups``: the persistent cache's, where there was no decode)."""
+        line = f"load {self.loaded:.3f}s"
+        if not self.count:
+            return line + "; no new tokens (the prompt fills max_length, or the first token was eos)"
+        prefill = self.prefill if self.decode_from is not None else lookups
+        line += (f"; time to first token {self.first:.3f}s from the start (load included; prefill "
+                 f"{self.first - self.loaded:.3f}s, {prefill.describe()} included); {self.count} new tokens")
+        if self.count > 1 and self.decode_from is not None:
+            decode = self.last - self.decode_from
+            line += (f"; decode program {self.decode_from - self.first:.3f}s ({self.decode.describe()}); decode "
+                     f"{self.count - 1} tokens in {decode * 1e3:.2f} ms: {(self.count - 1) / decode:.1f} tokens/s")
+        return line
+
+
+def _check_search(args: argparse.Namespace) -> None:
+    """Refuses, before anything loads, genai_config.json's unimplemented search options (by name:
+    ``num_beams`` > 1, ...), sampling flags on a greedy run (nothing is ignored) and --check on a sampled one."""
+    from onnx2jax.runtime.search_options import folder_defaults
+
+    defaults = folder_defaults(args.model) if os.path.isdir(args.model) else None
+    sample = args.sample if args.sample is not None else bool(defaults and defaults.do_sample)
+    why = "without --sample" if defaults is None or args.sample is not None else "genai_config.json's do_sample is false"
+    flags = [f for f, v in (("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p),
+                            ("--seed", args.seed)) if v is not None]
+    if flags and not sample:
+        raise UsageError(f"{', '.join(flags)}: for sampling, and this run is greedy ({why}): add --sample")
+    if args.check and sample:
+        raise UsageError("--check compares greedy tokens: leave out --sample" if args.sample else
+                         "--check compares greedy tokens, and genai_config.json's do_sample is true: give --no-sample")
 
 
 def _parse_ids(text: str) -> list[int]:
@@ -163,7 +216,8 @@ def _check(generator, ids: list[int], args: argparse.Namespace) -> int:
     folder = args.model if os.path.isdir(args.model) else os.path.dirname(os.path.abspath(args.model))
     model = og.Model(folder)
     params = og.GeneratorParams(model)
-    params.set_search_options(max_length=generator.max_length, do_sample=False)
+    params.set_search_options(max_length=generator.max_length, do_sample=False,
+                              repetition_penalty=generator.search.repetition_penalty)
     reference = og.Generator(model, params)
     reference.append_tokens(np.array([ids], np.int32))
     while not reference.is_done():

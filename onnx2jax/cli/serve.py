@@ -26,7 +26,8 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("model", help="a model folder: onnxruntime-genai's (genai_config.json) or a torch "
                         "export's model.onnx, with tokenizer.json")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    parser.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: a free port the OS "
+                        "chooses, said in the start-up line)")
     parser.add_argument("--max-batch", type=int, default=8, metavar="B", help="requests decoding at once (slots; "
                         "default 8); more wait in the queue")
     parser.add_argument("--max-tokens-in-cache", type=int, default=None, metavar="N",
@@ -56,31 +57,51 @@ def run(args: argparse.Namespace) -> int:
     if args.devices and args.devices > 1:
         ensure_devices(args.devices)
     try:
-        from onnx2jax.serving.server import build_app, serve
+        from onnx2jax.serving.server import bind, build_app, serve
         from onnx2jax.serving.text import Text
     except ImportError as error:
         raise CliError(f"onnx2jax serve needs the 'serve' extra (pip install 'onnx2jax[serve]'): {error}") from error
+    from onnx2jax.runtime.search_options import folder_defaults
     from onnx2jax.serving.driver import EngineDriver
 
+    defaults = folder_defaults(args.model)  # before loading: num_beams > 1 and the like are refused by name
     text = Text(args.model)
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
     engine = _engine(args)
     engine.warmup()
     driver = EngineDriver(engine, queue_bound=args.queue_bound)
-    app = build_app(driver, text, name, aliases=(args.model,), shutdown_timeout=args.shutdown_timeout)
+    app = build_app(driver, text, name, aliases=(args.model,), shutdown_timeout=args.shutdown_timeout,
+                    defaults=defaults)
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as error:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {error.strerror or error}") from error
+    port = sock.getsockname()[1]
     counts = engine.counts
     where = f", {engine.source.devices} devices" if engine.source.devices > 1 else ""
-    print(f"onnx2jax serve: {name} on http://{args.host}:{args.port}/v1 ({args.max_batch} slots, {counts['pages']} "
+    print(f"onnx2jax serve: {name} on http://{args.host}:{port}/v1 ({args.max_batch} slots, {counts['pages']} "
           f"cache pages of {args.page_size}, context {engine.context_length}{where})", file=sys.stderr, flush=True)
     if engine.source.note:
         print(f"note: {engine.source.note}", file=sys.stderr, flush=True)
-    search = {k: v for k, v in engine.source.layout.search.items() if k not in ("max_length", "past_present_share_buffer")}
-    if search:
-        print(f"note: genai_config.json's search options ({', '.join(sorted(search))}) are not used: each request "
-              "carries its own (OpenAI's defaults)", file=sys.stderr, flush=True)
-    serve(app, host=args.host, port=args.port, shutdown_timeout=args.shutdown_timeout)
+    if defaults is not None:
+        print(f"note: a request's sampling parameters default to genai_config.json's: {_describe(defaults)}",
+              file=sys.stderr, flush=True)
+    serve(app, sock, shutdown_timeout=args.shutdown_timeout)
     print("onnx2jax serve: stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _describe(defaults) -> str:
+    """The folder's search defaults in a few words (``temperature`` 0 is how a request asks for greedy)."""
+    if defaults.do_sample:
+        words = [f"sampled (temperature {defaults.temperature:g}, top_k {defaults.top_k}, top_p {defaults.top_p:g})"]
+    else:
+        words = ["greedy (do_sample false: temperature 0)"]
+    if defaults.repetition_penalty != 1:
+        words.append(f"repetition_penalty {defaults.repetition_penalty:g}")
+    if defaults.seed is not None:
+        words.append(f"seed {defaults.seed}")
+    return ", ".join(words)
 
 
 def _engine(args: argparse.Namespace):

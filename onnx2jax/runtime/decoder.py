@@ -29,7 +29,7 @@ import numpy as np
 from onnx2jax.runtime import generate_inputs, kv_cache
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.generate_sharding import CachePlacement
-from onnx2jax.runtime.sampling import Search, choose
+from onnx2jax.runtime.sampling import Search, choose, penalize, seen_tokens
 from onnx2jax.runtime.spmd import Compiled
 from onnx2jax.runtime.total_length import TOTAL_LENGTH, fill_total_length
 from onnx2jax.xla_options import compiler_options
@@ -182,7 +182,7 @@ class Decoder:
         return self._program("recompute", search, donate=())
 
     def _program(self, kind: str, search: Search, donate: tuple[int, ...]) -> Program:
-        key = (kind, search.do_sample)
+        key = (kind, search.do_sample, search.penalized)
         found = self._programs.get(key)
         if found is None:
             steps = _Steps(self.compiled, self.layout, self.placement, self.traces, search)
@@ -247,10 +247,19 @@ class _Steps:
         return named
 
     def _pick(self, logits, state: State):
-        """The next token of each row (pad for rows already done) and the rows done after it."""
+        """The next token of each row (pad for rows already done) and the rows done after it; where a
+        repetition penalty applies, the logits are penalized first and ``state["seen"]`` takes the token."""
+        if self.search.penalized:
+            logits = penalize(logits.astype(jnp.float32), state["seen"], state["penalty"])
         token = choose(logits, jax.random.fold_in(state["key"], state["step"]), self.search.do_sample, state)
         token = jnp.where(state["done"], state["pad"], token)
+        if self.search.penalized:
+            state["seen"] = state["seen"].at[jnp.arange(token.shape[0]), token].set(True, mode="drop")
         return token, state["done"] | jnp.isin(token, state["eos"])
+
+    def _seen(self, ids, valid, logits) -> dict[str, jax.Array]:
+        """``{"seen": the prompt's tokens [B, V]}`` where a repetition penalty applies, else nothing."""
+        return {"seen": seen_tokens(ids, valid, logits.shape[-1])} if self.search.penalized else {}
 
     def _constrain(self, cache_array: jax.Array) -> jax.Array:
         """A cache array kept where the plan puts the cache (as it came in: donated and reused)."""
@@ -282,7 +291,9 @@ class _Steps:
             )
             buffer_mask = jnp.zeros((batch, capacity), bool).at[:, :width].set(prompt_mask)
             state = {"mask": buffer_mask, "slot": jnp.int32(width)}
-        state.update(sampling, lengths=lengths, done=jnp.zeros((batch,), bool), step=jnp.int32(0))
+        valid = columns < lengths[:, None] if layout.kind == "shared" else columns >= (width - lengths)[:, None]
+        state.update(sampling, lengths=lengths, done=jnp.zeros((batch,), bool), step=jnp.int32(0),
+                     **self._seen(ids, valid, last))
         token, done = self._pick(last, state)
         state.update(done=done, step=jnp.int32(1))
         return cache, state, token
@@ -342,6 +353,7 @@ class _Steps:
         self.traces["recompute"] += 1
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
         logits, _ = self._forward(params, (), **self._named(ids, mask, positions, ids.shape[1]))
+        state = {**state, **self._seen(ids, mask, logits)}
         return self._pick(logits[:, -1], state)
 
 

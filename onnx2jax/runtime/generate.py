@@ -30,6 +30,7 @@ from onnx2jax.runtime.decoder import DECODE_STEPS, Decoder
 from onnx2jax.runtime.load import load
 from onnx2jax.runtime.generate_inputs import check_prompts
 from onnx2jax.runtime.sampling import Search
+from onnx2jax.runtime.search_options import SearchDefaults, search_defaults
 from onnx2jax.translate import JaxModel
 
 QUADRATIC_NOTE = (
@@ -68,15 +69,18 @@ class Generator:
       max_new_tokens: instead of max_length: the padded prompt's width plus this.
       devices, mesh: run tensor-parallel (:mod:`onnx2jax.runtime.generate_sharding`); fixed by ``load``, so
         only with a path or model, not with a handle.
-      do_sample, temperature, top_k, top_p: greedy (default) or sampled; None takes genai_config's search
-        defaults where it has them.
-      seed: of the sampling (``jax.random``): the same seed gives the same tokens.
+      do_sample, temperature, top_k, top_p, repetition_penalty: greedy or sampled (top-k and top-p only where
+        sampling), the penalty transformers' (1: none); None takes genai_config.json's search defaults
+        (:mod:`onnx2jax.runtime.search_options`), else greedy without penalty.
+      seed: of the sampling (``jax.random``): the same seed gives the same tokens; None: genai_config's
+        random_seed where >= 0, else 0.
       eos_token_id: one id or several; default genai_config's.
       pad_token_id: fills padding and rows done; default genai_config's, else the first eos, else 0.
 
     Raises:
       ValueError: a prompt longer than the context or than max_length, max_length beyond the context,
         no max_length to be found, or prompts of different lengths for a model without attention_mask.
+      SearchOptionError: genai_config.json asks for a search option not implemented (``num_beams`` > 1, ...).
     """
 
     def __init__(
@@ -88,23 +92,27 @@ class Generator:
         max_new_tokens: int | None = None,
         devices: int | None = None,
         mesh: Any = None,
-        do_sample: bool = False,
+        do_sample: bool | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
-        seed: int = 0,
+        repetition_penalty: float | None = None,
+        seed: int | None = None,
         eos_token_id: int | Sequence[int] | None = None,
         pad_token_id: int | None = None,
     ):
         self.decoder = _handle(model, devices, mesh)
         layout = self.decoder.layout
-        defaults = layout.search
+        defaults = search_defaults(layout.search, layout.source) or SearchDefaults()
+        do_sample = defaults.do_sample if do_sample is None else bool(do_sample)
         self.search = Search(
-            do_sample=bool(do_sample),
-            temperature=float(temperature if temperature is not None else defaults.get("temperature", 1.0)),
-            top_k=int(top_k if top_k is not None else (defaults.get("top_k", 0) if do_sample else 0)),
-            top_p=float(top_p if top_p is not None else defaults.get("top_p", 1.0)),
+            do_sample=do_sample,
+            temperature=float(_given(temperature, defaults.temperature)),
+            top_k=int(_given(top_k, defaults.top_k if do_sample else 0)),
+            top_p=float(_given(top_p, defaults.top_p)),
+            repetition_penalty=float(_given(repetition_penalty, defaults.repetition_penalty)),
         )
+        seed = _given(seed, defaults.seed if defaults.seed is not None else 0)
         if eos_token_id is None:
             self.eos = tuple(layout.eos_token_ids)
         else:
@@ -165,7 +173,7 @@ class Generator:
         """Runs one step (the prefill first) and returns its new token of each row, int32 [batch].
 
         A single prompt's eos ends generation without being returned (an empty array then); in a batch, a
-        row done gets pad_token_id. Tokens a streaming iteration already computed are returned first.
+        row done gets pad_token_id. Tokens a call of several steps already computed are returned first.
         """
         if self._finished:
             raise RuntimeError("generation is done (is_done() is True)")
@@ -246,15 +254,36 @@ class Generator:
         self._cache = self._state = self._token = None  # the device buffers go now
 
     def __iter__(self) -> Iterator[np.ndarray]:
-        """Each step's new tokens, [batch] int32, until done (a single prompt's eos is not yielded); the decode
-        steps run `~onnx2jax.runtime.decoder.DECODE_STEPS` at a time, their tokens yielded one by one."""
+        """Each step's new tokens, [batch] int32, until done (a single prompt's eos is not yielded), each as it
+        is made: one decode step per call of the decode program, its tokens on the host and yielded before the
+        next step runs (someone is listening). :func:`generate`, which only wants the end, runs
+        `~onnx2jax.runtime.decoder.DECODE_STEPS` steps per call instead."""
+        return self._steps(1)
+
+    def _steps(self, per_call: int) -> Iterator[np.ndarray]:
+        """Each step's new tokens, the decode program running up to ``per_call`` steps per call."""
         while not self._finished:
             if not self._ready:
-                self._take(self._run(DECODE_STEPS))
+                self._take(self._run(per_call))
                 if not self._ready:  # a single prompt's eos: not yielded
                     self._finish()
                     return
             yield self._next()
+
+    def compile_decode(self) -> None:
+        """Readies the decode program now, after the prefill: compiles it (or loads it from the persistent
+        cache) and runs its step once, so that timing the decode that follows times neither the compile nor the
+        first execution of the step (some milliseconds of one-time set-up on CPU, which would weigh on a short
+        run): the CLI's tokens/s is decode tokens over decode time alone, the same whatever the number of
+        tokens. The step runs on a copy of the state and its token is dropped; its only trace is the next
+        position of the cache, written with what the real step writes there again (the same token, position and
+        past), so the tokens are unchanged. Does nothing before the prefill, once done, or without a cache."""
+        if self._finished or self._cache is None or self.decoder.layout.kind == "none":
+            return
+        program = self.decoder.decode(self.search)
+        state = jax.tree_util.tree_map(lambda a: a.copy(), self._state)  # donated to the call; ours kept
+        self._cache, _, token, _ = program(self.decoder.params, self._cache, state, self._token, np.int32(1))
+        jax.block_until_ready(token)
 
     @property
     def sequences(self) -> np.ndarray:
@@ -273,11 +302,12 @@ def generate(
     max_new_tokens: int | None = None,
     devices: int | None = None,
     mesh: Any = None,
-    do_sample: bool = False,
+    do_sample: bool | None = None,
     temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
-    seed: int = 0,
+    repetition_penalty: float | None = None,
+    seed: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
 ) -> np.ndarray:
@@ -291,12 +321,16 @@ def generate(
     """
     generator = Generator(
         model, input_ids, max_length=max_length, max_new_tokens=max_new_tokens, devices=devices, mesh=mesh,
-        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-        eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+        do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+        repetition_penalty=repetition_penalty, seed=seed, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
     )
-    for _ in generator:
+    for _ in generator._steps(DECODE_STEPS):  # nobody listens: as many steps per call as the program runs
         pass
     return generator.sequences
+
+
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def _prompts(input_ids: Any, pad: int) -> list[list[int]]:

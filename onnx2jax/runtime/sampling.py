@@ -1,7 +1,8 @@
-"""Choosing the next token from logits: greedy, or sampled with temperature, top-k and top-p (jax.random).
+"""Choosing the next token from logits: greedy, or sampled with temperature, top-k and top-p (jax.random), after
+transformers' repetition penalty where one is asked.
 
-Only greedy-or-sampled is part of a compiled step; temperature, top-k and top-p are data
-(:meth:`Search.values`), so changing them compiles nothing.
+Only greedy-or-sampled and penalized-or-not are part of a compiled step; temperature, top-k, top-p and the
+penalty are data (:meth:`Search.values`), so changing them compiles nothing.
 """
 
 from __future__ import annotations
@@ -22,12 +23,14 @@ class Search:
       temperature: logits are divided by it before sampling.
       top_k: sample among the k most likely tokens only (0: all).
       top_p: sample among the most likely tokens whose probabilities sum to at least top_p (1.0: all).
+      repetition_penalty: transformers' (:func:`penalize`) over the prompt and the tokens so far (1.0: none).
     """
 
     do_sample: bool = False
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    repetition_penalty: float = 1.0
 
     def __post_init__(self) -> None:
         if self.do_sample and not self.temperature > 0:
@@ -36,11 +39,32 @@ class Search:
             raise ValueError(f"top_k must be >= 0 (0: no limit), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1: none), got {self.repetition_penalty}")
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a repetition penalty applies (compiled into the step: the tokens seen are then its state)."""
+        return self.repetition_penalty != 1
 
     def values(self) -> dict[str, np.ndarray]:
-        """temperature, top_k and top_p as the arrays a compiled step takes."""
+        """temperature, top_k, top_p and the penalty as the arrays a compiled step takes."""
         return {"temperature": np.float32(self.temperature), "top_k": np.int32(self.top_k),
-                "top_p": np.float32(self.top_p)}
+                "top_p": np.float32(self.top_p), "penalty": np.float32(self.repetition_penalty)}
+
+
+def penalize(logits: jax.Array, seen: jax.Array, penalty: jax.Array) -> jax.Array:
+    """The repetition penalty as transformers and onnxruntime-genai apply it: a seen token's logit divided by
+    ``penalty`` where positive, multiplied where negative (``penalty`` 1: unchanged). ``logits`` and ``seen``
+    (bool) [B, V], ``penalty`` [B] or []."""
+    p = jnp.reshape(penalty, (-1, 1)) if jnp.ndim(penalty) else penalty
+    return jnp.where(seen, jnp.where(logits < 0, logits * p, logits / p), logits)
+
+
+def seen_tokens(ids: jax.Array, valid: jax.Array, vocab: int) -> jax.Array:
+    """[B, vocab] bool: which ids each row of ``ids`` [B, n] holds where ``valid`` [B, n]."""
+    rows = jnp.arange(ids.shape[0])[:, None]
+    return jnp.zeros((ids.shape[0], vocab), bool).at[rows, ids].max(valid, mode="drop")
 
 
 def choose(logits: jax.Array, key: jax.Array, do_sample: bool, values: dict[str, jax.Array]) -> jax.Array:

@@ -1,8 +1,10 @@
 """OpenAI's request and response bodies: what the server accepts, refuses, and answers.
 
 Implemented: ``model``, ``prompt`` (a string or token ids; one of them) / ``messages``, ``max_tokens`` (chat:
-also ``max_completion_tokens``), ``temperature`` (default 1, 0 greedy), ``top_p``, ``top_k`` and
-``repetition_penalty`` (extensions vLLM also takes), ``seed``, ``stop`` (a string or up to 4), ``n`` (1 only),
+also ``max_completion_tokens``), ``temperature`` (0 greedy), ``top_p``, ``top_k`` and ``repetition_penalty``
+(extensions vLLM also takes), ``seed``; where a field is absent, the model folder's genai_config.json search
+options give its default (:mod:`onnx2jax.runtime.search_options`: ``do_sample`` false is temperature 0), else
+OpenAI's (temperature 1); ``stop`` (a string or up to 4), ``n`` (1 only),
 ``stream``, ``stream_options.include_usage``, ``user`` (kept for nobody: it only names the caller). Fields that
 change nothing at their default (``presence_penalty`` 0, ``echo`` false, ``best_of`` 1, ``logprobs`` null, ...)
 are accepted at that default and refused by name otherwise; any other field is refused by name: nothing is
@@ -17,6 +19,7 @@ import uuid
 from typing import Any
 
 from onnx2jax.errors import RequestError
+from onnx2jax.runtime.search_options import SearchDefaults
 from onnx2jax.serving.params import SamplingParams
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "repetition_penalty", "seed", "stop", "n",
@@ -82,8 +85,14 @@ def _stop(body: dict) -> list[str]:
     return stop
 
 
-def parse(body: dict, prompt: list[int], *, context: int, default_max_tokens: int | None, model: str) -> Parsed:
-    """The sampling parameters and options of a checked body whose prompt is ``prompt``.
+OPENAI = SearchDefaults(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, repetition_penalty=1.0, seed=None)
+"""OpenAI's defaults: those of a model without genai_config.json."""
+
+
+def parse(body: dict, prompt: list[int], *, context: int, default_max_tokens: int | None, model: str,
+          defaults: SearchDefaults | None = None) -> Parsed:
+    """The sampling parameters and options of a checked body whose prompt is ``prompt``; an absent field takes
+    ``defaults`` (the folder's search options; None: OpenAI's).
 
     Raises:
       RequestError: a value of the wrong type or out of range, n != 1, or a prompt and max_tokens past the context.
@@ -107,14 +116,15 @@ def parse(body: dict, prompt: list[int], *, context: int, default_max_tokens: in
     options = body.get("stream_options") or {}
     if not isinstance(options, dict) or set(options) - {"include_usage"}:
         raise RequestError("stream_options", "only include_usage is implemented")
-    top_k = _number(body, "top_k", 0, int)
+    folder = defaults or OPENAI
+    top_k = _number(body, "top_k", folder.top_k, int)
     params = SamplingParams(
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0),
-        top_p=_number(body, "top_p", 1.0),
+        temperature=_number(body, "temperature", folder.temperature if folder.do_sample else 0.0),
+        top_p=_number(body, "top_p", folder.top_p),
         top_k=0 if top_k == -1 else top_k,  # vLLM's -1: no limit, as 0
-        repetition_penalty=_number(body, "repetition_penalty", 1.0),
-        seed=_number(body, "seed", 0, int),
+        repetition_penalty=_number(body, "repetition_penalty", folder.repetition_penalty),
+        seed=_number(body, "seed", folder.seed or 0, int),
     )
     return Parsed(prompt, params, _stop(body), stream, bool(options.get("include_usage")), model)
 

@@ -12,12 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-
-def penalize(logits: jax.Array, seen: jax.Array, penalty: jax.Array) -> jax.Array:
-    """The repetition penalty as transformers applies it: a seen token's logit divided by ``penalty`` where
-    positive, multiplied where negative (``penalty`` 1: unchanged). ``seen`` [B, V] bool, ``penalty`` [B]."""
-    p = penalty[:, None]
-    return jnp.where(seen, jnp.where(logits < 0, logits * p, logits / p), logits)
+from onnx2jax.runtime.sampling import penalize
 
 
 def pick(logits: jax.Array, seen: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:

@@ -5,7 +5,8 @@ is made), ``GET /v1/models``, ``/health``, ``/metrics`` (Prometheus text). It ow
 checked by :mod:`~onnx2jax.serving.openai_api`, text by :mod:`~onnx2jax.serving.text`, requests run on the
 :class:`~onnx2jax.serving.driver.EngineDriver`. A refused request is HTTP 400 naming the field (404 for an unknown
 model, 429 with ``Retry-After`` past the queue bound); a client that goes away mid-request has its request
-aborted, freeing its slot and pages. :func:`serve` runs it until SIGTERM or SIGINT, which stop taking requests,
+aborted, freeing its slot and pages. :func:`serve` runs it on a socket :func:`bind` bound (port 0: a free one the
+OS chooses) until SIGTERM or SIGINT, which stop taking requests,
 let those in flight finish (up to a timeout, then abort them) and return.
 """
 
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import signal
+import socket
 import time
 from typing import Any, AsyncIterator
 
@@ -24,6 +26,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from onnx2jax.errors import RequestError
+from onnx2jax.runtime.search_options import SearchDefaults
 from onnx2jax.serving import openai_api as api
 from onnx2jax.serving.driver import EngineDriver, Event, QueueFull, describe
 from onnx2jax.serving.text import Detokenizer, Text
@@ -36,8 +39,10 @@ def _refused(error: RequestError) -> JSONResponse:
 
 
 def build_app(driver: EngineDriver, text: Text, model_name: str, *, aliases: tuple[str, ...] = (),
-              shutdown_timeout: float = 30.0) -> Starlette:
-    """The ASGI app serving ``driver``'s engine under ``model_name`` (``aliases``: other names accepted)."""
+              shutdown_timeout: float = 30.0, defaults: SearchDefaults | None = None) -> Starlette:
+    """The ASGI app serving ``driver``'s engine under ``model_name`` (``aliases``: other names accepted);
+    ``defaults``: the sampling parameters of a request that leaves them out (the folder's genai_config.json
+    search options, :func:`~onnx2jax.runtime.search_options.folder_defaults`; None: OpenAI's)."""
     engine = driver.engine
     names = {model_name, *aliases}
 
@@ -79,7 +84,7 @@ def build_app(driver: EngineDriver, text: Text, model_name: str, *, aliases: tup
                 ids = text.encode(text.chat_prompt(api.chat_messages(body)), special=False)
                 default_max = None
             parsed = api.parse(body, ids, context=engine.context_length, default_max_tokens=default_max,
-                               model=model)
+                               model=model, defaults=defaults)
             rid, queue = driver.add(parsed.prompt, parsed.params)
         except RequestError as error:
             return _refused(error)
@@ -89,7 +94,7 @@ def build_app(driver: EngineDriver, text: Text, model_name: str, *, aliases: tup
         except RuntimeError as error:
             return JSONResponse(api.error(str(error), kind="server_error"), status_code=503)
         reply = api.new_id("cmpl" if kind == "completion" else "chatcmpl")
-        detok = Detokenizer(text, parsed.stop)
+        detok = Detokenizer(text, parsed.stop, parsed.prompt)
         if parsed.stream:
             return StreamingResponse(_events(kind, reply, rid, queue, detok, parsed), media_type="text/event-stream")
         return await _whole(request, kind, reply, rid, queue, detok, parsed)
@@ -126,11 +131,9 @@ def build_app(driver: EngineDriver, text: Text, model_name: str, *, aliases: tup
             if token is not None:
                 count += 1
             tokens = [token] if token is not None else []
-            if finish is None or piece:
-                yield _sse(api.chunk(kind, reply, parsed.model, piece, tokens, None, first))
-                first = False
-            if finish is not None:
-                yield _sse(api.chunk(kind, reply, parsed.model, "", [], finish, first))
+            # one event per token; the last carries the finish reason and the text held back until the end
+            yield _sse(api.chunk(kind, reply, parsed.model, piece, tokens, finish, first))
+            first = False
         if parsed.include_usage:
             yield _sse({"id": reply, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
                         "created": int(time.time()), "model": parsed.model, "choices": [],
@@ -178,10 +181,25 @@ def _sse(data: dict[str, Any]) -> str:
     return f"data: {json.dumps(data)}\n\n"
 
 
-def serve(app: Starlette, *, host: str, port: int, shutdown_timeout: float = 30.0) -> None:
-    """Runs ``app`` until SIGTERM or SIGINT; then stops listening, lets the requests in flight finish for up to
-    ``shutdown_timeout`` seconds, and returns (so the process exits 0: uvicorn's own handling would re-raise the
-    signal after its graceful shutdown)."""
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port`` (port 0: one the OS chooses, free by construction; the socket's
+    ``getsockname()[1]`` says which), for :func:`serve`. Binding before serving means the port the server
+    announces is already its own: no other process can take it between a check and the bind."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def serve(app: Starlette, sock: socket.socket, *, shutdown_timeout: float = 30.0) -> None:
+    """Runs ``app`` on the bound ``sock`` (:func:`bind`) until SIGTERM or SIGINT; then stops listening, lets the
+    requests in flight finish for up to ``shutdown_timeout`` seconds, and returns (so the process exits 0:
+    uvicorn's own handling would re-raise the signal after its graceful shutdown)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -194,6 +212,7 @@ def serve(app: Starlette, *, host: str, port: int, shutdown_timeout: float = 30.
                 for s, handler in previous.items():
                     signal.signal(s, handler)
 
+    host, port = sock.getsockname()[:2]
     config = uvicorn.Config(app, host=host, port=port, log_level="warning",
                             timeout_graceful_shutdown=int(shutdown_timeout))
-    _Server(config).run()
+    _Server(config).run(sockets=[sock])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, Sequence
 
 from onnx2jax.errors import RequestError
 
@@ -82,44 +82,92 @@ class Text:
             raise RequestError("messages", f"the chat template failed on them: {error}") from error
 
 
+class IncrementalText:
+    """The text of a stream of tokens, a piece per token as it comes, in constant time per token: the pieces
+    joined (and :meth:`flush` at the end) equal ``decode(prompt + tokens)`` past ``decode(prompt)``.
+
+    Each piece is the text a short window of tokens adds to the window before it (vLLM's prefix / read
+    offsets): the window starts a few tokens back, inside the prompt at first, so a token keeps its leading
+    space as it has in context (sentencepiece's "▁" and the decoders' strip of the text's first space apply to
+    the window's start, which is already given out), and a UTF-8 character whose bytes span several tokens
+    (byte-level BPE, byte fallback) is held back until its last byte comes, never given half. The tokenizers
+    library's own ``DecodeStream`` (0.23) gives the prompt's text again when seeded with the prompt's ids, so
+    it is not used.
+
+    Args:
+      tokenizer: a ``tokenizers.Tokenizer``; special tokens are skipped, as :meth:`Text.decode` does.
+      prompt: the ids before the stream (their text is not given out; their last few are context).
+    """
+
+    CONTEXT = 6
+    """Prompt tokens the first window starts with."""
+
+    def __init__(self, tokenizer: Any, prompt: Sequence[int] = ()):
+        self.tokenizer = tokenizer
+        self._ids = [int(t) for t in prompt[-self.CONTEXT:]]
+        self._prefix = 0  # the window's start: text before it was given out
+        self._read = len(self._ids)  # tokens before it are given out, those after not yet
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token: int) -> str:
+        """The text ``token`` completes (empty while it ends in an unfinished character)."""
+        self._ids.append(int(token))
+        before = self._decode(self._ids[self._prefix:self._read])
+        after = self._decode(self._ids[self._prefix:])
+        if len(after) <= len(before) or after.endswith("\ufffd") or not after.startswith(before):
+            return ""
+        self._ids = self._ids[self._read:]  # the next window starts where this one's new text began
+        self._prefix, self._read = 0, len(self._ids)
+        return after[len(before):]
+
+    def flush(self) -> str:
+        """The text held back at the end of the stream (an unfinished character comes as U+FFFD, as in the
+        full decode)."""
+        before = self._decode(self._ids[self._prefix:self._read])
+        after = self._decode(self._ids[self._prefix:])
+        self._ids, self._prefix, self._read = self._ids[self._read:], 0, 0
+        return after[len(before):] if after.startswith(before) else after
+
+
 class Detokenizer:
-    """Turns one request's tokens into text pieces as they come, holding back what may still become a stop
-    string (or an incomplete UTF-8 character), and finding the first stop string.
+    """Turns one request's tokens into text pieces as they come (:class:`IncrementalText`: constant work per
+    token), holding back what may still become a stop string, and finding the first stop string.
 
     Attributes:
       stopped: a stop string was reached; the text ends before it.
     """
 
-    def __init__(self, text: Text, stop: list[str]):
-        self.text, self.stop = text, stop
-        self.ids: list[int] = []
-        self.sent = 0  # characters of the text given out
+    def __init__(self, text: Text, stop: list[str], prompt: Sequence[int] = ()):
+        self.stop = stop
+        self.stream = IncrementalText(text.tokenizer, prompt)
         self.stopped = False
+        self._held = ""  # text made but not given out: it may still begin a stop string
         self._hold = max((len(s) for s in stop), default=1) - 1
 
     def add(self, tokens: list[int]) -> str:
         """The new text the tokens make available (possibly empty)."""
         if self.stopped:
             return ""
-        self.ids.extend(tokens)
-        full = self.text.decode(self.ids)
-        hits = [i for i in (full.find(s, max(self.sent - len(s) + 1, 0)) for s in self.stop) if i >= 0]
-        if hits:
-            self.stopped = True
-            return self._take(full, min(hits))
-        ready = len(full) - self._hold
-        if full.endswith("\ufffd"):  # a character whose bytes are not all here yet
-            ready = min(ready, len(full) - 1)
-        return self._take(full, ready)
+        for token in tokens:
+            self._held += self.stream.add(token)
+        return self._give(final=False)
 
     def flush(self) -> str:
         """The text held back, at the end of generation."""
         if self.stopped:
             return ""
-        return self._take(self.text.decode(self.ids), None)
+        self._held += self.stream.flush()
+        return self._give(final=True)
 
-    def _take(self, full: str, end: int | None) -> str:
-        end = len(full) if end is None else max(end, self.sent)
-        piece = full[self.sent:end]
-        self.sent = end
+    def _give(self, final: bool) -> str:
+        """The held text that can no longer be part of a stop string; all of it up to a stop string found."""
+        hits = [i for i in (self._held.find(s) for s in self.stop) if i >= 0]
+        if hits:
+            self.stopped = True
+            piece, self._held = self._held[:min(hits)], ""
+            return piece
+        end = len(self._held) if final else max(len(self._held) - self._hold, 0)
+        piece, self._held = self._held[:end], self._held[end:]
         return piece

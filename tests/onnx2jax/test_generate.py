@@ -4,16 +4,20 @@ Each fixture's Decoder is made once per module; every prompt width compiles one 
 decode step.
 """
 
+import dataclasses
 import json
 import pathlib
 import shutil
 
+import jax
 import numpy as np
 import onnx
 import onnx.helper as oh
 import pytest
 
 import onnx2jax
+from onnx2jax.cli.app import main
+from onnx2jax.errors import SearchOptionError
 from onnx2jax.genai_config import GenaiConfigError
 from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate import QUADRATIC_NOTE, Generator
@@ -112,6 +116,105 @@ def test_streaming_yields_each_new_token(decoders):
     assert generator.is_done() and generator.sequences.tolist() == [want["tokens"][2][:8]]
 
 
+def _count_steps(monkeypatch, program) -> list[int]:
+    """The steps asked of each call of ``program`` (the decode program's last argument), as it is called."""
+    asked: list[int] = []
+    jitted = program._jitted
+
+    def counting(*args):
+        asked.append(int(args[-1]))
+        return jitted(*args)
+
+    counting._cache_size = jitted._cache_size  # Program.executables reads it
+    monkeypatch.setattr(program, "_jitted", counting)
+    return asked
+
+
+def test_iteration_yields_each_token_before_the_next_step_runs(decoders, monkeypatch):
+    """Streaming streams (issue 29 item 3): token k is on the host and yielded before the decode program runs
+    step k+1 (its calls counted: one step each); generate(), which nobody watches, runs 16 steps a call; both
+    give onnxruntime-genai's stored tokens."""
+    want = expected("llama_gqa")
+    decoder = decoders("llama_gqa")
+    prompt, stored = want["prompts"][1], want["tokens"][1]
+    generator = Generator(decoder, prompt, max_length=want["max_length"])
+    asked = _count_steps(monkeypatch, decoder.decode(generator.search))
+    streamed = []
+    for token in generator:
+        streamed.append(int(token[0]))
+        assert asked == [1] * (len(streamed) - 1)  # token 0 is the prefill's; token k, decode call k's
+    assert prompt + streamed == stored
+    asked.clear()
+    assert onnx2jax.generate(decoder, prompt, max_length=want["max_length"]).tolist() == [stored]
+    assert asked == [16, len(stored) - len(prompt) - 1 - 16]  # 19 decode steps in two calls
+
+
+def test_compile_decode_leaves_nothing_to_compile_in_the_timed_decode(decoders, monkeypatch):
+    """The CLI times the decode after Generator.compile_decode (one step run on a copy of the state): the decode
+    that follows compiles nothing (XLA's compile events counted), whatever ran before, and its tokens are
+    onnxruntime-genai's: the step run ahead leaves no trace."""
+    want = expected("llama_gqa")
+    decoder = decoders("llama_gqa")
+    generator = Generator(decoder, want["prompts"][0], max_length=want["max_length"])
+    program = decoder.decode(generator.search)
+    asked = _count_steps(monkeypatch, program)
+    generator.generate_next_token()
+    generator.compile_decode()
+    ready = program.executables()
+    compiles: list[str] = []
+    listen = lambda event, duration, **kw: compiles.append(event) if "backend_compile" in event else None
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        rest = [int(t[0]) for t in generator]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert ready >= 1 and program.executables() == ready and compiles == []
+    assert asked == [1] + [1] * len(rest)
+    assert generator.sequences.tolist() == [want["tokens"][0]]
+
+
+def penalized_greedy(name: str, prompt: list[int], steps: int, penalty: float) -> list[int]:
+    """Plain onnxruntime, the whole sequence each call, greedy after transformers' repetition penalty in numpy:
+    the independent reference of a penalized run (the builder fixtures' 2 layers of 2 KV heads of 16)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(GENAI / name / "model.onnx"), providers=["CPUExecutionProvider"])
+    tokens = list(prompt)
+    for _ in range(steps):
+        feeds = {"input_ids": np.array([tokens], np.int64), "attention_mask": np.ones((1, len(tokens)), np.int64)}
+        feeds.update({f"past_key_values.{i}.{p}": np.zeros((1, 2, 0, 16), np.float32) for i in (0, 1)
+                      for p in ("key", "value")})
+        logits = session.run(["logits"], feeds)[0][0, -1].astype(np.float32)
+        seen = np.unique(tokens)
+        logits[seen] = np.where(logits[seen] < 0, logits[seen] * penalty, logits[seen] / penalty)
+        tokens.append(int(np.argmax(logits)))
+    return tokens[len(prompt):]
+
+
+def test_repetition_penalty_from_the_call_and_from_genai_config(decoders, monkeypatch, capsys):
+    """genai_config.json's repetition_penalty is the default, a call (or onnx2jax generate's
+    --repetition-penalty) overrides it; the tokens are plain onnxruntime's with the penalty in numpy, and the
+    stored greedy ones at 1 (issue 29 item 2)."""
+    want = expected("llama_gqa")
+    decoder = decoders("llama_gqa")
+    prompt, stored, length = want["prompts"][0], want["tokens"][0], want["max_length"]  # the greedy tests' shapes
+    reference = penalized_greedy("llama_gqa", prompt, length - len(prompt), 1.3)
+    assert prompt + reference != stored  # the penalty changes the tokens
+    assert onnx2jax.generate(decoder, prompt, max_length=length, repetition_penalty=1.3)[0].tolist() == prompt + reference
+    args = ["generate", str(GENAI / "llama_gqa"), "--prompt-ids", ",".join(map(str, prompt)), "--max-length",
+            str(length), "--repetition-penalty", "1.3"]  # the CLI's load gives the handle held here
+    assert main(args) == 0
+    assert capsys.readouterr().out.splitlines()[0] == " ".join(map(str, prompt)) + " | " + " ".join(map(str, reference))
+    layout = decoder.layout
+    monkeypatch.setattr(decoder, "layout", dataclasses.replace(layout, search={**layout.search, "repetition_penalty": 1.3}))
+    streamed = [int(t[0]) for t in Generator(decoder, prompt, max_length=length)]
+    assert streamed == reference
+    assert onnx2jax.generate(decoder, prompt, max_length=length, repetition_penalty=1.0)[0].tolist() == stored
+    monkeypatch.setattr(decoder, "layout", dataclasses.replace(layout, search={**layout.search, "num_beams": 4}))
+    with pytest.raises(SearchOptionError, match="num_beams=4 in .*genai_config.json: beam search is not implemented"):
+        Generator(decoder, prompt, max_new_tokens=12)
+
+
 def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(decoders):
     decoder = decoders("llama_gqa")
     prompts = expected("llama_gqa")["prompts"]
@@ -123,6 +226,10 @@ def test_sampling_is_reproducible_with_a_seed_and_differs_across_seeds(decoders)
     traced = dict(decoder.traces)
     again, other = run(1), run(2)
     assert np.array_equal(first, again)
+    streamed = Generator(decoder, prompts, max_length=32, do_sample=True, temperature=1.5, seed=1)
+    for _ in streamed:  # one step a call: the same keys as 16 a call
+        pass
+    assert np.array_equal(streamed.sequences, first)
     assert not np.array_equal(first, other)
     greedy = expected("llama_gqa")["batch_right_padded"]["tokens"]
     assert first.tolist() != greedy
