@@ -20,13 +20,13 @@ A model without a cache runs :meth:`Decoder.recompute`: the whole sequence each 
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx2jax.runtime import generate_inputs, kv_cache
+from onnx2jax.runtime import generate_inputs, host_memory, kv_cache
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.generate_sharding import CachePlacement
 from onnx2jax.runtime.logit_positions import LOGIT_POSITIONS, fill_logit_positions
@@ -186,19 +186,30 @@ class Decoder:
             fn = {"prefill": steps.prefill, "decode": steps.decode, "recompute": steps.recompute}[kind]
             options = compiler_options(self.compiled.mesh.devices.flat[0].platform)  # as every executable's
             jitted = jax.jit(fn, donate_argnums=donate, compiler_options=options)
-            found = self._programs[key] = Program(jitted, self.compiled.model.uses_64bit)
+            weights = self.compiled.model.params.values  # on one CPU device the params alias these maps
+            found = self._programs[key] = Program(jitted, self.compiled.model.uses_64bit, weights)
         return found
 
 
 class Program:
     """A generation program (jitted over the compiled model's ``apply``), called and lowered in the model's
-    64-bit scope (:func:`~onnx2jax.x64.x64_scope`, the one place x64 is entered)."""
+    64-bit scope (:func:`~onnx2jax.x64.x64_scope`, the one place x64 is entered).
 
-    def __init__(self, jitted: Callable, uses_64bit: bool):
-        self._jitted, self._uses_64bit = jitted, uses_64bit
+    A call that compiles (a new shape signature) compiles ahead of running, with the host memory the compile
+    would add to the weights already read given back around it (:mod:`onnx2jax.runtime.host_memory`)."""
+
+    def __init__(self, jitted: Callable, uses_64bit: bool, weights: Callable[[], Iterable[np.ndarray]] = tuple):
+        self._jitted, self._uses_64bit, self._weights = jitted, uses_64bit, weights
+        self._compiled: set[tuple] = set()
 
     def __call__(self, *args: Any) -> Any:
         with x64_scope(self._uses_64bit):
+            key = _shapes(args[1:])  # the parameters' shapes never change
+            if key not in self._compiled:
+                host_memory.before_compile(self._weights())
+                self._jitted.lower(*args).compile()  # jit's own cache: the call below traces and compiles nothing
+                host_memory.after_compile()
+                self._compiled.add(key)
             return self._jitted(*args)
 
     def lower(self, *args: Any) -> jax.stages.Lowered:
@@ -208,6 +219,11 @@ class Program:
     def executables(self) -> int:
         """How many executables this program has compiled (one per shape signature of its arguments)."""
         return self._jitted._cache_size()
+
+
+def _shapes(args: Any) -> tuple:
+    """The shapes and dtypes of ``args``' arrays (a program's signature, less the placements)."""
+    return tuple((np.shape(a), str(getattr(a, "dtype", type(a)))) for a in jax.tree.leaves(args))
 
 
 class _Steps:
