@@ -176,7 +176,10 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
                      inferred=inferred)
     if plan.kind != "whole":
         raise ValueError(f"generation runs a decoder as one program; this model's plan is of kind {plan.kind!r}")
-    translated = JaxModel(plan.proto, plan.external_dir, scan_layers=False, inferred=plan.inferred)
+    if isinstance(model, JaxModel) and plan.proto is model.proto and not model.scan.active:
+        translated = model  # the caller's translation, of this very graph, layers unrolled: not translated again
+    else:
+        translated = JaxModel(plan.proto, plan.external_dir, scan_layers=False, inferred=plan.inferred)
     compiled = Compiled(translated, plan.program)
     return Decoder(compiled, layout, CachePlacement(compiled, layout))
 

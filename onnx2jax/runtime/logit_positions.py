@@ -57,7 +57,7 @@ def lm_head(graph: onnx.GraphProto, logits: str) -> onnx.NodeProto | None:
         node = producers.get(name)
         if node is None:
             return None
-        if name != logits and (consumers.get(name, 0) != 1 or name in outputs):
+        if consumers.get(name, 0) != (0 if name == logits else 1) or (name != logits and name in outputs):
             return None  # another reader would see the gathered positions
         key = (node.domain or "", node.op_type)
         if key in _HEADS:
