@@ -20,15 +20,16 @@ A model without a cache runs :meth:`Decoder.recompute`: the whole sequence each 
 
 from __future__ import annotations
 
-from typing import Any, Callable, ContextManager, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Mapping
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from onnx2jax.runtime import generate_inputs, kv_cache
+from onnx2jax.runtime import generate_inputs, host_memory, kv_cache
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.generate_sharding import CachePlacement
+from onnx2jax.runtime.logit_positions import LOGIT_POSITIONS, fill_logit_positions
 from onnx2jax.runtime.sampling import Search, choose, penalize, seen_tokens
 from onnx2jax.runtime.spmd import Compiled
 from onnx2jax.runtime.total_length import TOTAL_LENGTH, fill_total_length
@@ -118,11 +119,16 @@ class Decoder:
         return run
 
     def _filled(self, inputs: tuple, named: Mapping[str, Any]) -> Mapping[str, Any]:
-        """``named`` with the total length a rewired LongRoPE If reads (:mod:`onnx2jax.runtime.total_length`)
-        filled in as the mask's width, as the graph computed it: a call runs the model as onnxruntime does."""
-        if TOTAL_LENGTH not in self.compiled.model.input_names:
-            return named
-        return fill_total_length(self.compiled.model.input_names, self.layout.attention_mask, inputs, named)
+        """``named`` with the inputs the handle added to the graph filled in as the graph computed without them,
+        so that a call runs the model as onnxruntime does: the total length a rewired LongRoPE If reads
+        (:mod:`onnx2jax.runtime.total_length`) as the mask's width, and the positions the LM head projects
+        (:mod:`onnx2jax.runtime.logit_positions`) as every position."""
+        names = self.compiled.model.input_names
+        if TOTAL_LENGTH in names:
+            named = fill_total_length(names, self.layout.attention_mask, inputs, named)
+        if LOGIT_POSITIONS in names:
+            named = fill_logit_positions(names, self.layout.input_ids, inputs, named)
+        return named
 
     def check_ids(self, ids: Any) -> None:
         """Refuses token ids beyond the vocabulary, as a call of the model would (:mod:`onnx2jax.input_checks`).
@@ -189,19 +195,30 @@ class Decoder:
             fn = {"prefill": steps.prefill, "decode": steps.decode, "recompute": steps.recompute}[kind]
             options = compiler_options(self.compiled.mesh.devices.flat[0].platform)  # as every executable's
             jitted = jax.jit(fn, donate_argnums=donate, compiler_options=options)
-            found = self._programs[key] = Program(jitted, self.compiled.model.uses_64bit)
+            weights = self.compiled.model.params.values  # on one CPU device the params alias these maps
+            found = self._programs[key] = Program(jitted, self.compiled.model.uses_64bit, weights)
         return found
 
 
 class Program:
     """A generation program (jitted over the compiled model's ``apply``), called and lowered in the model's
-    64-bit scope (:func:`~onnx2jax.x64.x64_scope`, the one place x64 is entered)."""
+    64-bit scope (:func:`~onnx2jax.x64.x64_scope`, the one place x64 is entered).
 
-    def __init__(self, jitted: Callable, uses_64bit: bool):
-        self._jitted, self._uses_64bit = jitted, uses_64bit
+    A call that compiles (a new shape signature) compiles ahead of running, with the host memory the compile
+    would add to the weights already read given back around it (:mod:`onnx2jax.runtime.host_memory`)."""
+
+    def __init__(self, jitted: Callable, uses_64bit: bool, weights: Callable[[], Iterable[np.ndarray]] = tuple):
+        self._jitted, self._uses_64bit, self._weights = jitted, uses_64bit, weights
+        self._compiled: set[tuple] = set()
 
     def __call__(self, *args: Any) -> Any:
         with x64_scope(self._uses_64bit):
+            key = _shapes(args[1:])  # the parameters' shapes never change
+            if key not in self._compiled:
+                host_memory.before_compile(self._weights())
+                self._jitted.lower(*args).compile()  # jit's own cache: the call below traces and compiles nothing
+                host_memory.after_compile()
+                self._compiled.add(key)
             return self._jitted(*args)
 
     def lower(self, *args: Any) -> jax.stages.Lowered:
@@ -211,6 +228,11 @@ class Program:
     def executables(self) -> int:
         """How many executables this program has compiled (one per shape signature of its arguments)."""
         return self._jitted._cache_size()
+
+
+def _shapes(args: Any) -> tuple:
+    """The shapes and dtypes of ``args``' arrays (a program's signature, less the placements)."""
+    return tuple((np.shape(a), str(getattr(a, "dtype", type(a)))) for a in jax.tree.leaves(args))
 
 
 class _Steps:
@@ -223,8 +245,12 @@ class _Steps:
         self._dtypes = {i.name: i.dtype for i in compiled.model.inputs}
         self.vocab = generate_inputs.vocabulary(compiled.model.index_check.uses, layout.input_ids, layout.vocab_size)
 
-    def _forward(self, params, cache: tuple, **named) -> tuple[jax.Array, tuple]:
-        """The model on named inputs (cast to the graph's types) and ``cache`` as the past: (logits, presents)."""
+    def _forward(self, params, cache: tuple, at: jax.Array, **named) -> tuple[jax.Array, tuple]:
+        """The model on named inputs (cast to the graph's types) and ``cache`` as the past: (logits at the
+        positions ``at`` [B] of each row (the only ones the LM head projects where the graph lets it:
+        :mod:`onnx2jax.runtime.logit_positions`) [B, vocabulary], presents)."""
+        if LOGIT_POSITIONS in self._dtypes:
+            named[LOGIT_POSITIONS] = at[:, None, None]
         values = {}
         named[self.layout.input_ids] = generate_inputs.model_ids(named[self.layout.input_ids], self.vocab)
         for name, value in named.items():
@@ -232,7 +258,12 @@ class _Steps:
             values[name] = value.astype(dtype) if dtype is not None else value
         values.update(zip(self.layout.past, cache))
         outputs = dict(zip(self.compiled.model.output_names, self.compiled.apply(params, **values)))
-        return outputs[self.layout.logits], tuple(outputs[n] for n in self.layout.present)
+        logits = outputs[self.layout.logits]
+        if LOGIT_POSITIONS in self._dtypes:
+            logits = logits[:, 0]
+        else:
+            logits = jnp.take_along_axis(logits, at.astype(jnp.int32)[:, None, None], axis=1)[:, 0]
+        return logits, tuple(outputs[n] for n in self.layout.present)
 
     def _named(self, ids, mask, positions, total) -> dict[str, jax.Array]:
         """The model's named inputs; ``total`` the run's total length (the width of onnxruntime-genai's mask),
@@ -275,16 +306,16 @@ class _Steps:
         if layout.kind == "shared":  # right-padded; the mask spans the whole buffer
             mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
             # onnxruntime-genai's first mask is as wide as the longest prompt
-            logits, presents = self._forward(params, cache, **self._named(ids, mask, columns, jnp.max(lengths)))
-            last = jnp.take_along_axis(logits, (lengths - 1)[:, None, None], axis=1)[:, 0]
+            last, presents = self._forward(params, cache, lengths - 1,
+                                           **self._named(ids, mask, columns, jnp.max(lengths)))
             cache = tuple(self._constrain(p) for p in presents)
             state = {}
         else:  # left-padded; the past is empty, its present copied into the buffer
             prompt_mask = columns >= (width - lengths)[:, None]
             positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
             empty = tuple(jnp.zeros((*c.shape[:2], 0, c.shape[3]), c.dtype) for c in cache)
-            logits, presents = self._forward(params, empty, **self._named(ids, prompt_mask, positions, width))
-            last = logits[:, -1]
+            last, presents = self._forward(params, empty, jnp.full((batch,), width - 1, jnp.int32),
+                                           **self._named(ids, prompt_mask, positions, width))
             cache = tuple(
                 self._constrain(jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (0, 0, 0, 0)))
                 for c, p in zip(cache, presents)
@@ -322,18 +353,19 @@ class _Steps:
         layout = self.layout
         state = dict(state)
         batch = token.shape[0]
+        at = jnp.zeros((batch,), jnp.int32)
         capacity = max(c.shape[2] for c in cache)  # ring caches are shorter
         ids = token[:, None]
         positions = state["lengths"][:, None]
         if layout.kind == "shared":
             mask = jnp.arange(capacity, dtype=jnp.int32)[None] < (state["lengths"] + 1)[:, None]
             total = jnp.max(state["lengths"]) + 1  # the width onnxruntime-genai's grown mask has
-            logits, presents = self._forward(params, cache, **self._named(ids, mask, positions, total))
+            logits, presents = self._forward(params, cache, at, **self._named(ids, mask, positions, total))
             cache = tuple(self._constrain(p) for p in presents)
         else:
             mask = jnp.concatenate([state["mask"], jnp.ones((batch, 1), bool)], axis=1)
             total = state["slot"] + 1  # the buffer positions written, pads included, and this one
-            logits, presents = self._forward(params, cache, **self._named(ids, mask, positions, total))
+            logits, presents = self._forward(params, cache, at, **self._named(ids, mask, positions, total))
             slot = state["slot"]
             zero = jnp.zeros((), slot.dtype)
             at = (zero, zero, slot, zero)
@@ -344,7 +376,7 @@ class _Steps:
             state["mask"] = jax.lax.dynamic_update_slice(state["mask"], jnp.ones((batch, 1), bool), (zero, slot))
             state["slot"] = slot + 1
         state["lengths"] = state["lengths"] + 1
-        token, state["done"] = self._pick(logits[:, -1], state)
+        token, state["done"] = self._pick(logits, state)
         state["step"] = state["step"] + 1
         return cache, state, token
 
@@ -352,9 +384,10 @@ class _Steps:
         """:meth:`Decoder.recompute`'s body: the whole sequence, its last position's next token."""
         self.traces["recompute"] += 1
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
-        logits, _ = self._forward(params, (), **self._named(ids, mask, positions, ids.shape[1]))
+        last = jnp.full((ids.shape[0],), ids.shape[1] - 1, jnp.int32)
+        logits, _ = self._forward(params, (), last, **self._named(ids, mask, positions, ids.shape[1]))
         state = {**state, **self._seen(ids, mask, logits)}
-        return self._pick(logits[:, -1], state)
+        return self._pick(logits, state)
 
 
 __all__ = ["DECODE_STEPS", "PREFILL_BUCKET", "Decoder", "Program"]

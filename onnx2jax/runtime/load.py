@@ -37,6 +37,7 @@ from onnx2jax.loading import ModelLike, Opened, open_model
 from onnx2jax.runtime import kv_cache
 from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate_sharding import CONFIGURATION, CachePlacement, write_plan
+from onnx2jax.runtime.logit_positions import gather_logit_positions
 from onnx2jax.runtime.plan import make_plan
 from onnx2jax.runtime.spmd import Compiled
 from onnx2jax.runtime.total_length import feed_total_length, mask_width_conditions
@@ -145,6 +146,7 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
         proto, external_dir = open_model(source)
         if size > 1 or mesh is not None:  # the caller's model: the plan is written into a copy of it
             proto = copy.deepcopy(proto)
+    owned = isinstance(model, (str, os.PathLike)) or size > 1 or mesh is not None  # rewritten in place
     graph = proto.graph
     if config is not None:
         _genai.check_against_model(config, graph)
@@ -154,10 +156,14 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
         path = os.fspath(_model_path(model)) if isinstance(model, (str, os.PathLike)) else None
         layout = kv_cache.from_graph(graph, [i.name for i in graph.input if i.name not in initialized], path)
     if layout.kind == "shared" and mask_width_conditions(graph, layout.attention_mask):
-        if not isinstance(model, (str, os.PathLike)) and size == 1 and mesh is None:  # the caller's: copied
-            proto = copy.deepcopy(proto)
+        if not owned:  # the caller's: copied
+            proto, owned = copy.deepcopy(proto), True
             graph = proto.graph
         feed_total_length(graph, layout.attention_mask)  # LongRoPE's If on the real length (total_length)
+    if owned and layout.logits is not None:
+        # the LM head at the positions a step reads (logit_positions); a caller's model on one device is left
+        # as given rather than copied with its weights
+        gather_logit_positions(proto, layout.logits)
     inferred, configuration = None, None
     if size > 1 or mesh is not None:
         if size < 2:
@@ -170,7 +176,10 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
                      inferred=inferred)
     if plan.kind != "whole":
         raise ValueError(f"generation runs a decoder as one program; this model's plan is of kind {plan.kind!r}")
-    translated = JaxModel(plan.proto, plan.external_dir, scan_layers=False, inferred=plan.inferred)
+    if isinstance(model, JaxModel) and plan.proto is model.proto and not model.scan.active:
+        translated = model  # the caller's translation, of this very graph, layers unrolled: not translated again
+    else:
+        translated = JaxModel(plan.proto, plan.external_dir, scan_layers=False, inferred=plan.inferred)
     compiled = Compiled(translated, plan.program)
     return Decoder(compiled, layout, CachePlacement(compiled, layout))
 
