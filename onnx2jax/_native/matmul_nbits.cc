@@ -5,7 +5,9 @@
 // zero point is absent (8), packed uint8 [N, ceil(n_blocks / 2)] (two a byte, lowest first) or float [N, n_blocks].
 //
 // Two ways, as onnxruntime's CPU kernel (MLAS SQNBitGemm) has them:
-// - accuracy 4 (int8): each block of A is rounded to int8 (scale = max|a| / 127, half to even), the block's
+// - accuracy 4 (int8): each block of A is rounded to int8 (scale = max|a| / 127, a * (127 / max|a|) rounded
+//   half to even: MLAS's QuantizeARow_CompInt8 multiplies by 127 / max, which differs from 1 / scale in the
+//   last bit for some max and then moves a value near a half by one step), the block's
 //   integer dot with (q - zero_point) is exact, and the blocks add up as dot * a_scale * b_scale in float;
 // - otherwise (float): each row of B is dequantized to float (a block at a time, into a buffer the size of
 //   one row) and multiplied with every row of A: the weight is never materialised whole.
@@ -813,7 +815,7 @@ void quantize_row(const float* a, int64_t blocks, int64_t block, int8_t* q, floa
     float amax = 0;
     for (int64_t j = 0; j < block; ++j) amax = std::max(amax, std::fabs(a[b * block + j]));
     const float s = amax / 127.0f;
-    const float inverse = s != 0.0f ? 1.0f / s : 0.0f;
+    const float inverse = amax != 0.0f ? 127.0f / amax : 0.0f;  // as MLAS: 127 / max, not 1 / s (see header)
     scale[b] = s;
     int32_t total = 0;
     for (int64_t j = 0; j < block; ++j) {
@@ -826,7 +828,7 @@ void quantize_row(const float* a, int64_t blocks, int64_t block, int8_t* q, floa
 }
 
 #ifdef O2J_X86
-// quantize_row with AVX2, the same arithmetic (max |a|, / 127, 1 / s, a * (1 / s) rounded half to even), 8
+// quantize_row with AVX2, the same arithmetic (max |a|, s = max / 127, a * (127 / max) rounded half to even), 8
 // values a step: the scalar loop calls libm's nearbyint per value, about 2 ms of a 128-row prompt's product.
 __attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* a, int64_t blocks, int64_t block, int8_t* q,
                                                            float* scale, int32_t* sum) {
@@ -839,8 +841,8 @@ __attribute__((target("avx2,fma"))) void quantize_row_avx2(const float* a, int64
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     h = _mm_max_ss(h, _mm_movehdup_ps(h));
-    const float s = _mm_cvtss_f32(h) / 127.0f;
-    const __m256 inverse = _mm256_set1_ps(s != 0.0f ? 1.0f / s : 0.0f);
+    const float amax = _mm_cvtss_f32(h), s = amax / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
     scale[b] = s;
     __m256i total = _mm256_setzero_si256();
     for (int64_t j = 0; j < block; j += 8) {

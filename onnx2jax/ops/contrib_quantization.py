@@ -83,8 +83,11 @@ def _int8_blocks(a, block_size: int):
     n_blocks = -(-k // block_size)
     padded = jnp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, n_blocks * block_size - k)])
     blocks = padded.reshape(*a.shape[:-1], n_blocks, block_size)
-    scale = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True) / jnp.asarray(127, a.dtype)
-    inverse = jnp.where(scale > 0, 1 / jnp.where(scale > 0, scale, 1), 0)
+    largest = jnp.max(jnp.abs(blocks), axis=-1, keepdims=True)
+    scale = largest / jnp.asarray(127, a.dtype)
+    # 127 / max, not 1 / scale: MLAS multiplies by this one, and the two differ in the last bit for some max,
+    # which moves a value near a half by one step (and the product by ~3e-4 of its largest value)
+    inverse = jnp.where(largest > 0, jnp.asarray(127, a.dtype) / jnp.where(largest > 0, largest, 1), 0)
     q = jnp.round(blocks * inverse)  # half to even, as the kernel's float -> int conversion rounds
     return (q * scale).reshape(padded.shape)[..., :k]
 
