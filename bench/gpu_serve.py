@@ -14,6 +14,7 @@ Bounded: a level is skipped once ``--deadline`` seconds have passed since the st
     PYTHONPATH=. python bench/gpu_serve.py [--models llama_gqa,llama_gqa_int4] [--out DIR]
 
 Prints the devices and the versions first, a markdown table last (also written to ``DIR/gpu_serve.md``).
+Measured once on an H200 (bench/RESULTS.md, "Serving on a GPU").
 """
 
 from __future__ import annotations
