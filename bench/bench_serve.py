@@ -5,7 +5,9 @@ requests (prompts of mixed lengths, seeded; greedy; ``--max-tokens`` each) go th
 
 - ``onnx2jax serve`` (a subprocess on a free 127.0.0.1 port) with the ``openai`` client, streaming;
 - onnx2jax's :class:`~onnx2jax.serving.Engine` in this process (no HTTP: what the server costs on top; its
-  programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens);
+  programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens): a token to the
+  host every step, as the server streams; and with ``--decode-steps K`` > 1, ``Engine(decode_steps=K)``: K
+  decode steps a call where nobody waits to be admitted (tokens in bursts of up to K: batch work, not streaming);
 - onnxruntime-genai's generator, one request at a time, and its ``Engine`` (continuous batching, 0.9+) with c
   requests in flight, in a worker process of a Python that has onnxruntime_genai (``--og-python``).
 
@@ -235,6 +237,9 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--og-python", default="", help="a Python with onnxruntime_genai (skipped without)")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--decode-steps", type=int, default=8, help="the second in-process Engine's (1: none)")
+    parser.add_argument("--no-server", action="store_true", help="skip the HTTP server (the reference is then the "
+                        "in-process Engine's concurrency-1 run)")
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
     config = json.load(open(os.path.join(args.model, "genai_config.json")))["model"]
@@ -248,24 +253,32 @@ def main() -> None:
         rows.append((label, c, summarize(records, wall, count[c]), equal))
         print(rows[-1], flush=True)
 
-    process, url = start_server(args.model, args.max_batch, queue_bound=max(levels) * 2)
     name = os.path.basename(os.path.normpath(args.model))
-    try:
-        records, _ = server_level(url, name, everything, 1, args.max_tokens)  # the single-request reference
-        reference = {tuple(r["prompt"]): r["tokens"] for r in records}
-        for c in levels:
-            records, wall = server_level(url, name, everything[: count[c]], c, args.max_tokens)
-            add("onnx2jax serve (openai client, SSE)", c, records, wall, same(records, reference))
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    reference = None
+    if not args.no_server:
+        process, url = start_server(args.model, args.max_batch, queue_bound=max(levels) * 2)
+        try:
+            records, _ = server_level(url, name, everything, 1, args.max_tokens)  # the single-request reference
+            reference = {tuple(r["prompt"]): r["tokens"] for r in records}
+            for c in levels:
+                records, wall = server_level(url, name, everything[: count[c]], c, args.max_tokens)
+                add("onnx2jax serve (openai client, SSE)", c, records, wall, same(records, reference))
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
     from onnx2jax.serving import Engine
 
-    engine = Engine(args.model, max_batch=args.max_batch, max_tokens_in_cache=args.max_batch * 256)
-    engine.warmup()  # every program shape compiled before timing, as the server does before it listens
-    for c in levels:
-        records, wall = engine_level(engine, everything[: count[c]], c, args.max_tokens)
-        add("onnx2jax Engine (in process)", c, records, wall, same(records, reference))
+    for steps in sorted({1, args.decode_steps}):
+        engine = Engine(args.model, max_batch=args.max_batch, max_tokens_in_cache=args.max_batch * 256,
+                        decode_steps=steps)
+        engine.warmup()  # every program shape compiled before timing, as the server does before it listens
+        if reference is None:
+            records, _ = engine_level(engine, everything, 1, args.max_tokens)
+            reference = {tuple(r["prompt"]): r["tokens"] for r in records}
+        label = "onnx2jax Engine (in process)" + ("" if steps == 1 else f", {steps} decode steps a call")
+        for c in levels:
+            records, wall = engine_level(engine, everything[: count[c]], c, args.max_tokens)
+            add(label, c, records, wall, same(records, reference))
     if args.og_python:
         for c in levels:
             for mode in (["generator"] if c == 1 else []) + ["engine"]:
