@@ -11,7 +11,9 @@ requests (prompts of mixed lengths, seeded; greedy; ``--max-tokens`` each) go th
 - onnxruntime-genai's generator, one request at a time, and its ``Engine`` (continuous batching, 0.9+) with c
   requests in flight, in a worker process of a Python that has onnxruntime_genai (``--og-python``).
 
-Reported: aggregate generated tokens/s (all tokens over the level's wall time), time to first token p50/p99
+Reported: aggregate generated tokens/s (all tokens over the level's wall time) and per CPU second of the process
+that generates them (the in-process Engine, onnxruntime-genai's worker; its threads included: a figure the
+load of a shared machine moves less), time to first token p50/p99
 (from a request's submission, queueing included), time between tokens p50/p99 (as the client receives them),
 requests lost (any that did not end with all its tokens), and whether every request's greedy tokens equal the
 single-request run's (the concurrency-1 server run). Bounded: ``--requests`` per level (default 4c, at least 32)
@@ -49,7 +51,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def summarize(records: list[dict], wall: float, expected: int) -> dict:
+def summarize(records: list[dict], wall: float, expected: int, cpu: float = float("nan")) -> dict:
     """Aggregate figures of one level: records have submit, first, times (per token), tokens, finish (None:
     the request never ended: lost)."""
     tokens = sum(len(r["tokens"]) for r in records)
@@ -58,7 +60,7 @@ def summarize(records: list[dict], wall: float, expected: int) -> dict:
             "ttft_p99": percentile([r["first"] - r["submit"] for r in records], 0.99),
             "itl_p50": percentile(gaps, 0.5), "itl_p99": percentile(gaps, 0.99),
             "lost": expected - sum(1 for r in records if r["finish"] is not None), "requests": len(records),
-            "wall": wall}
+            "wall": wall, "tok_cpu_s": tokens / cpu}
 
 
 def closed_loop(work: list, concurrency: int, one) -> tuple[list, float]:
@@ -119,12 +121,12 @@ def server_level(url: str, name: str, work: list[list[int]], concurrency: int, m
 # ---- onnx2jax's Engine in this process
 
 
-def engine_level(engine, work: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float]:
+def engine_level(engine, work: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float, float]:
     from onnx2jax.serving import SamplingParams
 
     pending = list(work)
     records, live = [], {}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while pending or live:
         while pending and len(live) < concurrency:
             prompt = pending.pop(0)
@@ -141,7 +143,7 @@ def engine_level(engine, work: list[list[int]], concurrency: int, max_tokens: in
             record["finish"] = engine.finish_reason(rid)
             records.append(record)
             engine.release(rid)
-    return records, time.perf_counter() - start
+    return records, time.perf_counter() - start, time.process_time() - cpu
 
 
 # ---- onnxruntime-genai, in a worker process (its own Python)
@@ -159,7 +161,7 @@ def record(submit, prompt):
     return {"submit": submit, "times": [], "tokens": [], "prompt": prompt, "finish": None}
 if spec["mode"] == "generator":
     records = []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for prompt in spec["work"]:
         r = record(time.perf_counter(), prompt)
         params = og.GeneratorParams(model)
@@ -179,7 +181,7 @@ else:
     engine = og.Engine(model)
     buffer = engine.create_event_buffer(4096)
     pending, live, records = list(spec["work"]), {}, []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while pending or live:
         while pending and len(live) < spec["concurrency"]:
             request = engine.create_request()
@@ -207,7 +209,7 @@ else:
     wall = time.perf_counter() - start
 for r in records:
     r["first"] = r["times"][0] if r["times"] else float("nan")
-print(json.dumps({"records": records, "wall": wall, "version": og.__version__}))
+print(json.dumps({"records": records, "wall": wall, "cpu": time.process_time() - cpu, "version": og.__version__}))
 '''
 
 
@@ -220,7 +222,7 @@ def og_level(python: str, model: str, mode: str, work, concurrency: int, max_tok
     if done.returncode:
         raise RuntimeError(done.stderr[-2000:])
     result = json.loads(done.stdout)
-    return result["records"], result["wall"], result["version"]
+    return result["records"], result["wall"], result["cpu"], result["version"]
 
 
 def same(records: list[dict], reference: dict) -> bool:
@@ -237,7 +239,7 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--og-python", default="", help="a Python with onnxruntime_genai (skipped without)")
     parser.add_argument("--timeout", type=float, default=300)
-    parser.add_argument("--decode-steps", type=int, default=8, help="the second in-process Engine's (1: none)")
+    parser.add_argument("--decode-steps", type=int, default=16, help="the second in-process Engine's (1: none)")
     parser.add_argument("--no-server", action="store_true", help="skip the HTTP server (the reference is then the "
                         "in-process Engine's concurrency-1 run)")
     args = parser.parse_args()
@@ -249,8 +251,8 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows = []
 
-    def add(label, c, records, wall, equal):
-        rows.append((label, c, summarize(records, wall, count[c]), equal))
+    def add(label, c, records, wall, equal, cpu=float("nan")):
+        rows.append((label, c, summarize(records, wall, count[c], cpu), equal))
         print(rows[-1], flush=True)
 
     name = os.path.basename(os.path.normpath(args.model))
@@ -273,25 +275,26 @@ def main() -> None:
                         decode_steps=steps)
         engine.warmup()  # every program shape compiled before timing, as the server does before it listens
         if reference is None:
-            records, _ = engine_level(engine, everything, 1, args.max_tokens)
+            records, _, _ = engine_level(engine, everything, 1, args.max_tokens)
             reference = {tuple(r["prompt"]): r["tokens"] for r in records}
         label = "onnx2jax Engine (in process)" + ("" if steps == 1 else f", {steps} decode steps a call")
         for c in levels:
-            records, wall = engine_level(engine, everything[: count[c]], c, args.max_tokens)
-            add(label, c, records, wall, same(records, reference))
+            records, wall, cpu = engine_level(engine, everything[: count[c]], c, args.max_tokens)
+            add(label, c, records, wall, same(records, reference), cpu)
     if args.og_python:
         for c in levels:
             for mode in (["generator"] if c == 1 else []) + ["engine"]:
-                records, wall, version = og_level(args.og_python, args.model, mode, everything[: count[c]], c,
+                records, wall, cpu, version = og_level(args.og_python, args.model, mode, everything[: count[c]], c,
                                                   args.max_tokens, args.timeout, eos)
                 label = f"onnxruntime-genai {version} " + ("generator, one at a time" if mode == "generator" else "Engine")
-                add(label, c, records, wall, same(records, reference))
+                add(label, c, records, wall, same(records, reference), cpu)
     print(f"load average after: {os.getloadavg()}")
-    print("\n| runtime | concurrency | requests | tokens/s | TTFT p50 / p99 (ms) | between tokens p50 / p99 (ms) "
-          "| lost | greedy = single-request |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| runtime | concurrency | requests | tokens/s | tokens / CPU s | TTFT p50 / p99 (ms) "
+          "| between tokens p50 / p99 (ms) | lost | greedy = single-request |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for label, c, s, equal in rows:
-        print(f"| {label} | {c} | {s['requests']} | {s['tok_s']:.0f} | {1e3 * s['ttft_p50']:.1f} / "
+        per_cpu = "-" if s["tok_cpu_s"] != s["tok_cpu_s"] else f"{s['tok_cpu_s']:.0f}"
+        print(f"| {label} | {c} | {s['requests']} | {s['tok_s']:.0f} | {per_cpu} | {1e3 * s['ttft_p50']:.1f} / "
               f"{1e3 * s['ttft_p99']:.1f} | {1e3 * s['itl_p50']:.2f} / {1e3 * s['itl_p99']:.2f} | {s['lost']} | "
               f"{'yes' if equal else 'NO'} |")
 

@@ -28,8 +28,9 @@ as the highest slot in use needs, so that one request alone runs one row), all o
 before serving:
 
 - ``prefill``: a chunk of up to ``chunk`` tokens of each of up to ``prefill_rows`` requests (one row each,
-  right-padded; idle rows write to the scratch page); a row's last real token's logits choose its next token
-  when it is the prompt's last chunk.
+  right-padded; idle rows write to the scratch page; one row where one request prefills, the common case when
+  requests arrive one by one); a row's last real token's logits choose its next token when it is the prompt's
+  last chunk.
 - ``decode``: one token for every slot of the step's rows (idle ones write to the scratch page and their
   tokens are ignored); ``decode_many``, where the engine asks for it, ``decode_steps`` such steps in one call
   (a scan: each row's chosen token is the next step's input), each row stopping where the caller says (its
@@ -146,6 +147,11 @@ class ModelRunner:
             counts.append(counts[-1] * 4)
         return sorted(set(counts) | {self.slots})
 
+    @property
+    def prefill_row_counts(self) -> list[int]:
+        """The prefill's row counts: 1 (a newcomer alone, the common case, pays for one row) and ``prefill_rows``."""
+        return sorted({1, self.prefill_rows})
+
     def rows_for(self, highest_slot: int) -> int:
         """The rows a decode step runs when ``highest_slot`` is the highest slot in use."""
         return next(r for r in self.row_counts if r > highest_slot)
@@ -162,18 +168,21 @@ class ModelRunner:
         """Compiles every program shape serving can meet (each block-table width; the decode's at each row count)
         with idle rows that write only to the scratch page, so that no request waits for a compile."""
         for width in self.block_widths:
-            self.prefill([], width=width)
+            for rows in self.prefill_row_counts:
+                self.prefill([], width=width, rows=rows)
             for rows in self.row_counts:
                 for steps in sorted({1, self.decode_steps}):
                     self.decode([None] * rows, [0] * rows, [0] * rows, [None] * rows, width=width, steps=steps)
 
     def prefill(self, chunks: list[tuple[int, list[int], int, list[int], dict[str, Any]]],
-                width: int | None = None) -> list[int]:
+                width: int | None = None, rows: int | None = None) -> list[int]:
         """Writes each chunk ``(slot, block, start, ids, row)`` (at most ``prefill_rows`` of them, ids at most
         ``chunk``): ``ids`` at positions ``start..`` of the request in ``slot`` whose pages are ``block``;
         returns each chunk's token chosen from its last id's logits (the caller keeps it only after the prompt's
-        last chunk). ``width``: the block tables' (default: as the chunks need)."""
-        rows, c = self.prefill_rows, self.chunk
+        last chunk). ``width``: the block tables' (default: as the chunks need); ``rows``: the program's (default:
+        the fewest of :attr:`prefill_row_counts` that hold the chunks)."""
+        rows = rows or next(r for r in self.prefill_row_counts if r >= len(chunks))
+        c = self.chunk
         width = width or self._width(max((start for _, _, start, _, _ in chunks), default=0) + c)
         packed = np.zeros((rows, width + c + 3 + SAMPLING_FIELDS), np.int32)
         packed[:, :width] = self.scratch

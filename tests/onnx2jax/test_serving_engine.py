@@ -257,11 +257,12 @@ def test_warmup_compiles_every_shape_then_serving_compiles_nothing():
     engine.warmup()
     runner = engine.runner
     assert runner.row_counts == [1, 2] and runner.block_widths == [4, 8]  # 64 and 128 positions
-    assert runner.traces == {"prefill": 2, "decode": 4}
+    assert runner.prefill_row_counts == [1, 2]
+    assert runner.traces == {"prefill": 4, "decode": 4}
     ids = [engine.add_request(p, SamplingParams(max_tokens=32 - len(p))) for p in expected["prompts"]]
     ids.append(engine.add_request(expected["tokens"][1] * 2, SamplingParams(max_tokens=4)))  # 64 + 4: wider
     engine.run_to_completion()
     for rid, prompt, tokens in zip(ids, expected["prompts"], expected["tokens"]):
         assert prompt + engine.tokens(rid) == tokens
-    assert runner.traces == {"prefill": 2, "decode": 4}
+    assert runner.traces == {"prefill": 4, "decode": 4}
     assert {w for _, _, w in runner.widths} == {4, 8}
