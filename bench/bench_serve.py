@@ -5,11 +5,15 @@ requests (prompts of mixed lengths, seeded; greedy; ``--max-tokens`` each) go th
 
 - ``onnx2jax serve`` (a subprocess on a free 127.0.0.1 port) with the ``openai`` client, streaming;
 - onnx2jax's :class:`~onnx2jax.serving.Engine` in this process (no HTTP: what the server costs on top; its
-  programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens);
+  programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens): a token to the
+  host every step, as the server streams; and with ``--decode-steps K`` > 1, ``Engine(decode_steps=K)``: K
+  decode steps a call where nobody waits to be admitted (tokens in bursts of up to K: batch work, not streaming);
 - onnxruntime-genai's generator, one request at a time, and its ``Engine`` (continuous batching, 0.9+) with c
   requests in flight, in a worker process of a Python that has onnxruntime_genai (``--og-python``).
 
-Reported: aggregate generated tokens/s (all tokens over the level's wall time), time to first token p50/p99
+Reported: aggregate generated tokens/s (all tokens over the level's wall time) and per CPU second of the process
+that generates them (the in-process Engine, onnxruntime-genai's worker; its threads included: a figure the
+load of a shared machine moves less), time to first token p50/p99
 (from a request's submission, queueing included), time between tokens p50/p99 (as the client receives them),
 requests lost (any that did not end with all its tokens), and whether every request's greedy tokens equal the
 single-request run's (the concurrency-1 server run). Bounded: ``--requests`` per level (default 4c, at least 32)
@@ -47,7 +51,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def summarize(records: list[dict], wall: float, expected: int) -> dict:
+def summarize(records: list[dict], wall: float, expected: int, cpu: float = float("nan")) -> dict:
     """Aggregate figures of one level: records have submit, first, times (per token), tokens, finish (None:
     the request never ended: lost)."""
     tokens = sum(len(r["tokens"]) for r in records)
@@ -56,7 +60,7 @@ def summarize(records: list[dict], wall: float, expected: int) -> dict:
             "ttft_p99": percentile([r["first"] - r["submit"] for r in records], 0.99),
             "itl_p50": percentile(gaps, 0.5), "itl_p99": percentile(gaps, 0.99),
             "lost": expected - sum(1 for r in records if r["finish"] is not None), "requests": len(records),
-            "wall": wall}
+            "wall": wall, "tok_cpu_s": tokens / cpu}
 
 
 def closed_loop(work: list, concurrency: int, one) -> tuple[list, float]:
@@ -117,12 +121,12 @@ def server_level(url: str, name: str, work: list[list[int]], concurrency: int, m
 # ---- onnx2jax's Engine in this process
 
 
-def engine_level(engine, work: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float]:
+def engine_level(engine, work: list[list[int]], concurrency: int, max_tokens: int) -> tuple[list[dict], float, float]:
     from onnx2jax.serving import SamplingParams
 
     pending = list(work)
     records, live = [], {}
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while pending or live:
         while pending and len(live) < concurrency:
             prompt = pending.pop(0)
@@ -139,7 +143,7 @@ def engine_level(engine, work: list[list[int]], concurrency: int, max_tokens: in
             record["finish"] = engine.finish_reason(rid)
             records.append(record)
             engine.release(rid)
-    return records, time.perf_counter() - start
+    return records, time.perf_counter() - start, time.process_time() - cpu
 
 
 # ---- onnxruntime-genai, in a worker process (its own Python)
@@ -157,7 +161,7 @@ def record(submit, prompt):
     return {"submit": submit, "times": [], "tokens": [], "prompt": prompt, "finish": None}
 if spec["mode"] == "generator":
     records = []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for prompt in spec["work"]:
         r = record(time.perf_counter(), prompt)
         params = og.GeneratorParams(model)
@@ -177,7 +181,7 @@ else:
     engine = og.Engine(model)
     buffer = engine.create_event_buffer(4096)
     pending, live, records = list(spec["work"]), {}, []
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while pending or live:
         while pending and len(live) < spec["concurrency"]:
             request = engine.create_request()
@@ -205,7 +209,7 @@ else:
     wall = time.perf_counter() - start
 for r in records:
     r["first"] = r["times"][0] if r["times"] else float("nan")
-print(json.dumps({"records": records, "wall": wall, "version": og.__version__}))
+print(json.dumps({"records": records, "wall": wall, "cpu": time.process_time() - cpu, "version": og.__version__}))
 '''
 
 
@@ -218,7 +222,7 @@ def og_level(python: str, model: str, mode: str, work, concurrency: int, max_tok
     if done.returncode:
         raise RuntimeError(done.stderr[-2000:])
     result = json.loads(done.stdout)
-    return result["records"], result["wall"], result["version"]
+    return result["records"], result["wall"], result["cpu"], result["version"]
 
 
 def same(records: list[dict], reference: dict) -> bool:
@@ -235,6 +239,11 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=16)
     parser.add_argument("--og-python", default="", help="a Python with onnxruntime_genai (skipped without)")
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--decode-steps", type=int, default=16, help="the second in-process Engine's (1: none)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs of the in-process and onnxruntime-genai "
+                        "levels, in turn (the table then gives each row's median run by tokens/s)")
+    parser.add_argument("--no-server", action="store_true", help="skip the HTTP server (the reference is then the "
+                        "in-process Engine's concurrency-1 run)")
     args = parser.parse_args()
     levels = [int(c) for c in args.levels.split(",")]
     config = json.load(open(os.path.join(args.model, "genai_config.json")))["model"]
@@ -244,44 +253,58 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows = []
 
-    def add(label, c, records, wall, equal):
-        rows.append((label, c, summarize(records, wall, count[c]), equal))
+    def add(label, c, records, wall, equal, cpu=float("nan")):
+        rows.append((label, c, summarize(records, wall, count[c], cpu), equal))
         print(rows[-1], flush=True)
 
-    process, url = start_server(args.model, args.max_batch, queue_bound=max(levels) * 2)
     name = os.path.basename(os.path.normpath(args.model))
-    try:
-        records, _ = server_level(url, name, everything, 1, args.max_tokens)  # the single-request reference
-        reference = {tuple(r["prompt"]): r["tokens"] for r in records}
-        for c in levels:
-            records, wall = server_level(url, name, everything[: count[c]], c, args.max_tokens)
-            add("onnx2jax serve (openai client, SSE)", c, records, wall, same(records, reference))
-    finally:
-        process.terminate()
-        process.wait(timeout=60)
+    reference = None
+    if not args.no_server:
+        process, url = start_server(args.model, args.max_batch, queue_bound=max(levels) * 2)
+        try:
+            records, _ = server_level(url, name, everything, 1, args.max_tokens)  # the single-request reference
+            reference = {tuple(r["prompt"]): r["tokens"] for r in records}
+            for c in levels:
+                records, wall = server_level(url, name, everything[: count[c]], c, args.max_tokens)
+                add("onnx2jax serve (openai client, SSE)", c, records, wall, same(records, reference))
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
     from onnx2jax.serving import Engine
 
-    engine = Engine(args.model, max_batch=args.max_batch, max_tokens_in_cache=args.max_batch * 256)
-    engine.warmup()  # every program shape compiled before timing, as the server does before it listens
-    for c in levels:
-        records, wall = engine_level(engine, everything[: count[c]], c, args.max_tokens)
-        add("onnx2jax Engine (in process)", c, records, wall, same(records, reference))
-    if args.og_python:
+    engines = {}
+    for steps in sorted({1, args.decode_steps}):
+        engines[steps] = Engine(args.model, max_batch=args.max_batch, max_tokens_in_cache=args.max_batch * 256,
+                                decode_steps=steps)
+        engines[steps].warmup()  # every program shape compiled before timing, as the server does before it listens
+    if reference is None:
+        records, _, _ = engine_level(engines[1], everything, 1, args.max_tokens)
+        reference = {tuple(r["prompt"]): r["tokens"] for r in records}
+    for _ in range(args.repeat):  # ours and onnxruntime-genai's in turn, so that both meet the same load
         for c in levels:
-            for mode in (["generator"] if c == 1 else []) + ["engine"]:
-                records, wall, version = og_level(args.og_python, args.model, mode, everything[: count[c]], c,
-                                                  args.max_tokens, args.timeout, eos)
+            for steps, engine in engines.items():
+                label = "onnx2jax Engine (in process)" + ("" if steps == 1 else f", {steps} decode steps a call")
+                records, wall, cpu = engine_level(engine, everything[: count[c]], c, args.max_tokens)
+                add(label, c, records, wall, same(records, reference), cpu)
+            for mode in ((["generator"] if c == 1 else []) + ["engine"]) if args.og_python else []:
+                records, wall, cpu, version = og_level(args.og_python, args.model, mode, everything[: count[c]], c,
+                                                       args.max_tokens, args.timeout, eos)
                 label = f"onnxruntime-genai {version} " + ("generator, one at a time" if mode == "generator" else "Engine")
-                add(label, c, records, wall, same(records, reference))
+                add(label, c, records, wall, same(records, reference), cpu)
     print(f"load average after: {os.getloadavg()}")
-    print("\n| runtime | concurrency | requests | tokens/s | TTFT p50 / p99 (ms) | between tokens p50 / p99 (ms) "
-          "| lost | greedy = single-request |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| runtime | concurrency | requests | tokens/s | tokens / CPU s | TTFT p50 / p99 (ms) "
+          "| between tokens p50 / p99 (ms) | lost | greedy = single-request |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    runs: dict[tuple[str, int], list] = {}
     for label, c, s, equal in rows:
-        print(f"| {label} | {c} | {s['requests']} | {s['tok_s']:.0f} | {1e3 * s['ttft_p50']:.1f} / "
+        runs.setdefault((label, c), []).append((s, equal))
+    for (label, c), found in runs.items():  # the median run of each row by tokens/s
+        s, equal = sorted(found, key=lambda r: r[0]["tok_s"])[len(found) // 2]
+        equal = all(e for _, e in found)
+        per_cpu = "-" if s["tok_cpu_s"] != s["tok_cpu_s"] else f"{s['tok_cpu_s']:.0f}"
+        print(f"| {label} | {c} | {s['requests']} | {s['tok_s']:.0f} | {per_cpu} | {1e3 * s['ttft_p50']:.1f} / "
               f"{1e3 * s['ttft_p99']:.1f} | {1e3 * s['itl_p50']:.2f} / {1e3 * s['itl_p99']:.2f} | {s['lost']} | "
               f"{'yes' if equal else 'NO'} |")
-
 
 if __name__ == "__main__":
     main()

@@ -25,9 +25,24 @@ its S new rows after the resident ones and attends over them (rotary positions s
 window masks depend only on distances), then keeps the ``end(P + S)`` most recent rows at the front of the
 present (still ``C`` positions). Here that is one staging buffer of ``C + S + gap`` rows per step, exactly
 onnxruntime's result on every row it defines (its staging and in-place paths alike).
+
+**Paged caches** (the serving engine's, :mod:`onnx2jax.serving.runner`): inside :func:`paged_cache`, every
+GroupQueryAttention takes its past as pages ``[pages, kv_heads, page_size, head_size]`` of a cache shared by
+many requests, and the batch rows' block tables: row b's position i lives at offset ``i % page_size`` of page
+``table[b, i // page_size]``. The op writes its S new keys and values straight into their pages (one scatter;
+the tokens ``writable`` marks not, such as a chunk's padding, go to the scratch page nobody owns), then reads
+each row's keys and values through its block table (one gather, in position order) and attends over them with
+the mask of the unpaged op (row b holds ``seqlens_k[b] + 1`` tokens; causal; local window). The present is the
+updated pages. A ring cache's layer (``sliding_window_cache=1``) reads its pages as a whole-sequence cache: a
+ring that never wraps holds the same rows, and the window mask keeps its attention to the window.
 """
 
 from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from typing import Iterator
 
 import jax
 import jax.numpy as jnp
@@ -121,6 +136,42 @@ def _rotary_positions(position_ids, total_sequence_length, b: int, s: int):
     return jnp.where(is_first_prompt, jnp.broadcast_to(first, (b, s)), ids)
 
 
+@dataclasses.dataclass(frozen=True)
+class PagedCache:
+    """The block tables of a paged call (module docstring): ``table`` [B, M] int32 (page indices; unused
+    entries point at ``scratch``), ``writable`` [B, S] bool (which new tokens are written), ``scratch`` the page
+    index nobody owns."""
+
+    table: jax.Array
+    writable: jax.Array
+    scratch: int
+
+    def update(self, pages, new, positions):
+        """``pages`` [P, H, page, D] with ``new`` [B, H, S, D] written at ``positions`` [B, S]; and the rows'
+        caches read through the block table, [B, H, M * page, D] in position order."""
+        size = pages.shape[2]
+        index = jnp.minimum(positions // size, self.table.shape[1] - 1)
+        page = jnp.where(self.writable, jnp.take_along_axis(self.table, index, axis=1), self.scratch)
+        pages = pages.at[page, :, positions % size].set(jnp.transpose(new, (0, 2, 1, 3)).astype(pages.dtype))
+        b, m = self.table.shape
+        rows = jnp.transpose(pages[self.table], (0, 2, 1, 3, 4))  # [B, H, M, page, D]
+        return pages, rows.reshape(b, pages.shape[1], m * size, pages.shape[3])
+
+
+_PAGED: contextvars.ContextVar[PagedCache | None] = contextvars.ContextVar("paged_cache", default=None)
+
+
+@contextlib.contextmanager
+def paged_cache(table, writable, scratch: int) -> Iterator[None]:
+    """While tracing inside it, every GroupQueryAttention reads and writes its past as pages through ``table``
+    (module docstring): ``table`` [B, M] int32, ``writable`` [B, S] bool, ``scratch`` the page nobody owns."""
+    token = _PAGED.set(PagedCache(table, writable, scratch))
+    try:
+        yield
+    finally:
+        _PAGED.reset(token)
+
+
 def _masked_softmax(scores, allowed, sink):
     """Softmax over the last axis of the allowed entries; a row with none allowed is all zeros. ``sink`` (a
     logit broadcastable to the rows, or None) joins each row's denominator without a column of its own."""
@@ -191,7 +242,15 @@ def group_query_attention(
         sin = jnp.take(sin_cache, rotary_positions, axis=0)[:, None]
         q = rotate(q, cos, sin, interleaved=bool(rotary_interleaved))
         k = rotate(k, cos, sin, interleaved=bool(rotary_interleaved))
-    if sliding_window_cache:
+    paged = _PAGED.get()
+    if paged is not None:
+        if past_key is None or past_value is None:
+            raise ValueError("GroupQueryAttention over a paged cache needs past_key and past_value (the pages)")
+        present_key, keys = paged.update(past_key, k, positions)
+        present_value, values = paged.update(past_value, v, positions)
+        column_positions = jnp.broadcast_to(jnp.arange(keys.shape[2], dtype=jnp.int32)[None], (b, keys.shape[2]))
+        rows = valid
+    elif sliding_window_cache:
         present_key, present_value, keys, values, column_positions, rows = _ring_step(
             past_key, past_value, k, v, start, valid, local_window_size
         )

@@ -4,12 +4,13 @@
 the :mod:`~onnx2jax.serving.runner` (one prefill call, a chunk of each of up to ``prefill_rows`` newcomers, and
 one decode step of every decoding slot) and hands each
 request its new tokens: :meth:`Engine.step` returns them, :meth:`Engine.stream` iterates one request's tokens
-as they are made (stepping the engine itself when nobody else does). A token comes to the host every step.
+as they are made (stepping the engine itself when nobody else does). A token comes to the host every step
+(with ``decode_steps`` > 1, every call of up to that many decode steps, where no request waits to be admitted).
 
-Where GroupQueryAttention writes its own cache in place, the engine neither does what onnxruntime-genai's paged
-engine does nor lowers the op onto the pages: the model runner gathers each slot's pages into a contiguous view,
-lets the graph's own attention write into it, and scatters the written positions back into the request's pages
-(:mod:`~onnx2jax.serving.runner` says why and what it costs).
+Where GroupQueryAttention writes its own cache in place, the engine lowers the op onto the pages (not what
+onnxruntime-genai's paged engine does): each GroupQueryAttention writes its new keys and values into the
+request's pages through its block table and attends over them read through it, with no contiguous copy of the
+cache (:mod:`~onnx2jax.serving.runner`; graphs that concatenate past and new get a gathered view instead).
 
 A request ends at the model's eos or one of its ``stop_token_ids`` (neither returned), at ``max_tokens``, at the
 model's context, or on :meth:`Engine.abort`; :meth:`Engine.finish_reason` says which (``"stop"``,
@@ -56,6 +57,10 @@ class Engine:
       context_length: the longest sequence; default the model's (genai_config.json); required without one.
       eos_token_ids: default the model's.
       devices: tensor-parallel over this many devices (the pages split by KV heads); a handle brings its own.
+      decode_steps: decode steps run in one call when no request waits to be admitted (1: one a call). More
+        saves the per-call cost of all but one step (several times the tokens/s of a small model), but a
+        request's tokens then come in bursts of up to this many, and a newcomer waits up to this many steps to
+        start: for batch work, not for streaming to someone who watches.
 
     Attributes:
       runner, scheduler: the two layers below.
@@ -64,7 +69,7 @@ class Engine:
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_tokens_in_cache: int = 4096, page_size: int = 16,
                  prefill_chunk: int = 32, prefill_rows: int = 4, context_length: int | None = None,
-                 eos_token_ids: Seq[int] | None = None, devices: int | None = None):
+                 eos_token_ids: Seq[int] | None = None, devices: int | None = None, decode_steps: int = 1):
         self.source = model if isinstance(model, ModelSource) else open_model(model, devices=devices)
         context = context_length or self.source.context_length
         if context is None:
@@ -73,6 +78,8 @@ class Engine:
             raise ValueError(f"prefill_chunk ({prefill_chunk}) must be a multiple of page_size ({page_size})")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        if decode_steps < 1:
+            raise ValueError(f"decode_steps must be >= 1, got {decode_steps}")
         self.context_length = int(context)
         # A chunk starts at a multiple of prefill_chunk below the context, so the window holds its padding.
         window = -(-self.context_length // prefill_chunk) * prefill_chunk
@@ -81,7 +88,9 @@ class Engine:
         self.scheduler = Scheduler(slots=max_batch, num_pages=num_pages, page_size=page_size, chunk=prefill_chunk,
                                    prefill_rows=rows)
         self.runner = ModelRunner(self.source, slots=max_batch, num_pages=num_pages, page_size=page_size,
-                                  pages_per_slot=window // page_size, chunk=prefill_chunk, prefill_rows=rows)
+                                  pages_per_slot=window // page_size, chunk=prefill_chunk, prefill_rows=rows,
+                                  decode_steps=decode_steps)
+        self.decode_steps = decode_steps
         self.eos = tuple(self.source.layout.eos_token_ids if eos_token_ids is None else eos_token_ids)
         self.max_batch = max_batch
         self._requests: dict[int, _Request] = {}
@@ -170,8 +179,10 @@ class Engine:
     # ---- stepping
 
     def step(self) -> dict[int, list[int]]:
-        """Runs one step; returns the new tokens of each request that got any (a request's last step may give
-        none: its eos or stop token is not returned; :meth:`finish_reason` tells it has ended)."""
+        """Runs one step (``decode_steps`` decode steps where no request waits to be admitted); returns the new
+        tokens of each request that got any (a request's last step may give none: its eos or stop token is not
+        returned; :meth:`finish_reason` tells it has ended)."""
+        steps = self._plan_ahead()
         plan = self.scheduler.schedule()
         self.stats["steps"] += 1
         self.stats["preemptions"] += len(plan.preempted)
@@ -192,17 +203,43 @@ class Engine:
         if plan.decode:
             width = self.runner.rows_for(max(s.slot for s in plan.decode))
             slots: list[Any] = [None] * width
-            lengths, tokens, rows = [0] * width, [0] * width, [None] * width
+            lengths, tokens, rows, left = [0] * width, [0] * width, [None] * width, [0] * width
             for seq in plan.decode:
                 request = self._requests[seq.id]
                 slots[seq.slot], lengths[seq.slot], tokens[seq.slot] = seq.block, seq.cached, seq.tokens[-1]
                 rows[seq.slot] = request.params.row(len(request.generated))
-            chosen = self.runner.decode(slots, lengths, tokens, rows)
-            self.stats["decode_tokens"] += len(plan.decode)
+                left[seq.slot] = seq.ahead if steps > 1 else 1
+            chosen = self.runner.decode(slots, lengths, tokens, rows, steps=steps, steps_left=left)
             for seq in plan.decode:
-                seq.cached += 1
-                self._take(self._requests[seq.id], int(chosen[seq.slot]), out)
+                request = self._requests[seq.id]
+                for k in range(left[seq.slot]):
+                    if request.finish_reason is not None:  # ended at an earlier of these steps
+                        break
+                    seq.cached += 1
+                    self.stats["decode_tokens"] += 1
+                    self._take(request, int(chosen[k, seq.slot]), out)
         return out
+
+    def _plan_ahead(self) -> int:
+        """The decode steps of the coming step: ``decode_steps`` where no request waits to be admitted and the
+        free pages hold every decoding request's next ones (each running at most to its ``max_tokens`` or the
+        context: its ``ahead``), else 1."""
+        running = self.scheduler.running
+        for seq in running:
+            seq.ahead = 1
+        if self.decode_steps == 1 or self.scheduler.waiting:
+            return 1
+        pages = 0
+        for seq in (s for s in running if s.state is State.DECODE):
+            request = self._requests[seq.id]
+            room = min(request.params.max_tokens - len(request.generated), self.context_length - len(seq.tokens))
+            seq.ahead = max(1, min(self.decode_steps, room))
+            pages += max(0, self.scheduler.pages_for(seq.cached + seq.ahead) - len(seq.block))
+        if pages > len(self.scheduler.free_pages):
+            for seq in running:
+                seq.ahead = 1
+            return 1
+        return self.decode_steps
 
     def _take(self, request: _Request, token: int, out: dict[int, list[int]]) -> None:
         """A request's new token: kept and returned, or the end (eos / stop token not returned)."""

@@ -1,21 +1,26 @@
 """The model runner: the decoder's forward over a fixed set of slots and a KV cache in pages.
 
 The cache is stored in pages: for every cache input of the graph (keys and values of each layer) one array
-``[kv_heads, pages + 1, page_size, head_size]``; the last page is a scratch page that writes nobody owns go to
+``[pages + 1, kv_heads, page_size, head_size]``; the last page is a scratch page that writes nobody owns go to
 (padding, idle slots). A request holds a block table (its pages in order), so its position ``i`` lives at
-offset ``i % page_size`` of page ``block[i // page_size]``.
+offset ``i % page_size`` of page ``block[i // page_size]``. A call's block tables are ``width`` pages wide: the
+pages the longest request of the call needs, rounded up to a power of two (at least `MIN_WINDOW` positions), so
+that a call's cost follows the requests' lengths rather than the context.
 
-How attention meets the pages (the graph's own attention runs unchanged): each program gathers the slots'
-pages through their block tables into a contiguous view ``[slots, kv_heads, window, head_size]`` (``window``
-= the block tables' width × page size; the width is the pages the longest request of the call needs, rounded
-up to a power of two, so a call's cost follows the requests' lengths rather than the context), passes it to the model as the past with the attention mask saying how many
-positions hold tokens, and scatters only the positions it wrote back into the request's own pages. Where
-GroupQueryAttention writes its own cache in place (onnxruntime-genai builder graphs, layout ``"shared"``) it
-writes into the view at each row's length; for graphs that concatenate past and new (torch exports,
-``"concat"``) the new positions are the present's last ones. This is neither onnxruntime-genai's paged engine
-nor a paged-attention kernel: the view is a transient of one step (its size is that of a dense cache of the
-slots at full window), the pages are what persists, given per token as a request grows. Lowering
-GroupQueryAttention onto the pages directly (reading through the block table) would remove the gather; not done.
+How attention meets the pages:
+
+- GroupQueryAttention (onnxruntime-genai's builder graphs, layout ``"shared"``): lowered onto the pages. The
+  program traces the graph inside :func:`onnx2jax.ops.contrib_attention.paged_cache`, passing each cache
+  input's pages as the past: every GroupQueryAttention writes its new keys and values straight into their pages
+  through the block table (one scatter; a chunk's padding and idle rows write to the scratch page) and reads
+  each row's keys and values through it (one gather) for its attention, masked by each row's length; its present
+  is the updated pages. No contiguous copy of the cache is kept or scattered back. This is neither
+  onnxruntime-genai's paged engine nor a fused paged-attention kernel (XLA has none on CPU): the gather of the
+  rows' pages is a transient of one layer of one step.
+- Graphs that concatenate past and new (torch exports, ``"concat"``; no attention op to lower): each program
+  gathers the slots' pages into a contiguous view ``[slots, kv_heads, window, head_size]``, passes it to the
+  model as the past with the attention mask saying which positions hold tokens, and scatters only the present's
+  new positions (its last ones) back into the request's own pages.
 
 Two programs, each compiled once per (rows, block-table width) for the runner's page size and chunk (at most
 log2(context / page size) + 1 widths; the decode's rows a power of four below the slots or the slots, as many
@@ -23,15 +28,21 @@ as the highest slot in use needs, so that one request alone runs one row), all o
 before serving:
 
 - ``prefill``: a chunk of up to ``chunk`` tokens of each of up to ``prefill_rows`` requests (one row each,
-  right-padded; idle rows write to the scratch page); a row's last real token's logits choose its next token
-  when it is the prompt's last chunk.
+  right-padded; idle rows write to the scratch page; one row where one request prefills, the common case when
+  requests arrive one by one); a row's last real token's logits choose its next token when it is the prompt's
+  last chunk.
 - ``decode``: one token for every slot of the step's rows (idle ones write to the scratch page and their
-  tokens are ignored).
+  tokens are ignored); ``decode_many``, where the engine asks for it, ``decode_steps`` such steps in one call
+  (a scan: each row's chosen token is the next step's input), each row stopping where the caller says (its
+  ``max_tokens`` or the context; a row past its eos runs on, into its own pages, and the engine drops those
+  tokens). It saves the per-call cost (the dispatch, the transfers, XLA's per-execution work) of all but one
+  step, but its tokens come to the host together at the call's end.
 
-Both take the pages and the slots' seen-token table (for the repetition penalty) donated, and sampling
-parameters as per-slot data (:mod:`onnx2jax.serving.sampler`). Tensor-parallel, the pages are split on their
-KV-heads axis over the mesh axes the plan splits the cache over (the views likewise), so each device gathers
-and writes only its own heads' pages.
+Both take the pages and the slots' seen-token table (for the repetition penalty) donated, and everything else a
+step needs (block tables, lengths, tokens, per-slot sampling parameters as data, :mod:`onnx2jax.serving.sampler`)
+packed into one int32 array (floats as their bits): one transfer to the device per call, one token per row
+back. Tensor-parallel, the pages are split on their KV-heads axis over the mesh axes the plan splits the cache
+over, so each device writes and reads only its own heads' pages.
 """
 
 from __future__ import annotations
@@ -43,22 +54,36 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from onnx2jax.ops.contrib_attention import paged_cache
 from onnx2jax.serving import sampler
 from onnx2jax.serving.source import ModelSource
+from onnx2jax.xla_options import compiler_options
 
 MIN_WINDOW = 64
 """The fewest positions a call's view spans (short requests share one program)."""
 
-ROW_KEYS = ("temperature", "top_k", "top_p", "penalty", "seed", "step")
-"""The per-row sampling data :func:`onnx2jax.serving.sampler.pick` takes."""
+_INTS, _FLOATS = ("top_k", "seed", "step"), ("temperature", "top_p", "penalty")
+SAMPLING_FIELDS = len(_INTS) + len(_FLOATS)
+"""Columns of a packed row that hold its sampling parameters (:func:`sampling_columns`)."""
 
-_ROW_DTYPES = {"temperature": np.float32, "top_k": np.int32, "top_p": np.float32, "penalty": np.float32,
-               "seed": np.uint32, "step": np.int32}
+IDLE_ROW = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "penalty": 1.0, "seed": 0, "step": 0}
+"""The sampling parameters of an idle row."""
 
 
-def row_arrays(rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """Per-row sampling parameters as the arrays the programs take."""
-    return {k: np.array([r[k] for r in rows], _ROW_DTYPES[k]) for k in ROW_KEYS}
+def sampling_columns(rows: list[dict[str, Any]]) -> np.ndarray:
+    """Per-row sampling parameters as int32 columns [len(rows), SAMPLING_FIELDS]: top_k, seed (uint32 bits),
+    step, then temperature, top_p, penalty as float32 bits (:func:`unpack_sampling` reads them back)."""
+    ints = np.array([[r[k] for k in _INTS] for r in rows], np.int64).astype(np.uint32).view(np.int32)
+    floats = np.array([[r[k] for k in _FLOATS] for r in rows], np.float32).view(np.int32)
+    return np.concatenate([ints.reshape(len(rows), -1), floats.reshape(len(rows), -1)], axis=1)
+
+
+def unpack_sampling(columns: jax.Array) -> dict[str, jax.Array]:
+    """The traced inverse of :func:`sampling_columns`: ``columns`` [B, SAMPLING_FIELDS] int32 -> the rows
+    :func:`onnx2jax.serving.sampler.pick` takes."""
+    f32 = jax.lax.bitcast_convert_type(columns[:, len(_INTS):], jnp.float32)
+    return {"top_k": columns[:, 0], "seed": jax.lax.bitcast_convert_type(columns[:, 1], jnp.uint32),
+            "step": columns[:, 2], "temperature": f32[:, 0], "top_p": f32[:, 1], "penalty": f32[:, 2]}
 
 
 class ModelRunner:
@@ -72,14 +97,17 @@ class ModelRunner:
       pages_per_slot: the most pages one request holds (its block table's width).
       chunk: the prefill's width.
       prefill_rows: requests the prefill takes at once.
+      decode_steps: the steps of the decode program that runs several in one call (1: none such).
 
     Attributes:
-      traces: how many times each program was traced: once per block-table width used.
-      widths: the (program, rows, block-table width) triples traced.
+      pages: the cache, one ``[num_pages + 1, kv_heads, page_size, head_size]`` array per cache input.
+      traces: how many times each program was traced: once per (rows, block-table width) used.
+      widths: the (program, rows, block-table width) triples traced; ``"decode_many"`` is the decode of
+        ``decode_steps`` steps.
     """
 
     def __init__(self, source: ModelSource, *, slots: int, num_pages: int, page_size: int, pages_per_slot: int,
-                 chunk: int, prefill_rows: int = 1):
+                 chunk: int, prefill_rows: int = 1, decode_steps: int = 1):
         layout = source.layout
         if layout.kv_heads is None or layout.head_size is None:
             raise ValueError(f"{layout.source}: the cache's KV heads and head size are not fixed by the graph")
@@ -87,19 +115,21 @@ class ModelRunner:
         self.slots, self.num_pages, self.page_size = slots, num_pages, page_size
         self.pages_per_slot, self.chunk, self.prefill_rows = pages_per_slot, chunk, prefill_rows
         self.scratch = num_pages  # the page index nobody owns
-        shape = (layout.kv_heads, num_pages + 1, page_size, layout.head_size)
+        shape = (num_pages + 1, layout.kv_heads, page_size, layout.head_size)
         # On the handle's mesh, the pages split by KV heads as the plan splits the cache (whole on one device).
-        self._page_sharding = NamedSharding(source.mesh, PartitionSpec(source.heads_axes, None, None, None))
+        self._page_sharding = NamedSharding(source.mesh, PartitionSpec(None, source.heads_axes, None, None))
         self._view_sharding = NamedSharding(source.mesh, PartitionSpec(None, source.heads_axes, None, None))
         with source.x64():
             zeros = jax.jit(lambda: jnp.zeros(shape, layout.dtype), out_shardings=self._page_sharding)
             self.pages = tuple(zeros() for _ in layout.past)
             self.seen = jax.device_put(np.zeros((slots, source.vocab_size), bool),
                                        NamedSharding(source.mesh, PartitionSpec()))
-        self.traces = {"prefill": 0, "decode": 0}
+        self.decode_steps = decode_steps
+        self.traces = {"prefill": 0, "decode": 0} | ({"decode_many": 0} if decode_steps > 1 else {})
         self.widths: set[tuple[str, int, int]] = set()
-        self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1, 2))
-        self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2))
+        options = compiler_options(source.mesh.devices.flat[0].platform)  # as every onnx2jax executable's
+        self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1, 2), compiler_options=options)
+        self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2), static_argnums=4, compiler_options=options)
 
     @property
     def page_bytes(self) -> int:
@@ -117,6 +147,11 @@ class ModelRunner:
             counts.append(counts[-1] * 4)
         return sorted(set(counts) | {self.slots})
 
+    @property
+    def prefill_row_counts(self) -> list[int]:
+        """The prefill's row counts: 1 (a newcomer alone, the common case, pays for one row) and ``prefill_rows``."""
+        return sorted({1, self.prefill_rows})
+
     def rows_for(self, highest_slot: int) -> int:
         """The rows a decode step runs when ``highest_slot`` is the highest slot in use."""
         return next(r for r in self.row_counts if r > highest_slot)
@@ -133,48 +168,59 @@ class ModelRunner:
         """Compiles every program shape serving can meet (each block-table width; the decode's at each row count)
         with idle rows that write only to the scratch page, so that no request waits for a compile."""
         for width in self.block_widths:
-            self.prefill([], width=width)
+            for rows in self.prefill_row_counts:
+                self.prefill([], width=width, rows=rows)
             for rows in self.row_counts:
-                self.decode([None] * rows, [0] * rows, [0] * rows, [None] * rows, width=width)
+                for steps in sorted({1, self.decode_steps}):
+                    self.decode([None] * rows, [0] * rows, [0] * rows, [None] * rows, width=width, steps=steps)
 
     def prefill(self, chunks: list[tuple[int, list[int], int, list[int], dict[str, Any]]],
-                width: int | None = None) -> list[int]:
+                width: int | None = None, rows: int | None = None) -> list[int]:
         """Writes each chunk ``(slot, block, start, ids, row)`` (at most ``prefill_rows`` of them, ids at most
         ``chunk``): ``ids`` at positions ``start..`` of the request in ``slot`` whose pages are ``block``;
         returns each chunk's token chosen from its last id's logits (the caller keeps it only after the prompt's
-        last chunk). ``width``: the block tables' (default: as the chunks need)."""
-        rows = self.prefill_rows
-        ids = np.zeros((rows, self.chunk), np.int32)
-        starts, counts = np.zeros(rows, np.int32), np.zeros(rows, np.int32)
-        slots = np.full(rows, self.slots, np.int32)  # idle rows: a slot past the end, dropped
-        idle = {k: 0 for k in ROW_KEYS} | {"penalty": 1.0, "top_p": 1.0}
-        samples = [idle] * rows
-        blocks: list[list[int]] = [[] for _ in range(rows)]
+        last chunk). ``width``: the block tables' (default: as the chunks need); ``rows``: the program's (default:
+        the fewest of :attr:`prefill_row_counts` that hold the chunks)."""
+        rows = rows or next(r for r in self.prefill_row_counts if r >= len(chunks))
+        c = self.chunk
+        width = width or self._width(max((start for _, _, start, _, _ in chunks), default=0) + c)
+        packed = np.zeros((rows, width + c + 3 + SAMPLING_FIELDS), np.int32)
+        packed[:, :width] = self.scratch
+        packed[:, width + c + 2] = self.slots  # idle rows: a slot past the end, dropped
+        samples = [IDLE_ROW] * rows
         for i, (slot, block, start, chunk_ids, row) in enumerate(chunks):
-            ids[i, : len(chunk_ids)] = chunk_ids
-            starts[i], counts[i], slots[i], samples[i], blocks[i] = start, len(chunk_ids), slot, row, block
+            packed[i, : min(len(block), width)] = block[:width]
+            packed[i, width: width + len(chunk_ids)] = chunk_ids
+            packed[i, width + c: width + c + 3] = start, len(chunk_ids), slot
+            samples[i] = row
+        packed[:, width + c + 3:] = sampling_columns(samples)
         with self.source.x64():
-            self.pages, self.seen, tokens = self._prefill(
-                self.source.params, self.pages, self.seen,
-                self._block(width or self._width(int(starts.max()) + self.chunk), *blocks), starts, counts, ids, slots,
-                row_arrays(samples),
-            )
+            self.pages, self.seen, tokens = self._prefill(self.source.params, self.pages, self.seen, packed)
             return np.asarray(tokens)[: len(chunks)].tolist()
 
     def decode(self, blocks: list[list[int] | None], lengths: list[int], tokens: list[int],
-               rows: list[dict[str, Any] | None], width: int | None = None) -> np.ndarray:
-        """One step of the first ``len(blocks)`` slots (one of :attr:`row_counts`): slot i (None: idle) writes
-        ``tokens[i]`` at position ``lengths[i]`` of its pages ``blocks[i]`` and chooses its next token; returns
-        them, int32 [len(blocks)]. ``width``: the block tables' (default: as the longest request needs)."""
-        idle = {k: 0 for k in ROW_KEYS} | {"penalty": 1.0, "top_p": 1.0}
-        active = np.array([b is not None for b in blocks])
-        longest = max((n + 1 for b, n in zip(blocks, lengths) if b is not None), default=1)
-        table = self._block(width or self._width(longest), *[b if b is not None else [] for b in blocks])
+               rows: list[dict[str, Any] | None], width: int | None = None, steps: int = 1,
+               steps_left: list[int] | None = None) -> np.ndarray:
+        """``steps`` steps of the first ``len(blocks)`` slots (one of :attr:`row_counts`) in one call: at each
+        step k, slot i (None: idle) writes its token at position ``lengths[i] + k`` of its pages ``blocks[i]``
+        (``tokens[i]`` first, then the token it chose at step k - 1) and chooses its next token, while k <
+        ``steps_left[i]`` (default: every step; after, it writes to the scratch page). Returns the chosen tokens,
+        int32 [steps, len(blocks)]. ``width``: the block tables' (default: as the longest request needs)."""
+        n = len(blocks)
+        left = [steps if b is not None else 0 for b in blocks] if steps_left is None else steps_left
+        longest = max((k + s for b, k, s in zip(blocks, lengths, left) if b is not None), default=1)
+        width = width or self._width(longest)
+        packed = np.empty((n, width + 3 + SAMPLING_FIELDS), np.int32)
+        packed[:, :width] = self.scratch
+        for i, block in enumerate(blocks):
+            if block:
+                packed[i, : min(len(block), width)] = block[:width]
+        packed[:, width] = lengths
+        packed[:, width + 1] = tokens
+        packed[:, width + 2] = [s if b is not None else 0 for b, s in zip(blocks, left)]
+        packed[:, width + 3:] = sampling_columns([r if r is not None else IDLE_ROW for r in rows])
         with self.source.x64():
-            self.pages, self.seen, chosen = self._decode(
-                self.source.params, self.pages, self.seen, table, np.array(lengths, np.int32),
-                np.array(tokens, np.int32), active, row_arrays([r if r is not None else idle for r in rows]),
-            )
+            self.pages, self.seen, chosen = self._decode(self.source.params, self.pages, self.seen, packed, steps)
             return np.asarray(chosen)
 
     def _width(self, positions: int) -> int:
@@ -183,34 +229,26 @@ class ModelRunner:
         pages = -(-max(positions, MIN_WINDOW, self.chunk) // self.page_size)
         return min(self.pages_per_slot, 1 << max(pages - 1, 0).bit_length())
 
-    def _block(self, width: int, *blocks: list[int]) -> np.ndarray:
-        """The block tables ``width`` wide (pages past it are not reached by the call), the rest scratch."""
-        table = np.full((len(blocks), width), self.scratch, np.int32)
-        for i, block in enumerate(blocks):
-            table[i, : min(len(block), width)] = block[:width]
-        return table
-
     # ---- traced
-
-    def _view(self, pages: jax.Array, table: jax.Array) -> jax.Array:
-        """The slots' pages in order: [B, kv_heads, window, head_size]."""
-        gathered = pages[:, table]  # [kv_heads, B, M, page, head]
-        b = table.shape[0]
-        window = table.shape[1] * self.page_size
-        view = jnp.transpose(gathered, (1, 0, 2, 3, 4)).reshape(b, pages.shape[0], window, pages.shape[3])
-        return self._constrain(view, self._view_sharding)
 
     @staticmethod
     def _constrain(array: jax.Array, sharding: Any) -> jax.Array:
         return jax.lax.with_sharding_constraint(array, sharding)
 
+    def _view(self, pages: jax.Array, table: jax.Array) -> jax.Array:
+        """The slots' pages in order: [B, kv_heads, window, head_size] (the ``"concat"`` path)."""
+        b, m = table.shape
+        view = jnp.transpose(pages[table], (0, 2, 1, 3, 4)).reshape(b, pages.shape[1], m * self.page_size,
+                                                                    pages.shape[3])
+        return self._constrain(view, self._view_sharding)
+
     def _write(self, pages: jax.Array, table: jax.Array, positions: jax.Array, valid: jax.Array,
                new: jax.Array) -> jax.Array:
         """``new`` [B, kv_heads, C, head] written at ``positions`` [B, C] of each row's pages; invalid ones
-        to the scratch page."""
+        to the scratch page (the ``"concat"`` path)."""
         index = jnp.minimum(positions // self.page_size, table.shape[1] - 1)
         page = jnp.where(valid, jnp.take_along_axis(table, index, axis=1), self.scratch)
-        pages = pages.at[:, page, positions % self.page_size].set(jnp.transpose(new, (1, 0, 2, 3)).astype(pages.dtype))
+        pages = pages.at[page, :, positions % self.page_size].set(jnp.transpose(new, (0, 2, 1, 3)).astype(pages.dtype))
         return self._constrain(pages, self._page_sharding)
 
     def _run(self, params, pages, table, ids, starts, counts):
@@ -220,35 +258,38 @@ class ModelRunner:
         b, c = ids.shape
         columns = jnp.arange(c, dtype=jnp.int32)[None]
         positions = starts[:, None] + columns
-        views = tuple(self._view(p, table) for p in pages)
+        valid = columns < counts[:, None]
         window = jnp.arange(table.shape[1] * self.page_size, dtype=jnp.int32)[None]
-        if layout.kind == "shared":
-            # The chunk's padding counts as tokens: GroupQueryAttention puts the new tokens at
-            # total - width, so they start at `starts`; causality keeps the real ones from seeing the pads.
-            mask = window < (starts + c)[:, None]
-        else:
-            mask = jnp.concatenate([window < starts[:, None], jnp.ones((b, c), bool)], axis=1)
         named = {layout.input_ids: ids}
-        if layout.attention_mask is not None:
-            named[layout.attention_mask] = mask
         if layout.position_ids is not None:
             named[layout.position_ids] = positions
+        if layout.kind == "shared":
+            # GroupQueryAttention reads and writes the pages itself (module docstring). The chunk's padding
+            # counts as tokens: the op puts the new tokens at total - width, so they start at `starts`;
+            # causality keeps the real ones from seeing the pads, which write to the scratch page.
+            if layout.attention_mask is not None:
+                named[layout.attention_mask] = window < (starts + c)[:, None]
+            with paged_cache(table, valid, self.scratch):
+                logits, presents = self.source.forward(params, pages, **named)
+            return logits, tuple(self._constrain(p, self._page_sharding) for p in presents)
+        if layout.attention_mask is not None:
+            named[layout.attention_mask] = jnp.concatenate([window < starts[:, None], jnp.ones((b, c), bool)], axis=1)
+        views = tuple(self._view(p, table) for p in pages)
         logits, presents = self.source.forward(params, views, **named)
-        valid = columns < counts[:, None]
-        written = []
-        for page, present in zip(pages, presents):
-            if layout.kind == "shared":
-                new = jax.vmap(lambda p, s: jax.lax.dynamic_slice_in_dim(p, s, c, axis=1))(present, starts)
-            else:
-                new = present[:, :, -c:]
-            written.append(self._write(page, table, positions, valid, new))
-        return logits, tuple(written)
+        written = tuple(self._write(page, table, positions, valid, present[:, :, -c:])
+                        for page, present in zip(pages, presents))
+        return logits, written
 
-    def _prefill_fn(self, params, pages, seen, table, starts, counts, ids, slots, rows):
+    def _prefill_fn(self, params, pages, seen, packed):
         self.traces["prefill"] += 1
-        self.widths.add(("prefill", table.shape[0], table.shape[1]))
+        c = self.chunk
+        width = packed.shape[1] - c - 3 - SAMPLING_FIELDS
+        self.widths.add(("prefill", packed.shape[0], width))
+        table, ids = packed[:, :width], packed[:, width: width + c]
+        starts, counts, slots = packed[:, width + c], packed[:, width + c + 1], packed[:, width + c + 2]
+        rows = unpack_sampling(packed[:, width + c + 3:])
         logits, pages = self._run(params, pages, table, ids, starts, counts)
-        real = jnp.arange(self.chunk)[None] < counts[:, None]
+        real = jnp.arange(c)[None] < counts[:, None]
         mine = jnp.minimum(slots, self.slots - 1)  # idle rows read some slot; their writes are dropped
         before = jnp.where((starts == 0)[:, None], False, seen[mine])
         onehot = jnp.zeros_like(before).at[jnp.arange(ids.shape[0])[:, None], ids].max(real)
@@ -257,10 +298,26 @@ class ModelRunner:
         last = jnp.take_along_axis(logits, jnp.maximum(counts - 1, 0)[:, None, None], axis=1)[:, 0]
         return pages, seen, sampler.pick(last, rows_seen, rows)
 
-    def _decode_fn(self, params, pages, seen, table, lengths, tokens, active, rows):
-        self.traces["decode"] += 1
-        self.widths.add(("decode", table.shape[0], table.shape[1]))
-        logits, pages = self._run(params, pages, table, tokens[:, None], lengths, active.astype(jnp.int32))
-        rows_in_use = tokens.shape[0]
-        seen = seen.at[jnp.arange(rows_in_use), tokens].max(active)
-        return pages, seen, sampler.pick(logits[:, -1], seen[:rows_in_use], rows)
+    def _decode_fn(self, params, pages, seen, packed, steps):
+        kind = "decode" if steps == 1 else "decode_many"
+        self.traces[kind] += 1
+        width = packed.shape[1] - 3 - SAMPLING_FIELDS
+        self.widths.add((kind, packed.shape[0], width))
+        table, lengths, tokens, left = (packed[:, :width], packed[:, width], packed[:, width + 1],
+                                        packed[:, width + 2])
+        rows = unpack_sampling(packed[:, width + 3:])
+        n = tokens.shape[0]
+
+        def one(carry, k):
+            pages, seen, tokens = carry
+            active = k < left
+            logits, pages = self._run(params, pages, table, tokens[:, None], lengths + k, active.astype(jnp.int32))
+            seen = seen.at[jnp.arange(n), tokens].max(active)
+            chosen = sampler.pick(logits[:, -1], seen[:n], {**rows, "step": rows["step"] + k})
+            return (pages, seen, chosen), chosen
+
+        if steps == 1:  # no loop around the one step: XLA sees it whole
+            (pages, seen, _), chosen = one((pages, seen, tokens), jnp.int32(0))
+            return pages, seen, chosen[None]
+        (pages, seen, _), chosen = jax.lax.scan(one, (pages, seen, tokens), jnp.arange(steps, dtype=jnp.int32))
+        return pages, seen, chosen

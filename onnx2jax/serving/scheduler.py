@@ -3,7 +3,8 @@
 It owns no arrays: slots, pages and block tables are numbers. Each :meth:`Scheduler.schedule` gives one step's
 work: one chunk of each of at most ``prefill_rows`` prefilling requests, run as one call (so a newcomer delays
 the others' decoding by one prefill call at most), and every request that is decoding. Pages are given as a request grows: a request admitted gets the pages its known
-tokens need; a decoding request gets one more page when its next token starts one. When none is free, the
+tokens need; a decoding request gets one more page when its next token (its next ``ahead`` tokens, where the
+engine runs several decode steps in one call) starts one. When none is free, the
 request admitted last among those running is preempted (its pages and slot freed, itself back at the head of
 the queue, to be prefilled again from its prompt and the tokens it generated: recomputation, as vLLM does), so
 no request ever reads or writes another's pages.
@@ -36,6 +37,7 @@ class Sequence:
       block: its pages in order.
       order: admission counter (the latest admitted is preempted first).
       preemptions: how many times it was preempted.
+      ahead: the decode steps the next step runs for it (the engine sets it; its pages must hold them).
     """
 
     id: int
@@ -46,6 +48,7 @@ class Sequence:
     block: list[int] = dataclasses.field(default_factory=list)
     order: int = -1
     preemptions: int = 0
+    ahead: int = 1
 
 
 @dataclasses.dataclass
@@ -118,7 +121,7 @@ class Scheduler:
         for seq in sorted((s for s in self.running if s.state is State.DECODE), key=lambda s: s.order):
             if seq not in self.running:  # preempted by an earlier one of this loop
                 continue
-            while len(seq.block) < self.pages_for(seq.cached + 1):
+            while len(seq.block) < self.pages_for(seq.cached + seq.ahead):
                 if self.free_pages:
                     seq.block.append(self.free_pages.pop())
                     continue

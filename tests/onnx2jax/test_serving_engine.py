@@ -73,14 +73,15 @@ def _compiled_once_per_width(engine):
     """Each program was traced once per block-table width it ran at (whatever the requests and steps), and the
     widths are powers of two."""
     runner = engine.runner
-    for kind in ("prefill", "decode"):
+    for kind in runner.traces:
         shapes = {(r, w) for k, r, w in runner.widths if k == kind}
         assert runner.traces[kind] == len(shapes) and all(w & (w - 1) == 0 for _, w in shapes), (kind, shapes)
 
 
 def _cached(engine, seq, pages):
     """The positions ``seq`` has written, of every cache input: [inputs, kv_heads, positions, head]."""
-    return np.stack([p[:, seq.block].reshape(p.shape[0], -1, p.shape[-1])[:, : seq.cached] for p in pages])
+    return np.stack([np.swapaxes(p[seq.block], 0, 1).reshape(p.shape[1], -1, p.shape[-1])[:, : seq.cached]
+                     for p in pages])
 
 
 @pytest.mark.parametrize("name", [
@@ -133,6 +134,29 @@ def test_engine_equals_onnx2jax_generate_alone(name):
         alone = onnx2jax.generate(decoder, prompt, max_new_tokens=12)[0].tolist()
         assert prompt + engine.tokens(rid) == alone
     assert len({w for k, _, w in engine.runner.widths if k == "decode"}) == 2
+    _compiled_once_per_width(engine)
+
+
+def test_several_decode_steps_a_call_give_each_request_its_own_tokens():
+    """decode_steps=3: where nobody waits to be admitted, three decode steps a call, each request stopping at its
+    own max_tokens or eos inside a call; the tokens are still onnxruntime-genai's, and joins still happen."""
+    expected = _expected("llama_gqa")
+    prompts, tokens, stop = expected["prompts"], expected["tokens"], expected["eos_override"]
+    engine = _engine("llama_gqa", decode_steps=3, max_batch=3, max_tokens_in_cache=96, page_size=8, prefill_chunk=8)
+    full = [SamplingParams(max_tokens=32 - len(p)) for p in prompts]
+    arrivals = {
+        0: [("a", prompts[1], full[1]), ("eos", prompts[0], SamplingParams(max_tokens=32, stop_token_ids=(187,)))],
+        4: [("b", prompts[0], full[0]), ("short", prompts[2], SamplingParams(max_tokens=5))],
+        9: [("c", prompts[2], full[2])],
+    }
+    ids = _run_checked(engine, arrivals)
+    got = {key: engine.tokens(rid) for key, rid in ids.items()}
+    assert prompts[1] + got["a"] == tokens[1] and prompts[0] + got["b"] == tokens[0]
+    assert prompts[2] + got["c"] == tokens[2] and got["short"] == tokens[2][len(prompts[2]):][:5]
+    assert prompts[0] + got["eos"] == stop["tokens"][0] and engine.finish_reason(ids["eos"]) == "stop"
+    assert engine.runner.traces["decode_many"] > 0
+    assert engine.stats["steps"] < engine.stats["decode_tokens"]  # several tokens a call
+    assert engine.counts["pages_used"] == 0
     _compiled_once_per_width(engine)
 
 
@@ -217,7 +241,7 @@ def test_tensor_parallel_pages_split_by_kv_heads_tokens_equal(name, devices, way
     engine = _engine(name, devices=devices, **SMALL_CACHE)
     pages = engine.runner.pages[0]
     assert len(pages.sharding.device_set) == devices
-    assert pages.sharding.shard_shape(pages.shape)[0] == pages.shape[0] // ways
+    assert pages.sharding.shard_shape(pages.shape)[1] == pages.shape[1] // ways  # [pages, kv_heads, ...]
     ids = [engine.add_request(p, SamplingParams(max_tokens=32 - len(p))) for p in expected["prompts"]]
     engine.run_to_completion()
     for rid, prompt, tokens in zip(ids, expected["prompts"], expected["tokens"]):
@@ -233,11 +257,12 @@ def test_warmup_compiles_every_shape_then_serving_compiles_nothing():
     engine.warmup()
     runner = engine.runner
     assert runner.row_counts == [1, 2] and runner.block_widths == [4, 8]  # 64 and 128 positions
-    assert runner.traces == {"prefill": 2, "decode": 4}
+    assert runner.prefill_row_counts == [1, 2]
+    assert runner.traces == {"prefill": 4, "decode": 4}
     ids = [engine.add_request(p, SamplingParams(max_tokens=32 - len(p))) for p in expected["prompts"]]
     ids.append(engine.add_request(expected["tokens"][1] * 2, SamplingParams(max_tokens=4)))  # 64 + 4: wider
     engine.run_to_completion()
     for rid, prompt, tokens in zip(ids, expected["prompts"], expected["tokens"]):
         assert prompt + engine.tokens(rid) == tokens
-    assert runner.traces == {"prefill": 2, "decode": 4}
+    assert runner.traces == {"prefill": 4, "decode": 4}
     assert {w for _, _, w in runner.widths} == {4, 8}
