@@ -373,6 +373,7 @@ def test_zoo_decoders_train_through_every_schedule(name, stages, tp):
             _close(got, want, 1e-5, (schedule, key))
 
 
+@pytest.mark.slow  # the example end to end; its mechanism: test_every_schedule_gives_the_single_programs_gradients
 def test_finetune_pipeline_example_matches_the_single_program():
     import importlib.util
 

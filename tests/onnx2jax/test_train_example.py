@@ -12,9 +12,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # the example end to end (a subprocess, TP 8); its steps: test_train_steps, test_train_surface
 def test_finetune_example_loss_falls_and_onnxruntime_runs_the_result(tmp_path) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(
