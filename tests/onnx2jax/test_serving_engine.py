@@ -137,6 +137,20 @@ def test_engine_equals_onnx2jax_generate_alone(name):
     _compiled_once_per_width(engine)
 
 
+@pytest.mark.slow
+def test_a_sliding_window_model_served_from_pages_equals_generate_alone_and_onnxruntime_genai():
+    """gemma2's local layers attend over a window of 8 (where ``generate`` keeps them in a ring cache); the
+    engine keeps every position in pages and masks the window. 40 new tokens pass the window many times."""
+    expected = _expected("arch/gemma2_fp32")
+    decoder = onnx2jax.load(str(GENAI / "arch" / "gemma2_fp32"))
+    engine = Engine(decoder, max_batch=2, max_tokens_in_cache=512, page_size=8, prefill_chunk=8)
+    ids = [engine.add_request(p, SamplingParams(max_tokens=40)) for p in expected["prompts"]]
+    engine.run_to_completion()
+    for rid, prompt, stored in zip(ids, expected["prompts"], expected["tokens"]):
+        assert prompt + engine.tokens(rid) == onnx2jax.generate(decoder, prompt, max_new_tokens=40)[0].tolist()
+        assert (prompt + engine.tokens(rid))[:len(stored)] == stored
+
+
 def test_several_decode_steps_a_call_give_each_request_its_own_tokens():
     """decode_steps=3: where nobody waits to be admitted, three decode steps a call, each request stopping at its
     own max_tokens or eos inside a call; the tokens are still onnxruntime-genai's, and joins still happen."""
