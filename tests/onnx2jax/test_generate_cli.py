@@ -42,6 +42,20 @@ def _figures(line: str) -> dict:
     return f
 
 
+class _Counted:
+    """A jitted program whose calls record their last argument (the decode's step count); lowering passes on."""
+
+    def __init__(self, jitted, asked: list[int]):
+        self.jitted, self.asked = jitted, asked
+
+    def __call__(self, *args):
+        self.asked.append(int(args[-1]))
+        return self.jitted(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.jitted, name)
+
+
 class _Terminal:
     """A stdout that keeps what was written at each flush, with the decode program's calls made by then."""
 
@@ -70,7 +84,7 @@ def test_generate_prints_each_token_before_the_next_step_runs_then_the_figures(n
     program = decoder.decode(Search())
     asked: list[int] = []
     jitted = program._jitted
-    monkeypatch.setattr(program, "_jitted", lambda *args: (asked.append(int(args[-1])), jitted(*args))[1])
+    monkeypatch.setattr(program, "_jitted", _Counted(jitted, asked))
     terminal = _Terminal(asked)
     monkeypatch.setattr(sys, "stdout", terminal)
     args = ["generate", str(GENAI / name), "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", "6"]
