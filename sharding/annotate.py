@@ -1,6 +1,6 @@
 """Writing multi-device annotations into a ModelProto: the builders.
 
-The builders (`add_configuration`, `set_spec`, `set_stage`, `annotate_tensor`)
+The builders (`add_configuration`, `set_spec`, `set_specs`, `set_stage`, `annotate_tensor`)
 write one thing each and work **in place** on the `ModelProto` they are
 given, like protobuf setters; they return names, not models. `describe_plan`
 reads every annotation back as table rows. Plans that annotate a whole model
@@ -10,7 +10,7 @@ reads every annotation back as table rows. Plans that annotate a whole model
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Iterable, NamedTuple
 
 import onnx
 import onnx.numpy_helper
@@ -85,7 +85,10 @@ def _configuration(
 
 
 def _node(model: onnx.ModelProto, node_name: str) -> onnx.NodeProto:
-    found = [n for n in model.graph.node if n.name == node_name]
+    return _named([n for n in model.graph.node if n.name == node_name], node_name)
+
+
+def _named(found: list[onnx.NodeProto], node_name: str) -> onnx.NodeProto:
     if not found:
         raise ValueError(f"no node named {node_name!r} in the main graph")
     if len(found) > 1:
@@ -128,7 +131,35 @@ def set_spec(
             or output of the node, or a device is outside the configuration.
     """
     config = _configuration(model, configuration)
-    node = _node(model, node_name)
+    _write_spec(_node(model, node_name), node_name, spec, config)
+
+
+@takes_model(in_place=True)
+def set_specs(
+    model: onnx.ModelProto,
+    specs: Iterable[tuple[str, ShardingSpec]],
+    configuration: str | None = None,
+) -> None:
+    """Writes many ``(node_name, spec)`` pairs, in order, as `set_spec` writes each (in place).
+
+    The graph is indexed by node name once, so a whole plan (hundreds of specs on a graph of thousands of
+    nodes) costs one pass over the nodes instead of one per spec; the model written is the one that
+    `set_spec` called on each pair in turn writes.
+
+    Raises:
+        ValueError: as for `set_spec`, for the first pair that fails (the pairs before it are written).
+    """
+    config = _configuration(model, configuration)
+    index: dict[str, list[onnx.NodeProto]] = {}
+    for node in model.graph.node:
+        index.setdefault(node.name, []).append(node)
+    for node_name, spec in specs:
+        _write_spec(_named(index.get(node_name, []), node_name), node_name, spec, config)
+
+
+def _write_spec(
+    node: onnx.NodeProto, node_name: str, spec: ShardingSpec, config: onnx.DeviceConfigurationProto
+) -> None:
     tensor = spec.tensor_name
     if not tensor or (tensor not in node.input and tensor not in node.output):
         raise ValueError(
@@ -288,4 +319,4 @@ def describe_plan(model: onnx.ModelProto) -> list[PlanRow]:
     return rows
 
 
-__all__ = ["PlanRow", "add_configuration", "annotate_tensor", "describe_plan", "name_nodes", "set_spec", "set_stage"]
+__all__ = ["PlanRow", "add_configuration", "annotate_tensor", "describe_plan", "name_nodes", "set_spec", "set_specs", "set_stage"]

@@ -81,6 +81,7 @@ from sharding.rules.normalization import statistics_kept_split
 from sharding.rules.views import node_devices, renamed, replicated, sharded_dims
 from sharding.model_configs import NodeConfig
 from sharding.spec import ShardingSpec
+from sharding.written import WrittenAnnotations, annotations_by_index
 
 
 class _Constants(Mapping):
@@ -148,35 +149,8 @@ def _has_subgraph(node: onnx.NodeProto) -> bool:
     return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
 
 
-def _annotations(
-    model: onnx.ModelProto, configuration: str | None, diags: list[Diagnostic]
-) -> dict[int, NodeConfig]:
-    found: dict[int, NodeConfig] = {}
-    if configuration is None:
-        return found
-    for index, node in enumerate(model.graph.node):
-        for proto in node.device_configurations:
-            if proto.configuration_id != configuration:
-                continue
-            try:
-                found[index] = NodeConfig.from_proto(proto)
-            except (TypeError, ValueError) as e:
-                diags.append(
-                    Diagnostic(
-                        code=codes.ANNOTATION_INVALID,
-                        severity="error",
-                        node=node.name,
-                        op_type=node.op_type,
-                        message=f"the annotation cannot be read ({e}); it is ignored",
-                        hint="fix it (see the structural diagnostics)",
-                    )
-                )
-            break
-    return found
-
-
 def _by_index(model: onnx.ModelProto, written: Mapping[str, NodeConfig]) -> dict[int, NodeConfig]:
-    """``written`` (by node name) keyed by node index, as `_annotations` gives it."""
+    """``written`` (by node name) keyed by node index, as `annotations_by_index` gives it."""
     unknown = set(written) - {node.name for node in model.graph.node}
     if unknown:
         raise ValueError(f"infer(written=...) names nodes the model lacks: {sorted(unknown)[:5]}")
@@ -214,6 +188,7 @@ def infer_graph(
     unsupported: str = "warning",
     shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
     written: Mapping[str, NodeConfig] | None = None,
+    annotations: WrittenAnnotations | None = None,
 ) -> Inference:
     """Completes the sharding annotations of the main graph, as one graph (pipeline stages are not read).
 
@@ -235,6 +210,10 @@ def infer_graph(
             plan evaluated as data, on one model, with no copy written
             (`sharding.auto`). Every entry names ``configuration``, which
             must then be given.
+        annotations: The model's annotations and order as
+            `sharding.written.read_annotations` read them for the
+            configuration chosen, when the caller has them (a compile
+            infers again per call shape); not read again then.
 
     Returns:
         The `Inference`: every node's specs, every placed tensor's spec, and
@@ -257,11 +236,24 @@ def infer_graph(
         choice = choose_configuration(model, configuration)
         diags += choice.diagnostics
         config = choice.name
-    order = topological_order(model.graph)
+    if annotations is not None:
+        if written is not None or annotations.configuration != config or len(annotations.order) != len(model.graph.node):
+            raise ValueError(
+                f"infer(annotations=...) was read for configuration {annotations.configuration!r} and "
+                f"{len(annotations.order)} nodes; this call infers {config!r} on {len(model.graph.node)} nodes"
+                + (" with written=" if written is not None else "")
+            )
+        order = list(annotations.order)
+    else:
+        order = topological_order(model.graph)
     shapes, shape_diags = shapes if shapes is not None else tensor_shapes(model, input_shapes, order)
     shape_diags = list(shape_diags)
     diags += shape_diags
-    annotations = _annotations(model, config, diags) if written is None else _by_index(model, written)
+    if annotations is not None:
+        diags += annotations.diagnostics
+        annotations = annotations.by_index
+    else:
+        annotations = annotations_by_index(model, config, diags) if written is None else _by_index(model, written)
     constants = _Constants(model.graph)
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
     graph = model.graph

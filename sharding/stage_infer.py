@@ -35,6 +35,7 @@ from sharding.model_configs import NodeConfig, device_configurations
 from sharding.partition import extract_part
 from sharding.rules.base import Shape
 from sharding.shapes import infer_model
+from sharding.written import WrittenAnnotations
 from sharding.stages import has_stages, model_partition, stage_devices
 
 
@@ -46,6 +47,7 @@ def infer(
     unsupported: str = "warning",
     shapes: tuple[Mapping[str, Shape], Sequence[Diagnostic]] | None = None,
     written: Mapping[str, NodeConfig] | None = None,
+    annotations: WrittenAnnotations | None = None,
 ) -> Inference:
     """Completes the sharding annotations of a model: ``sharding.infer``, the one front of inference.
 
@@ -54,7 +56,8 @@ def infer(
     inferred stage by stage (:func:`infer_by_stage`; ``shapes`` is not used
     then: each stage's model is typed from one shape inference of the whole);
     any other model, and a candidate plan given as ``written=``, as one graph
-    (:func:`sharding.infer.infer_graph`, whose docstring says every argument).
+    (:func:`sharding.infer.infer_graph`, whose docstring says every argument;
+    ``annotations``, read once for the whole graph, serves that walk only).
 
     Returns:
         The `Inference`: every node's specs, every placed tensor's spec, and
@@ -73,7 +76,8 @@ def infer(
                 model, choice.name, choice.diagnostics, input_shapes=input_shapes, unsupported=unsupported
             )
     return infer_graph(
-        model, configuration, input_shapes=input_shapes, unsupported=unsupported, shapes=shapes, written=written
+        model, configuration, input_shapes=input_shapes, unsupported=unsupported, shapes=shapes, written=written,
+        annotations=annotations,
     )
 
 

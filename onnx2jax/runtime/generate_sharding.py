@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import onnx
 
-from sharding.annotate import set_spec
+from sharding.annotate import set_specs
 from sharding.megatron.plan import megatron_layout, write_megatron_plan
 from sharding.megatron.specs import split_spec
 
@@ -62,9 +62,12 @@ def annotate_cache(model: onnx.ModelProto, layout: CacheLayout, ways: int, devic
     """Writes the cache's spec (heads axis in ``ways`` shards over ``devices``) on every node that reads a past or
     writes a present (in place), so that the program takes and gives the cache sharded, as the loop holds it."""
     cache = set(layout.past) | set(layout.present)
-    for node in model.graph.node:
-        for tensor in {*node.input, *node.output} & cache:
-            set_spec(model, node.name, split_spec(tensor, 1, ways, devices), CONFIGURATION)
+    specs = (
+        (node.name, split_spec(tensor, 1, ways, devices))
+        for node in model.graph.node
+        for tensor in {*node.input, *node.output} & cache
+    )
+    set_specs(model, specs, CONFIGURATION)
 
 
 class CachePlacement:

@@ -46,6 +46,7 @@ from sharding.shapes import InferredModel, infer_model
 from sharding.model_configs import device_configurations
 from sharding.stages import has_stages
 from sharding.validate import require_valid
+from sharding.written import WrittenAnnotations, read_annotations
 
 Shapes = tuple[Mapping[str, Shape], tuple[Diagnostic, ...]]  # tensor_shapes' result
 
@@ -65,6 +66,8 @@ class ProgramPlan:
       placements: every laid-out spec as a TensorPlacement on ``mesh``.
       check: whether inference errors at a call's shapes refuse the call.
       structural: what ``sharding.validate`` found (sizes to check at each call).
+      annotations: the annotations and order its inference read, read once (None: read by each inference),
+        so that inference at a call's shapes reads only what the shapes change.
     """
 
     proto: onnx.ModelProto
@@ -75,6 +78,7 @@ class ProgramPlan:
     placements: Mapping[SpecKey, TensorPlacement]
     check: bool = True
     structural: tuple[Diagnostic, ...] = ()
+    annotations: WrittenAnnotations | None = None
 
     def at_shapes(
         self, input_shapes: Mapping[str, tuple[int, ...]]
@@ -99,7 +103,9 @@ class ProgramPlan:
         if laid_out and all(inference.shapes.get(name) == tuple(shape) for name, shape in input_shapes.items()):
             found = (inference, self.placements)
         else:
-            inference = infer(self.proto, self.configuration, input_shapes=input_shapes)
+            inference = infer(
+                self.proto, self.configuration, input_shapes=input_shapes, annotations=self.annotations
+            )
             errors = inference.errors()
             if self.check and errors:
                 raise ShardingError(list(errors))
@@ -138,8 +144,10 @@ def program_plan(
         mesh = mesh or Mesh(np.array((list(jax_devices) if jax_devices else jax.devices())[:1]), ("d0",))
         return ProgramPlan(proto, None, None, mesh, None, {}, check, tuple(structural))
     num_devices = device_configurations(proto)[configuration].num_devices
+    annotations = None
     if inference is None:
-        inference = infer(proto, configuration, shapes=shapes)
+        annotations = read_annotations(proto, configuration)
+        inference = infer(proto, configuration, shapes=shapes, annotations=annotations)
     errors = inference.errors()
     if check and errors:
         raise ShardingError(list(errors))
@@ -147,7 +155,9 @@ def program_plan(
     layouts = spec_layouts(inference, strict=False)
     mesh, mapping = mesh_for(layouts, configuration, num_devices, mesh, devices, jax_devices)
     placements = placements_on(mapping, layouts, mesh)
-    return ProgramPlan(proto, configuration, inference, mesh, mapping, placements, check, tuple(structural))
+    return ProgramPlan(
+        proto, configuration, inference, mesh, mapping, placements, check, tuple(structural), annotations
+    )
 
 
 @dataclasses.dataclass(frozen=True)

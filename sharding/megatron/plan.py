@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 import onnx
 
-from sharding.annotate import add_configuration, name_nodes, set_spec
+from sharding.annotate import add_configuration, name_nodes, set_specs
 from sharding.megatron.cache import cache_assignments
 from sharding.megatron.convs import ConvPair, conv_pair_assignments, conv_pairs
 from sharding.megatron.data import data_parallel
@@ -255,11 +255,17 @@ def megatron_plan(
     if wrong:
         raise ValueError(f"node_devices: every group must have num_devices={num_devices} devices, got sizes {wrong}")
     add_configuration(result, configuration, max(d for g in node_devices.values() for d in g) + 1)
-    for assignment in layout.assignments:
-        if assignment.node not in node_devices:
-            raise ValueError(f"node_devices has no group for node {assignment.node!r}")
-        group = dict(enumerate(node_devices[assignment.node]))
-        set_spec(result, assignment.node, remap_spec(assignment.spec, group), configuration)
+    missing = [a.node for a in layout.assignments if a.node not in node_devices]
+    if missing:
+        raise ValueError(f"node_devices has no group for node {missing[0]!r}")
+    set_specs(
+        result,
+        (
+            (a.node, remap_spec(a.spec, dict(enumerate(node_devices[a.node]))))
+            for a in layout.assignments
+        ),
+        configuration,
+    )
     return result
 
 
@@ -274,8 +280,7 @@ def write_megatron_plan(model: onnx.ModelProto, layout: MegatronLayout, configur
         ValueError: the configuration exists with another number of devices.
     """
     add_configuration(model, configuration, layout.num_devices)
-    for assignment in layout.assignments:
-        set_spec(model, assignment.node, assignment.spec, configuration)
+    set_specs(model, ((a.node, a.spec) for a in layout.assignments), configuration)
 
 
 __all__ = [

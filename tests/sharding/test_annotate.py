@@ -8,8 +8,9 @@ import onnx.helper as oh
 import onnx.numpy_helper as onh
 import pytest
 
-from sharding.annotate import add_configuration, annotate_tensor, describe_plan, set_spec, set_stage
+from sharding.annotate import add_configuration, annotate_tensor, describe_plan, name_nodes, set_spec, set_specs, set_stage
 from sharding.megatron import megatron_layout, megatron_plan
+from sharding.megatron.plan import write_megatron_plan
 from sharding.model_configs import read_model_configs
 from sharding.spec import ShardingSpec
 from sharding.text import format_spec, parse_spec
@@ -103,6 +104,19 @@ def test_set_spec_errors_are_clear():
     model.graph.node[1].name = "mm1"
     with pytest.raises(ValueError, match="2 nodes are named 'mm1'"):
         set_spec(model, "mm1", spec, "tp")
+
+
+def test_set_specs_errors_are_set_specs():
+    model = _mlp()
+    add_configuration(model, "tp", 2)
+    spec = ShardingSpec.split("W1", {1: 2}, [0, 1])
+    with pytest.raises(ValueError, match="no node named 'nope'"):
+        set_specs(model, [("mm1", spec), ("nope", spec)], "tp")
+    with pytest.raises(ValueError, match="tensor 'W1' is not an input or output of node 'mm2'"):
+        set_specs(model, [("mm2", spec)], "tp")
+    model.graph.node[1].name = "mm1"
+    with pytest.raises(ValueError, match="2 nodes are named 'mm1'"):
+        set_specs(model, [("mm1", spec)], "tp")
 
 
 def test_set_stage_writes_pipeline_stage_next_to_specs():
@@ -265,6 +279,25 @@ def _load(name: str) -> onnx.ModelProto:
 def fixture(request):
     model = _load(request.param)
     return request.param, model, megatron_plan(model, 8)
+
+
+@pytest.mark.parametrize("name", ["tiny_llama", "tiny_gpt2"])
+def test_plan_written_in_one_pass_is_byte_identical_to_set_spec_per_assignment(name):
+    """write_megatron_plan indexes the nodes once (set_specs); the model it writes is, byte for byte, the
+    one set_spec called per assignment writes (each call scanning the graph)."""
+    model = _load(name)
+    name_nodes(model)
+    layout = megatron_layout(model, 8)
+    one_pass, per_call = onnx.ModelProto(), onnx.ModelProto()
+    one_pass.CopyFrom(model)
+    per_call.CopyFrom(model)
+    write_megatron_plan(one_pass, layout, "tp")
+    add_configuration(per_call, "tp", 8)
+    for assignment in layout.assignments:
+        set_spec(per_call, assignment.node, assignment.spec, "tp")
+    assert len(layout.assignments) > 10
+    assert one_pass.SerializeToString(deterministic=True) == per_call.SerializeToString(deterministic=True)
+    assert one_pass.SerializeToString(deterministic=True) != model.SerializeToString(deterministic=True)
 
 
 def test_gqa_choice_is_checked():
