@@ -243,7 +243,9 @@ SEQUENCE_MODELS = {"tiny_llama": DATA / "tiny_llama.onnx", "gpt2": MODELS["gpt2"
                    "tiny_bert": MODELS["tiny_bert"]}
 
 
-@pytest.mark.parametrize("name", list(SEQUENCE_MODELS))
+# a decoder with RoPE and an encoder-decoder by default; GPT-2 and the BERT encoder: slow
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n in ("tiny_llama", "t5") else [pytest.mark.slow])
+                                  for n in SEQUENCE_MODELS])
 def test_batch_and_sequence_symbolic_sharded(name) -> None:
     """One artifact of the TP 8 model serves (batch, seq) (1, 5) and (3, 16), equal to onnxruntime."""
     path = SEQUENCE_MODELS[name]

@@ -21,9 +21,9 @@ from onnx2jax.runtime.generate_sharding import cache_bytes_per_device
 
 ARCH = pathlib.Path(__file__).parents[1] / "data" / "genai" / "arch"
 FOLDERS = sorted(p.name for p in ARCH.iterdir() if (p / "expected_tokens.json").exists())
-# the default run: the ring cache and soft-capping (gemma2) on 1 and 8 devices, gemma3 (ring, q/k norms) on 8,
-# the pad outside the vocabulary, LongRoPE, qwen3, and int4 on 8
-DEFAULT = {("gemma2_fp32", 1), ("gemma2_fp32", 8), ("gemma3_fp32", 8), ("qwen2_pad_oov_fp32", 1),
+# the default run: the ring cache and soft-capping (gemma2) and gemma3 (ring, q/k norms) on 8 devices, the pad
+# outside the vocabulary, LongRoPE, qwen3, and int4 on 8
+DEFAULT = {("gemma2_fp32", 8), ("gemma3_fp32", 8), ("qwen2_pad_oov_fp32", 1),
            ("phi3_longrope_fp32", 1), ("qwen3_fp32", 1), ("llama_int4", 8)}
 
 
