@@ -3,6 +3,10 @@
 Every case must pass, or be listed with a reason in node_xfails.yaml, grouped
 by op type. The xfails are strict: a listed case that starts passing fails the
 run, so the file stays true.
+
+The ``_expanded`` cases (an op run through its ONNX function body, whose ops each
+have their own cases) run with ``-m slow``: a quarter of the cases, a minute of
+the default suite.
 """
 
 import pathlib
@@ -25,7 +29,7 @@ def _params():
     unknown = set(xfails) - {c.name for c in node_cases()}
     assert not unknown, f"node_xfails.yaml names cases that do not exist: {sorted(unknown)}"
     for case in node_cases():
-        marks = []
+        marks = [pytest.mark.slow] if "_expanded" in case.name else []
         if case.name in xfails:
             marks.append(pytest.mark.xfail(reason=xfails[case.name], strict=True))
         yield pytest.param(case, id=case.name, marks=marks)
