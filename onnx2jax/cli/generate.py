@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from onnx2jax.cli.errors import CliError, UsageError
-from onnx2jax.cli.options import add_cache_arguments, ensure_devices
+from onnx2jax.cli.options import add_cache_arguments, ensure_devices, synchronous_cpu_dispatch
 from onnx2jax.runtime import compilation_cache
 from onnx2jax.runtime.compilation_cache import Lookups
 
@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         if not os.path.isfile(os.path.join(folder, "genai_config.json")):
             raise CliError(f"--check runs onnxruntime-genai, which needs a genai_config.json in {folder}")
     ids = tokenizer.encode(args.prompt).ids if tokenizer else _parse_ids(args.prompt_ids)
+    synchronous_cpu_dispatch()  # a token to the host per step: nothing to overlap
     if args.devices:
         ensure_devices(args.devices)
     from onnx2jax.runtime.generate import Generator

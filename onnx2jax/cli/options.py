@@ -89,6 +89,19 @@ def quiet_xla_log(debug: bool = False) -> None:
         os.environ.setdefault(XLA_LOG_LEVEL, "2")
 
 
+def synchronous_cpu_dispatch() -> None:
+    """Runs each XLA CPU execution on the calling thread (``jax_cpu_enable_async_dispatch`` off), for the
+    commands whose every step reads its result to the host before the next one starts (``generate``, which
+    streams each token, and ``serve``): there asynchronous dispatch overlaps nothing and only adds a hand-off
+    to a worker thread and back per call, ~60-100 us of CPU a token on the tiny fixtures (bench/RESULTS.md,
+    "Per-token cost of streaming"). Set before the CPU backend starts (it is read once, then); no effect on
+    another platform. The library leaves JAX's default to its caller (docs/generation.md says when to set it).
+    """
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
 def ensure_devices(count: int) -> None:
     """Asks JAX for ``count`` CPU devices when the machine has fewer (before JAX starts)."""
     import jax  # only the sub-commands that run a model start JAX

@@ -231,8 +231,9 @@ class Program:
 
 
 def _shapes(args: Any) -> tuple:
-    """The shapes and dtypes of ``args``' arrays (a program's signature, less the placements)."""
-    return tuple((np.shape(a), str(getattr(a, "dtype", type(a)))) for a in jax.tree.leaves(args))
+    """The shapes and dtypes of ``args``' arrays (a program's signature, less the placements); taken on every
+    call of a step, so kept to attribute reads (formatting the dtypes as strings cost ~100 us a call)."""
+    return tuple((getattr(a, "shape", None), getattr(a, "dtype", type(a))) for a in jax.tree.leaves(args))
 
 
 class _Steps:

@@ -117,6 +117,7 @@ class Generator:
             self.eos = tuple(layout.eos_token_ids)
         else:
             self.eos = (int(eos_token_id),) if np.ndim(eos_token_id) == 0 else tuple(int(e) for e in eos_token_id)
+        self._eos_ids = np.array(self.eos, np.int32)
         if pad_token_id is None:
             pad_token_id = layout.pad_token_id if layout.pad_token_id is not None else (self.eos or (0,))[0]
         self.pad = int(pad_token_id)
@@ -210,7 +211,7 @@ class Generator:
         """Queues the steps' tokens ``chunk`` [k, batch] up to where generation ends (eos and max_length as
         the module docstring says), checked for the whole chunk at once: a per-token check would cost about
         a decode step of the tiny fixtures."""
-        hits = np.isin(chunk, self.eos) & ~self._done
+        hits = (chunk[..., None] == self._eos_ids).any(-1) & ~self._done  # np.isin costs ~4x more a call
         ends = False
         if self.batch == 1:
             at = np.flatnonzero(hits[:, 0])
