@@ -77,10 +77,11 @@ def genai_run(python: str, folder: pathlib.Path, max_length: int, repeats: int, 
     return json.loads(out.strip().splitlines()[-1])
 
 
-def onnx2jax_run(decoder, max_length: int, repeats: int, prompt: list[int] = PROMPT) -> dict:
-    """``repeats`` greedy generations through :class:`Generator`'s iteration (one decode step per call, each
-    token on the host before the next step, as the CLI streams and as onnxruntime-genai's generate_next_token
-    loop runs): the same measures as genai_timings.py."""
+def onnx2jax_run(decoder, max_length: int, repeats: int, prompt: list[int] = PROMPT, per_call: int = 1) -> dict:
+    """``repeats`` greedy generations through :class:`Generator`'s iteration: the same measures as
+    genai_timings.py. ``per_call`` 1: one decode step per call, each token on the host before the next step (as
+    the CLI streams and as onnxruntime-genai's generate_next_token loop runs); more: that many steps per call of
+    the decode program (at most DECODE_STEPS), as :func:`onnx2jax.generate` runs where nobody listens."""
     from onnx2jax.runtime.generate import Generator
 
     ttft, decode, cpu, steps = [], [], [], []
@@ -88,7 +89,7 @@ def onnx2jax_run(decoder, max_length: int, repeats: int, prompt: list[int] = PRO
     for _ in range(repeats):
         start = time.perf_counter()
         generator = Generator(decoder, prompt, max_length=max_length)
-        tokens = iter(generator)
+        tokens = iter(generator) if per_call == 1 else generator._steps(per_call)  # _steps: generate()'s loop
         next(tokens)
         first = time.perf_counter()
         cpu_start = time.process_time()
@@ -122,7 +123,7 @@ def single_device(args: argparse.Namespace) -> list[dict]:
             for side, run, long_run in (
                 (theirs, lambda: genai_run(args.genai_python, folder, args.max_length, args.repeats),
                  lambda: genai_run(args.genai_python, folder, long_length, args.repeats, LONG_PROMPT)),
-                (ours, lambda: onnx2jax_run(decoder, args.max_length, args.repeats),
+                (ours, lambda: onnx2jax_run(decoder, args.max_length, args.repeats, per_call=args.steps_per_call),
                  lambda: onnx2jax_run(decoder, long_length, args.repeats, LONG_PROMPT)),
             ):
                 result = run()
@@ -347,7 +348,8 @@ def markdown(rows: list[dict], tp: list[dict], load: tuple, args: argparse.Names
     lines.append("")
     lines.append(
         f"Greedy, one prompt of {len(PROMPT)} tokens, max_length {args.max_length}; medians of {args.rounds} rounds "
-        f"x {args.repeats} generations of each runtime in turn; ratio: onnx2jax / onnxruntime-genai (above 1: "
+        f"x {args.repeats} generations of each runtime in turn; onnx2jax's XLA CPU dispatch {args.dispatch} "
+        f"(`--dispatch`), {args.steps_per_call} decode step(s) a call (`--steps-per-call`); ratio: onnx2jax / onnxruntime-genai (above 1: "
         f"onnx2jax faster). Load average (1, 5, 15 min) before {load[0][0]:.2f} {load[0][1]:.2f} {load[0][2]:.2f}, "
         f"after {load[1][0]:.2f} {load[1][1]:.2f} {load[1][2]:.2f}; {os.cpu_count()} CPU(s); jax {jax.__version__}, "
         f"onnxruntime-genai {version}."
@@ -386,7 +388,19 @@ def main() -> None:
     parser.add_argument("--step-costs", action="store_true", help="also the fp32 models' per-step cost breakdown")
     parser.add_argument("--genai-python", default="/work/venvs/fixtures/bin/python")
     parser.add_argument("--output", help="also write the markdown here")
+    parser.add_argument("--steps-per-call", type=int, default=1,
+                        help="onnx2jax's decode steps per call of its decode program: 1 streams (a token to the "
+                        "host per step, as onnxruntime-genai's loop); 16 is what onnx2jax.generate runs where "
+                        "nobody listens")
+    parser.add_argument("--dispatch", choices=("sync", "async"), default="sync",
+                        help="XLA CPU executions on the calling thread (sync: what `onnx2jax generate` runs with, "
+                        "since each step's token is read before the next) or on JAX's worker threads (async: "
+                        "JAX's default, what a library caller gets unless it sets jax_cpu_enable_async_dispatch)")
     args = parser.parse_args()
+    if args.dispatch == "sync":
+        import jax
+
+        jax.config.update("jax_cpu_enable_async_dispatch", False)  # before the backend starts
     args.models = args.models.split(",")
     devices = [int(d) for d in args.tp.split(",") if d]
     if args.tp_only:
