@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-import onnx
-
 from sharding.codes import ANNOTATION_INVALID, SHAPE_INFERENCE_FAILED
 from sharding.diagnostics import Diagnostic
 from sharding.infer import Inference

@@ -65,7 +65,8 @@ def annotate_cache(model: onnx.ModelProto, layout: CacheLayout, ways: int, devic
     specs = (
         (node.name, split_spec(tensor, 1, ways, devices))
         for node in model.graph.node
-        for tensor in {*node.input, *node.output} & cache
+        for tensor in dict.fromkeys([*node.input, *node.output])  # the node's order: the same model every run
+        if tensor in cache
     )
     set_specs(model, specs, CONFIGURATION)
 

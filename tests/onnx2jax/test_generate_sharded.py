@@ -153,3 +153,23 @@ def test_twelve_heads_run_at_eight_devices_and_equal_the_unsharded_run_and_onnxr
     assert model.placement.cache_ways == 4
     eight = onnx2jax.generate(model, prompt, max_new_tokens=12)
     assert one.tolist() == eight.tolist() == [prompt + want]
+
+
+def test_the_cache_specs_are_written_in_each_nodes_own_tensor_order():
+    """The cache's specs once came from a set of names: the model written changed with PYTHONHASHSEED."""
+    import onnx
+
+    from onnx2jax.runtime.generate_sharding import CONFIGURATION, annotate_cache
+
+    layout = onnx2jax.load(GENAI / "llama_gqa").layout
+    model = onnx.load(GENAI / "llama_gqa" / "model.onnx")
+    model.configuration.add(name=CONFIGURATION, num_devices=2)
+    annotate_cache(model, layout, 2, 2)
+    cache = set(layout.past) | set(layout.present)
+    written = 0
+    for node in model.graph.node:
+        specs = [s.tensor_name for c in node.device_configurations for s in c.sharding_spec]
+        expected_order = [t for t in dict.fromkeys([*node.input, *node.output]) if t in cache]
+        assert specs == expected_order, node.name
+        written += len(specs)
+    assert written == len(cache)  # every past read and present written once (GroupQueryAttention nodes)
