@@ -67,12 +67,23 @@ def seen_tokens(ids: jax.Array, valid: jax.Array, vocab: int) -> jax.Array:
     return jnp.zeros((ids.shape[0], vocab), bool).at[rows, ids].max(valid, mode="drop")
 
 
+def first_max(logits: jax.Array) -> jax.Array:
+    """``jnp.argmax(logits, axis=-1)`` as int32 (the lowest id among equal maxima; the first NaN where there is
+    one), computed as a max and then the lowest position holding it: two plain reductions, which XLA CPU
+    vectorizes, where argmax's (value, index) reduction is not (16 rows of 512 logits: ~45 us of CPU against
+    ~15 us, a tenth of the tiny model's decode step)."""
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    at = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
+    hit = (logits == top) | jnp.isnan(logits)
+    return jnp.min(jnp.where(hit, at, logits.shape[-1]), axis=-1)
+
+
 def choose(logits: jax.Array, key: jax.Array, do_sample: bool, values: dict[str, jax.Array]) -> jax.Array:
     """The next token of each row of ``logits`` [batch, vocab], as int32 [batch]; ``values`` as
     :meth:`Search.values` gives them."""
     logits = logits.astype(jnp.float32)
     if not do_sample:
-        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        return first_max(logits)
     logits = logits / values["temperature"]
     ordered = jnp.sort(logits, axis=-1)[..., ::-1]
     vocab = logits.shape[-1]
