@@ -116,10 +116,11 @@ def serve_cpu_threads(folder: str, requested: int | None, devices: int) -> int |
     one-device model whose weight files (``*.onnx``, ``*.data``) hold under `SMALL_MODEL_BYTES`, else None (XLA's
     default, a thread per core).
 
-    Why one for a small model: XLA splits each larger fusion of a step over its pool and YNNPACK its dots, and
-    on a step of a few hundred microseconds the hand-offs to the pool's threads cost more than they save (the
-    tiny fixture's decode step of 16 rows: ~0.45 ms of CPU with a thread per core, ~0.33 ms with one; bench/
-    RESULTS.md, "Serving, per step"). A larger model's steps gain from the second core when it is free.
+    Why one for a small model: XLA splits a step's larger fusions (the gathers of the cache pages, the scatters
+    into them) over its pool and runs the step's kernels there; on a step of a few hundred microseconds those
+    hand-offs cost more than they save (the tiny fixture's 16-row decode step: 0.44-0.53 ms of CPU with a
+    thread per core, 0.32-0.41 ms with one; bench/RESULTS.md, "Serving, per step"). A larger model's steps
+    gain from the second core when it is free (the 6 x 512 fixture: 20-40% of its tokens/s).
     """
     if requested is not None:
         return requested
