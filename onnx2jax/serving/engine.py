@@ -198,7 +198,7 @@ class Engine:
             chunks = []
             for seq, start, count in plan.prefill:
                 request = self._requests[seq.id]
-                chunks.append((seq.slot, seq.block, start, seq.tokens[start:start + count], request.sampling().copy()))
+                chunks.append((seq.slot, seq.block, start, seq.tokens[start:start + count], request.sampling()))
             tokens = self.runner.prefill(chunks)
             self.stats["prefill_chunks"] += len(chunks)
             for (seq, start, count), token in zip(plan.prefill, tokens):
