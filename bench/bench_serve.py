@@ -5,8 +5,10 @@ requests (prompts of mixed lengths, seeded; greedy; ``--max-tokens`` each) go th
 
 - ``onnx2jax serve`` (a subprocess on a free 127.0.0.1 port) with the ``openai`` client, streaming;
 - onnx2jax's :class:`~onnx2jax.serving.Engine` in this process (no HTTP: what the server costs on top; its
-  programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens): a token to the
-  host every step, as the server streams; and with ``--decode-steps K`` > 1, ``Engine(decode_steps=K)``: K
+  programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens; XLA's CPU
+  settings as ``onnx2jax serve`` chooses them: synchronous dispatch, and its intra-op threads, one for a small
+  model; ``--async-dispatch`` and ``--cpu-threads`` change them, and the rows' label says which ran): a token to
+  the host every step, as the server streams; and with ``--decode-steps K`` > 1, ``Engine(decode_steps=K)``: K
   decode steps a call where nobody waits to be admitted (tokens in bursts of up to K: batch work, not streaming);
 - onnxruntime-genai's generator, one request at a time, and its ``Engine`` (continuous batching, 0.9+) with c
   requests in flight, in a worker process of a Python that has onnxruntime_genai (``--og-python``).
@@ -74,13 +76,14 @@ def closed_loop(work: list, concurrency: int, one) -> tuple[list, float]:
 # ---- onnx2jax serve through the openai client
 
 
-def start_server(model: str, max_batch: int, queue_bound: int) -> tuple[subprocess.Popen, str]:
+def start_server(model: str, max_batch: int, queue_bound: int, threads: int | None) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": ROOT}
     command = [sys.executable, "-c", "import sys; from onnx2jax.cli import main; sys.exit(main())", "serve", model,
                "--port", str(port), "--max-batch", str(max_batch), "--queue-bound", str(queue_bound)]
+    command += ["--cpu-threads", str(threads)] if threads is not None else []
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import httpx
 
@@ -244,7 +247,20 @@ def main() -> None:
                         "levels, in turn (the table then gives each row's median run by tokens/s)")
     parser.add_argument("--no-server", action="store_true", help="skip the HTTP server (the reference is then the "
                         "in-process Engine's concurrency-1 run)")
+    parser.add_argument("--cpu-threads", type=int, default=None, help="XLA's intra-op CPU threads, for the server "
+                        "and the in-process Engine (default: as onnx2jax serve chooses: 1 for a small model)")
+    parser.add_argument("--async-dispatch", action="store_true", help="the in-process Engine with XLA's "
+                        "asynchronous CPU dispatch (default: synchronous, as onnx2jax serve runs)")
     args = parser.parse_args()
+    from onnx2jax.cli.options import CPU_THREADS_ENV, limit_cpu_threads, serve_cpu_threads, synchronous_cpu_dispatch
+
+    threads = serve_cpu_threads(args.model, args.cpu_threads, 1)
+    if threads is not None:  # before JAX starts in this process, as serve sets it
+        limit_cpu_threads(threads)
+    if not args.async_dispatch:
+        synchronous_cpu_dispatch()
+    settings = (f"{'async' if args.async_dispatch else 'sync'} dispatch, "
+                f"XLA CPU threads {os.environ.get(CPU_THREADS_ENV) or 'one per core'}")
     levels = [int(c) for c in args.levels.split(",")]
     config = json.load(open(os.path.join(args.model, "genai_config.json")))["model"]
     eos = config["eos_token_id"] if isinstance(config["eos_token_id"], list) else [config["eos_token_id"]]
@@ -260,7 +276,7 @@ def main() -> None:
     name = os.path.basename(os.path.normpath(args.model))
     reference = None
     if not args.no_server:
-        process, url = start_server(args.model, args.max_batch, queue_bound=max(levels) * 2)
+        process, url = start_server(args.model, args.max_batch, queue_bound=max(levels) * 2, threads=threads)
         try:
             records, _ = server_level(url, name, everything, 1, args.max_tokens)  # the single-request reference
             reference = {tuple(r["prompt"]): r["tokens"] for r in records}
@@ -283,7 +299,8 @@ def main() -> None:
     for _ in range(args.repeat):  # ours and onnxruntime-genai's in turn, so that both meet the same load
         for c in levels:
             for steps, engine in engines.items():
-                label = "onnx2jax Engine (in process)" + ("" if steps == 1 else f", {steps} decode steps a call")
+                label = f"onnx2jax Engine (in process, {settings})" + ("" if steps == 1 else
+                                                                       f", {steps} decode steps a call")
                 records, wall, cpu = engine_level(engine, everything[: count[c]], c, args.max_tokens)
                 add(label, c, records, wall, same(records, reference), cpu)
             for mode in ((["generator"] if c == 1 else []) + ["engine"]) if args.og_python else []:

@@ -102,6 +102,41 @@ def synchronous_cpu_dispatch() -> None:
     jax.config.update("jax_cpu_enable_async_dispatch", False)
 
 
+CPU_THREADS_ENV = "PJRT_NPROC"
+"""The variable jaxlib's CPU client reads once, when it starts, for the size of XLA's intra-op thread pool (the
+threads one execution's fusions and dots are split over); XLA's compiler splits a fusion over at most that many."""
+
+SMALL_MODEL_BYTES = 32 << 20
+"""Weights under this many bytes make ``serve``'s steps too small for XLA's intra-op threads to pay (see
+:func:`serve_cpu_threads`)."""
+
+
+def serve_cpu_threads(folder: str, requested: int | None, devices: int) -> int | None:
+    """The intra-op threads ``onnx2jax serve`` asks XLA for on CPU: ``requested`` where given; else one for a
+    one-device model whose weight files (``*.onnx``, ``*.data``) hold under `SMALL_MODEL_BYTES`, else None (XLA's
+    default, a thread per core).
+
+    Why one for a small model: XLA splits a step's larger fusions (the gathers of the cache pages, the scatters
+    into them) over its pool and runs the step's kernels there; on a step of a few hundred microseconds those
+    hand-offs cost more than they save (the tiny fixture's 16-row decode step: 0.44-0.53 ms of CPU with a
+    thread per core, 0.32-0.41 ms with one; bench/RESULTS.md, "Serving, per step"). A larger model's steps
+    gain from the second core when it is free (the 6 x 512 fixture: 20-40% of its tokens/s).
+    """
+    if requested is not None:
+        return requested
+    if devices > 1:
+        return None
+    weights = sum(entry.stat().st_size for entry in os.scandir(folder)
+                  if entry.is_file() and entry.name.endswith((".onnx", ".data", ".onnx_data")))
+    return 1 if weights < SMALL_MODEL_BYTES else None
+
+
+def limit_cpu_threads(count: int) -> None:
+    """Asks jaxlib's CPU client for ``count`` intra-op threads (``PJRT_NPROC``), before the backend starts (it
+    reads the variable once, then); a value the user set in the environment wins."""
+    os.environ.setdefault(CPU_THREADS_ENV, str(count))
+
+
 def ensure_devices(count: int) -> None:
     """Asks JAX for ``count`` CPU devices when the machine has fewer (before JAX starts)."""
     import jax  # only the sub-commands that run a model start JAX

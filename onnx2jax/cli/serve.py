@@ -17,7 +17,8 @@ import os
 import sys
 
 from onnx2jax.cli.errors import CliError
-from onnx2jax.cli.options import ensure_devices
+from onnx2jax.cli.options import (CPU_THREADS_ENV, ensure_devices, limit_cpu_threads, serve_cpu_threads,
+                                  synchronous_cpu_dispatch)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -47,6 +48,10 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="on SIGTERM, seconds the requests in flight may take to finish (default 30)")
     parser.add_argument("--devices", type=int, default=0, metavar="N", help="tensor-parallel over N devices, the "
                         "cache pages split by KV heads (on CPU: N fake devices)")
+    parser.add_argument("--cpu-threads", type=int, default=None, metavar="T",
+                        help="XLA's intra-op threads on CPU (default: 1 for a one-device model whose weights are "
+                        "under 32 MiB, where handing a step's pieces to other threads costs more than it saves; "
+                        "else one per core)")
     return parser
 
 
@@ -54,6 +59,15 @@ def run(args: argparse.Namespace) -> int:
     """Loads the model, compiles its programs and serves until SIGTERM / SIGINT; exit 0 then."""
     if not os.path.isdir(args.model):
         raise CliError(f"{args.model}: serve takes a model folder (with tokenizer.json)")
+    if args.cpu_threads is not None and args.cpu_threads < 1:
+        raise CliError(f"--cpu-threads must be at least 1, got {args.cpu_threads}")
+    # Before JAX starts (both are read once, then). Every step reads its tokens back before the next one runs,
+    # so XLA's asynchronous CPU dispatch overlaps nothing: it only hands each execution to a worker thread and
+    # back. The engine's thread releases the GIL while XLA runs either way, so the HTTP side is not starved.
+    threads = serve_cpu_threads(args.model, args.cpu_threads, args.devices or 1)
+    if threads is not None:
+        limit_cpu_threads(threads)
+    synchronous_cpu_dispatch()
     if args.devices and args.devices > 1:
         ensure_devices(args.devices)
     try:
@@ -79,6 +93,8 @@ def run(args: argparse.Namespace) -> int:
     port = sock.getsockname()[1]
     counts = engine.counts
     where = f", {engine.source.devices} devices" if engine.source.devices > 1 else ""
+    if os.environ.get(CPU_THREADS_ENV):
+        where += f", XLA CPU threads {os.environ[CPU_THREADS_ENV]}"
     print(f"onnx2jax serve: {name} on http://{args.host}:{port}/v1 ({args.max_batch} slots, {counts['pages']} "
           f"cache pages of {args.page_size}, context {engine.context_length}{where})", file=sys.stderr, flush=True)
     if engine.source.note:

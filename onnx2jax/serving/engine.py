@@ -26,7 +26,7 @@ from typing import Any, Iterator, Sequence as Seq
 
 from onnx2jax.errors import RequestError
 from onnx2jax.serving.params import SamplingParams
-from onnx2jax.serving.runner import ModelRunner
+from onnx2jax.serving.runner import STEP_COLUMN, ModelRunner, sampling_columns
 from onnx2jax.serving.scheduler import Scheduler, Sequence, State
 from onnx2jax.serving.source import ModelSource, open_model
 
@@ -41,6 +41,12 @@ class _Request:
     unread: int = 0  # tokens of `generated` not yet given by stream()
     arrived: float = 0.0
     first_token: float | None = None
+    columns: Any = None  # its sampling parameters as the runner packs them (runner.sampling_columns)
+
+    def sampling(self) -> Any:
+        """Its sampling columns at its next token (only the generated count changes)."""
+        self.columns[STEP_COLUMN] = len(self.generated)
+        return self.columns
 
 
 class Engine:
@@ -136,7 +142,8 @@ class Engine:
         params = params or SamplingParams()
         prompt = self.check_request(prompt_ids, params)
         rid = next(self._ids)
-        request = _Request(Sequence(rid, list(prompt)), params, len(prompt), arrived=time.perf_counter())
+        request = _Request(Sequence(rid, list(prompt)), params, len(prompt), arrived=time.perf_counter(),
+                           columns=sampling_columns([params.row(0)])[0])
         self._requests[rid] = request
         self.scheduler.add(request.seq)
         return rid
@@ -191,8 +198,7 @@ class Engine:
             chunks = []
             for seq, start, count in plan.prefill:
                 request = self._requests[seq.id]
-                chunks.append((seq.slot, seq.block, start, seq.tokens[start:start + count],
-                               request.params.row(len(request.generated))))
+                chunks.append((seq.slot, seq.block, start, seq.tokens[start:start + count], request.sampling()))
             tokens = self.runner.prefill(chunks)
             self.stats["prefill_chunks"] += len(chunks)
             for (seq, start, count), token in zip(plan.prefill, tokens):
@@ -207,7 +213,7 @@ class Engine:
             for seq in plan.decode:
                 request = self._requests[seq.id]
                 slots[seq.slot], lengths[seq.slot], tokens[seq.slot] = seq.block, seq.cached, seq.tokens[-1]
-                rows[seq.slot] = request.params.row(len(request.generated))
+                rows[seq.slot] = request.sampling()
                 left[seq.slot] = seq.ahead if steps > 1 else 1
             chosen = self.runner.decode(slots, lengths, tokens, rows, steps=steps, steps_left=left)
             for seq in plan.decode:

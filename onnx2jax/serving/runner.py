@@ -78,6 +78,14 @@ def sampling_columns(rows: list[dict[str, Any]]) -> np.ndarray:
     return np.concatenate([ints.reshape(len(rows), -1), floats.reshape(len(rows), -1)], axis=1)
 
 
+STEP_COLUMN = _INTS.index("step")
+"""The column of :func:`sampling_columns` that holds the request's generated-token count (the only one that
+changes from step to step: the engine keeps each request's columns and sets this one)."""
+
+IDLE_COLUMNS = sampling_columns([IDLE_ROW])[0]
+"""An idle row's sampling columns."""
+
+
 def unpack_sampling(columns: jax.Array) -> dict[str, jax.Array]:
     """The traced inverse of :func:`sampling_columns`: ``columns`` [B, SAMPLING_FIELDS] int32 -> the rows
     :func:`onnx2jax.serving.sampler.pick` takes."""
@@ -125,6 +133,10 @@ class ModelRunner:
             self.seen = jax.device_put(np.zeros((slots, source.vocab_size), bool),
                                        NamedSharding(source.mesh, PartitionSpec()))
         self.decode_steps = decode_steps
+        counts = [1]
+        while counts[-1] * 4 < slots:
+            counts.append(counts[-1] * 4)
+        self._row_counts = sorted(set(counts) | {slots})
         self.traces = {"prefill": 0, "decode": 0} | ({"decode_many": 0} if decode_steps > 1 else {})
         self.widths: set[tuple[str, int, int]] = set()
         options = compiler_options(source.mesh.devices.flat[0].platform)  # as every onnx2jax executable's
@@ -142,10 +154,7 @@ class ModelRunner:
     @property
     def row_counts(self) -> list[int]:
         """The decode step's row counts: powers of four below the slots, and the slots."""
-        counts = [1]
-        while counts[-1] * 4 < self.slots:
-            counts.append(counts[-1] * 4)
-        return sorted(set(counts) | {self.slots})
+        return list(self._row_counts)
 
     @property
     def prefill_row_counts(self) -> list[int]:
@@ -154,7 +163,7 @@ class ModelRunner:
 
     def rows_for(self, highest_slot: int) -> int:
         """The rows a decode step runs when ``highest_slot`` is the highest slot in use."""
-        return next(r for r in self.row_counts if r > highest_slot)
+        return next(r for r in self._row_counts if r > highest_slot)
 
     @property
     def block_widths(self) -> list[int]:
@@ -174,51 +183,54 @@ class ModelRunner:
                 for steps in sorted({1, self.decode_steps}):
                     self.decode([None] * rows, [0] * rows, [0] * rows, [None] * rows, width=width, steps=steps)
 
-    def prefill(self, chunks: list[tuple[int, list[int], int, list[int], dict[str, Any]]],
+    def prefill(self, chunks: list[tuple[int, list[int], int, list[int], np.ndarray]],
                 width: int | None = None, rows: int | None = None) -> list[int]:
-        """Writes each chunk ``(slot, block, start, ids, row)`` (at most ``prefill_rows`` of them, ids at most
-        ``chunk``): ``ids`` at positions ``start..`` of the request in ``slot`` whose pages are ``block``;
-        returns each chunk's token chosen from its last id's logits (the caller keeps it only after the prompt's
-        last chunk). ``width``: the block tables' (default: as the chunks need); ``rows``: the program's (default:
-        the fewest of :attr:`prefill_row_counts` that hold the chunks)."""
+        """Writes each chunk ``(slot, block, start, ids, columns)`` (at most ``prefill_rows`` of them, ids at most
+        ``chunk``; ``columns``: the request's :func:`sampling_columns` row): ``ids`` at positions ``start..`` of the
+        request in ``slot`` whose pages are ``block``; returns each chunk's token chosen from its last id's logits
+        (the caller keeps it only after the prompt's last chunk). ``width``: the block tables' (default: as the
+        chunks need); ``rows``: the program's (default: the fewest of :attr:`prefill_row_counts` that hold the
+        chunks)."""
         rows = rows or next(r for r in self.prefill_row_counts if r >= len(chunks))
         c = self.chunk
         width = width or self._width(max((start for _, _, start, _, _ in chunks), default=0) + c)
         packed = np.zeros((rows, width + c + 3 + SAMPLING_FIELDS), np.int32)
         packed[:, :width] = self.scratch
         packed[:, width + c + 2] = self.slots  # idle rows: a slot past the end, dropped
-        samples = [IDLE_ROW] * rows
-        for i, (slot, block, start, chunk_ids, row) in enumerate(chunks):
+        packed[:, width + c + 3:] = IDLE_COLUMNS
+        for i, (slot, block, start, chunk_ids, columns) in enumerate(chunks):
             packed[i, : min(len(block), width)] = block[:width]
             packed[i, width: width + len(chunk_ids)] = chunk_ids
             packed[i, width + c: width + c + 3] = start, len(chunk_ids), slot
-            samples[i] = row
-        packed[:, width + c + 3:] = sampling_columns(samples)
+            packed[i, width + c + 3:] = columns
         with self.source.x64():
             self.pages, self.seen, tokens = self._prefill(self.source.params, self.pages, self.seen, packed)
             return np.asarray(tokens)[: len(chunks)].tolist()
 
     def decode(self, blocks: list[list[int] | None], lengths: list[int], tokens: list[int],
-               rows: list[dict[str, Any] | None], width: int | None = None, steps: int = 1,
+               rows: list[np.ndarray | None], width: int | None = None, steps: int = 1,
                steps_left: list[int] | None = None) -> np.ndarray:
         """``steps`` steps of the first ``len(blocks)`` slots (one of :attr:`row_counts`) in one call: at each
         step k, slot i (None: idle) writes its token at position ``lengths[i] + k`` of its pages ``blocks[i]``
-        (``tokens[i]`` first, then the token it chose at step k - 1) and chooses its next token, while k <
-        ``steps_left[i]`` (default: every step; after, it writes to the scratch page). Returns the chosen tokens,
-        int32 [steps, len(blocks)]. ``width``: the block tables' (default: as the longest request needs)."""
+        (``tokens[i]`` first, then the token it chose at step k - 1) and chooses its next token with its
+        sampling columns ``rows[i]`` (:func:`sampling_columns`), while k < ``steps_left[i]`` (default: every
+        step; after, it writes to the scratch page). Returns the chosen tokens, int32 [steps, len(blocks)].
+        ``width``: the block tables' (default: as the longest request needs)."""
         n = len(blocks)
         left = [steps if b is not None else 0 for b in blocks] if steps_left is None else steps_left
         longest = max((k + s for b, k, s in zip(blocks, lengths, left) if b is not None), default=1)
         width = width or self._width(longest)
         packed = np.empty((n, width + 3 + SAMPLING_FIELDS), np.int32)
         packed[:, :width] = self.scratch
+        packed[:, width + 2] = 0
+        packed[:, width + 3:] = IDLE_COLUMNS
         for i, block in enumerate(blocks):
-            if block:
+            if block is not None:
                 packed[i, : min(len(block), width)] = block[:width]
+                packed[i, width + 2] = left[i]
+                packed[i, width + 3:] = rows[i]
         packed[:, width] = lengths
         packed[:, width + 1] = tokens
-        packed[:, width + 2] = [s if b is not None else 0 for b, s in zip(blocks, left)]
-        packed[:, width + 3:] = sampling_columns([r if r is not None else IDLE_ROW for r in rows])
         with self.source.x64():
             self.pages, self.seen, chosen = self._decode(self.source.params, self.pages, self.seen, packed, steps)
             return np.asarray(chosen)

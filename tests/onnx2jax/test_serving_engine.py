@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import pathlib
 
+import jax
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -280,3 +281,16 @@ def test_warmup_compiles_every_shape_then_serving_compiles_nothing():
         assert prompt + engine.tokens(rid) == tokens
     assert runner.traces == {"prefill": 4, "decode": 4}
     assert {w for _, _, w in runner.widths} == {4, 8}
+
+
+def test_greedy_choice_is_numpys_argmax_on_ties_nans_and_infinities():
+    """The sampler's greedy pick (a max, then the lowest position holding it) is numpy's argmax: the lowest id
+    among equal maxima, the first NaN where there is one, 0 on a row of -inf."""
+    from onnx2jax.serving.sampler import first_max
+
+    rng = np.random.RandomState(0)
+    rows = rng.randint(-3, 4, size=(64, 37)).astype(np.float32)  # small integers: many ties
+    rows[5, [3, 30]] = np.nan
+    rows[9] = -np.inf
+    rows[11, 0] = np.inf
+    assert np.asarray(jax.jit(first_max)(rows)).tolist() == np.argmax(rows, axis=-1).tolist()

@@ -333,3 +333,20 @@ def test_tensor_parallel_server_on_two_devices(tmp_path):
         assert penalized.choices[0].token_ids == penalized_greedy("llama_gqa", prompt, 20, 1.3)
     finally:
         stop_server(server)
+
+
+def test_a_small_model_is_served_with_one_xla_cpu_thread(server, tmp_path):
+    """XLA's intra-op CPU threads for ``serve``: one for a one-device model under 32 MiB of weight files (its steps
+    are shorter than the hand-offs to a second thread), XLA's default (a thread per core) for a larger model or
+    tensor-parallel, the user's count where given; the running server says which it asked for."""
+    from onnx2jax.cli.options import SMALL_MODEL_BYTES, serve_cpu_threads
+
+    if not os.environ.get("PJRT_NPROC"):  # a count the user set wins, and the line says that one
+        assert ", XLA CPU threads 1)" in str(server["output"])
+    tiny = str(GENAI / "llama_gqa")
+    big = tmp_path / "big"
+    big.mkdir()
+    with open(big / "model.onnx.data", "wb") as f:
+        f.truncate(SMALL_MODEL_BYTES)  # sparse: its size, no disk
+    assert [serve_cpu_threads(tiny, None, 1), serve_cpu_threads(str(big), None, 1)] == [1, None]
+    assert [serve_cpu_threads(tiny, None, 2), serve_cpu_threads(str(big), 3, 1)] == [None, 3]
