@@ -12,7 +12,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from onnx2jax.runtime.sampling import penalize
+from onnx2jax.runtime.sampling import first_max, penalize
 
 
 def pick(logits: jax.Array, seen: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:
@@ -23,17 +23,6 @@ def pick(logits: jax.Array, seen: jax.Array, rows: dict[str, jax.Array]) -> jax.
     temperature = rows["temperature"]
     # The sort, the softmaxes and the random draws only run where a row samples (a branch, not a mask).
     return jax.lax.cond(jnp.any(temperature > 0), lambda: _sample(logits, greedy, rows), lambda: greedy)
-
-
-def first_max(logits: jax.Array) -> jax.Array:
-    """``jnp.argmax(logits, axis=-1)`` as int32 (the lowest id among equal maxima; the first NaN where there is
-    one), computed as a max and then the lowest position holding it: two plain reductions, which XLA CPU
-    vectorizes, where argmax's (value, index) reduction is not (16 rows of 512 logits: ~45 us of CPU against
-    ~15 us, a tenth of the tiny model's decode step)."""
-    top = jnp.max(logits, axis=-1, keepdims=True)
-    at = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    hit = (logits == top) | jnp.isnan(logits)
-    return jnp.min(jnp.where(hit, at, logits.shape[-1]), axis=-1)
 
 
 def _sample(logits: jax.Array, greedy: jax.Array, rows: dict[str, jax.Array]) -> jax.Array:

@@ -284,9 +284,9 @@ def test_warmup_compiles_every_shape_then_serving_compiles_nothing():
 
 
 def test_greedy_choice_is_numpys_argmax_on_ties_nans_and_infinities():
-    """The sampler's greedy pick (a max, then the lowest position holding it) is numpy's argmax: the lowest id
+    """The greedy pick of generation and serving (a max, then the lowest position holding it) is numpy's argmax: the lowest id
     among equal maxima, the first NaN where there is one, 0 on a row of -inf."""
-    from onnx2jax.serving.sampler import first_max
+    from onnx2jax.runtime.sampling import first_max
 
     rng = np.random.RandomState(0)
     rows = rng.randint(-3, 4, size=(64, 37)).astype(np.float32)  # small integers: many ties
