@@ -94,7 +94,7 @@ def synchronous_cpu_dispatch() -> None:
     commands whose every step reads its result to the host before the next one starts (``generate``, which
     streams each token, and ``serve``): there asynchronous dispatch overlaps nothing and only adds a hand-off
     to a worker thread and back per call, ~60-100 us of CPU a token on the tiny fixtures (bench/RESULTS.md,
-    "Per-token cost of streaming"). Set before the CPU backend starts (it is read once, then); no effect on
+    "Generation's per-call cost"). Set before the CPU backend starts (it is read once, then); no effect on
     another platform. The library leaves JAX's default to its caller (docs/generation.md says when to set it).
     """
     import jax
@@ -131,10 +131,14 @@ def serve_cpu_threads(folder: str, requested: int | None, devices: int) -> int |
     return 1 if weights < SMALL_MODEL_BYTES else None
 
 
-def limit_cpu_threads(count: int) -> None:
+def limit_cpu_threads(count: int, chosen: bool = False) -> None:
     """Asks jaxlib's CPU client for ``count`` intra-op threads (``PJRT_NPROC``), before the backend starts (it
-    reads the variable once, then); a value the user set in the environment wins."""
-    os.environ.setdefault(CPU_THREADS_ENV, str(count))
+    reads the variable once, then). A value the user set in the environment wins over a default, not over a
+    count ``chosen`` on the command line."""
+    if chosen:
+        os.environ[CPU_THREADS_ENV] = str(count)
+    else:
+        os.environ.setdefault(CPU_THREADS_ENV, str(count))
 
 
 def ensure_devices(count: int) -> None:

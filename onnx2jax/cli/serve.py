@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     # back. The engine's thread releases the GIL while XLA runs either way, so the HTTP side is not starved.
     threads = serve_cpu_threads(args.model, args.cpu_threads, args.devices or 1)
     if threads is not None:
-        limit_cpu_threads(threads)
+        limit_cpu_threads(threads, chosen=args.cpu_threads is not None)
     synchronous_cpu_dispatch()
     if args.devices and args.devices > 1:
         ensure_devices(args.devices)
