@@ -61,15 +61,6 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"{args.model}: serve takes a model folder (with tokenizer.json)")
     if args.cpu_threads is not None and args.cpu_threads < 1:
         raise CliError(f"--cpu-threads must be at least 1, got {args.cpu_threads}")
-    # Before JAX starts (both are read once, then). Every step reads its tokens back before the next one runs,
-    # so XLA's asynchronous CPU dispatch overlaps nothing: it only hands each execution to a worker thread and
-    # back. The engine's thread releases the GIL while XLA runs either way, so the HTTP side is not starved.
-    threads = serve_cpu_threads(args.model, args.cpu_threads, args.devices or 1)
-    if threads is not None:
-        limit_cpu_threads(threads, chosen=args.cpu_threads is not None)
-    synchronous_cpu_dispatch()
-    if args.devices and args.devices > 1:
-        ensure_devices(args.devices)
     try:
         from onnx2jax.serving.server import bind, build_app, serve
         from onnx2jax.serving.text import Text
@@ -80,6 +71,16 @@ def run(args: argparse.Namespace) -> int:
 
     defaults = folder_defaults(args.model)  # before loading: num_beams > 1 and the like are refused by name
     text = Text(args.model)
+    # The process's settings, after every refusal (a refused command changes nothing) and before JAX starts
+    # (both are read once, then). Every step reads its tokens back before the next one runs, so XLA's
+    # asynchronous CPU dispatch overlaps nothing: it only hands each execution to a worker thread and back. The
+    # engine's thread releases the GIL while XLA runs either way, so the HTTP side is not starved.
+    threads = serve_cpu_threads(args.model, args.cpu_threads, args.devices or 1)
+    if threads is not None:
+        limit_cpu_threads(threads, chosen=args.cpu_threads is not None)
+    synchronous_cpu_dispatch()
+    if args.devices and args.devices > 1:
+        ensure_devices(args.devices)
     name = args.served_model_name or os.path.basename(os.path.normpath(args.model))
     engine = _engine(args)
     engine.warmup()

@@ -7,6 +7,7 @@ test_serving_server.py, against onnxruntime and onnxruntime-genai)."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 
 import pytest
@@ -50,13 +51,17 @@ def _folder(tmp_path, **search) -> pathlib.Path:
     return tmp_path
 
 
-def test_generate_and_serve_refuse_num_beams_before_loading(tmp_path, capsys):
+def test_generate_and_serve_refuse_num_beams_before_loading(tmp_path, capsys, monkeypatch):
     folder = _folder(tmp_path, num_beams=4)  # no model.onnx: nothing is loaded before the refusal
     assert main(["generate", str(folder), "--prompt-ids", "1,42"]) == 1
     assert "search option num_beams=4" in capsys.readouterr().err
+    monkeypatch.delenv("PJRT_NPROC", raising=False)
     assert main(["serve", str(folder)]) == 1
     err = capsys.readouterr().err
     assert "search option num_beams=4" in err and "beam search is not implemented" in err
+    # a refused command changes nothing: serve's XLA thread count (once left in the environment by this very
+    # call, it ran every later subprocess of the test session on one thread) is set only after its refusals
+    assert "PJRT_NPROC" not in os.environ
     assert folder_defaults(GENAI / "llama_gqa") == search_defaults(BUILDER_SEARCH)
 
 
