@@ -55,6 +55,12 @@ class _Output:
         return "".join(self.lines)
 
 
+SHORT_CONTEXT = ("--context-length", "64")
+"""For a server whose requests need at most 32 positions: the folder's 256 would have its start-up compile
+programs for four times the cache width (~10 s of the run). The module's own server keeps 256: its queue and
+disconnect tests hold slots with requests of 200 tokens and more."""
+
+
 def start_server(folder: pathlib.Path, *options: str) -> dict:
     """``onnx2jax serve`` on 127.0.0.1, on a port the server itself had the OS choose (``--port 0``: no race
     with another process for a port chosen beforehand), ready once its start-up line names the port and
@@ -310,7 +316,7 @@ def test_tensor_parallel_server_on_two_devices(tmp_path):
     config["search"]["repetition_penalty"] = 1.3
     (folder / "genai_config.json").write_text(json.dumps(config))
     server = start_server(folder, "--devices", "2", "--max-batch", "2", "--served-model-name", MODEL,
-                          "--page-size", "8", "--prefill-chunk", "16")
+                          "--page-size", "8", "--prefill-chunk", "16", *SHORT_CONTEXT)
     try:
         assert ", 2 devices)" in str(server["output"])
         client = _client(server)

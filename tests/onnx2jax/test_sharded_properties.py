@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import random_case, run_case
 
-CI = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+CI = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SEEDS = st.integers(0, 2**32 - 1)
 

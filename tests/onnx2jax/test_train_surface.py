@@ -50,8 +50,9 @@ def test_apply_with_the_trainable_subset_takes_the_rest_from_the_executable(comp
     trainable = {k: compiled.params[k] for k in compiled.trainable}
     assert set(trainable) != set(compiled.params)  # some parameters are not trainable (the 'zeros')
     with jax.enable_x64(True):
-        (logits,) = compiled.apply(trainable, ids)
-        grads = jax.grad(lambda p: compiled.apply(p, ids)[0].astype(np.float32).sum())(trainable)
+        # jitted: run op by op on 8 devices, this forward and backward took ~16 s of the default suite
+        (logits,) = jax.jit(compiled.apply)(trainable, ids)
+        grads = jax.jit(jax.grad(lambda p: compiled.apply(p, ids)[0].astype(np.float32).sum()))(trainable)
     np.testing.assert_allclose(np.asarray(logits), expected, atol=1e-4)
     assert set(grads) == set(trainable)
 

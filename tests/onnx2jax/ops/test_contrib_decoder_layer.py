@@ -95,8 +95,14 @@ def decoder_layer(local_window_size=-1, softcap=0.0):
     return oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21), oh.make_opsetid(MS, 1)], ir_version=10)
 
 
-@pytest.mark.parametrize("capacity", [0, 12])  # a cache grown each step, or one buffer of fixed capacity
-@pytest.mark.parametrize("attrs", [{}, {"local_window_size": 3, "softcap": 5.0}])
+# a cache grown each step, or one buffer of fixed capacity; plain attention, or a window with soft-capping. The
+# default run takes the plain layer on a growing cache and the windowed one in a fixed buffer; the crossings: slow
+@pytest.mark.parametrize(("attrs", "capacity"), [
+    pytest.param({}, 0, id="attrs0-0"),
+    pytest.param({}, 12, id="attrs0-12", marks=pytest.mark.slow),
+    pytest.param({"local_window_size": 3, "softcap": 5.0}, 0, id="attrs1-0", marks=pytest.mark.slow),
+    pytest.param({"local_window_size": 3, "softcap": 5.0}, 12, id="attrs1-12"),
+])
 def test_prompt_then_decode_steps(attrs, capacity):
     model = decoder_layer(**attrs)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -74,10 +74,25 @@ def _compare(m, k, n, block_size, zero_points, accuracy_level, simd=2, seed=30):
     _check(*_case(m, k, n, block_size, zero_points, seed), accuracy_level, simd)
 
 
-@pytest.mark.parametrize("simd", [2, 1, 0], ids=["vnni", "avx2", "plain"])
-@pytest.mark.parametrize("zero_points", [None, "uint8"])
-@pytest.mark.parametrize("accuracy_level", [0, 1, 2, 3, 4])
-@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+SIMD = {2: "vnni", 1: "avx2", 0: "plain"}
+
+
+def _grid():
+    """Every block size x level x zero points, each at every SIMD cap. The default run takes each combination
+    at one cap, the caps in turn (each cap still meets every block size, level and zero-point kind); the other
+    two thirds run with ``-m slow``."""
+    index = 0
+    for block_size in (16, 32, 64, 128):
+        for accuracy_level in range(5):
+            for zero_points in (None, "uint8"):
+                for simd in SIMD:
+                    marks = [] if simd == (2, 1, 0)[index % 3] else [pytest.mark.slow]
+                    yield pytest.param(block_size, accuracy_level, zero_points, simd, marks=marks,
+                                       id=f"{block_size}-{accuracy_level}-{zero_points}-{SIMD[simd]}")
+                index += 1
+
+
+@pytest.mark.parametrize("block_size,accuracy_level,zero_points,simd", list(_grid()))
 def test_block_sizes_levels_and_zero_points(block_size, accuracy_level, zero_points, simd):
     """One row (decode) and three, K a few blocks and a partial one, N = 37 (no tile divides it)."""
     k = 3 * block_size + 7
