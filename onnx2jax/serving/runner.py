@@ -233,13 +233,16 @@ class ModelRunner:
         return self._constrain(pages, self._page_sharding)
 
     def _run(self, params, pages, table, ids, starts, counts):
-        """The model on ``ids`` [B, C] at positions ``starts + arange(C)`` over the paged past: (logits, pages
-        with the ``counts`` real tokens' keys and values written)."""
+        """The model on ``ids`` [B, C] at positions ``starts + arange(C)`` over the paged past: (the logits of
+        each row's last real token, its ``counts``-th, [B, vocabulary] (where the graph lets it the LM head
+        projects no other position: :class:`~onnx2jax.serving.source.ModelSource`), pages with the ``counts``
+        real tokens' keys and values written)."""
         layout = self.layout
         b, c = ids.shape
         columns = jnp.arange(c, dtype=jnp.int32)[None]
         positions = starts[:, None] + columns
         valid = columns < counts[:, None]
+        last = jnp.maximum(counts - 1, 0)
         window = jnp.arange(table.shape[1] * self.page_size, dtype=jnp.int32)[None]
         named = {layout.input_ids: ids}
         if layout.position_ids is not None:
@@ -251,12 +254,12 @@ class ModelRunner:
             if layout.attention_mask is not None:
                 named[layout.attention_mask] = window < (starts + c)[:, None]
             with paged_cache(table, valid, self.scratch):
-                logits, presents = self.source.forward(params, pages, **named)
+                logits, presents = self.source.forward(params, pages, last, **named)
             return logits, tuple(self._constrain(p, self._page_sharding) for p in presents)
         if layout.attention_mask is not None:
             named[layout.attention_mask] = jnp.concatenate([window < starts[:, None], jnp.ones((b, c), bool)], axis=1)
         views = tuple(self._view(p, table) for p in pages)
-        logits, presents = self.source.forward(params, views, **named)
+        logits, presents = self.source.forward(params, views, last, **named)
         written = tuple(self._write(page, table, positions, valid, present[:, :, -c:])
                         for page, present in zip(pages, presents))
         return logits, written
@@ -275,8 +278,7 @@ class ModelRunner:
         onehot = jnp.zeros_like(before).at[jnp.arange(ids.shape[0])[:, None], ids].max(real)
         rows_seen = before | onehot
         seen = seen.at[slots].set(rows_seen, mode="drop")
-        last = jnp.take_along_axis(logits, jnp.maximum(counts - 1, 0)[:, None, None], axis=1)[:, 0]
-        return pages, seen, sampler.pick(last, rows_seen, packed[:, width + c + 3:])
+        return pages, seen, sampler.pick(logits, rows_seen, packed[:, width + c + 3:])
 
     def _decode_fn(self, params, pages, seen, packed, steps):
         kind = "decode" if steps == 1 else "decode_many"
@@ -292,7 +294,7 @@ class ModelRunner:
             active = k < left
             logits, pages = self._run(params, pages, table, tokens[:, None], lengths + k, active.astype(jnp.int32))
             seen = seen.at[jnp.arange(n), tokens].max(active)
-            chosen = sampler.pick(logits[:, -1], seen[:n], packed[:, width + 3:], step=k)
+            chosen = sampler.pick(logits, seen[:n], packed[:, width + 3:], step=k)
             return (pages, seen, chosen), chosen
 
         if steps == 1:  # no loop around the one step: XLA sees it whole
