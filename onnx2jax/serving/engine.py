@@ -168,6 +168,10 @@ class Engine:
         """The tokens a request has generated so far."""
         return list(self._requests[rid].generated)
 
+    def generated(self, rid: int) -> int:
+        """How many tokens a request has generated so far."""
+        return len(self._requests[rid].generated)
+
     def time_to_first_token(self, rid: int) -> float | None:
         """Seconds from the request's arrival to its first token (None before it)."""
         request = self._requests[rid]
