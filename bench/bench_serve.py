@@ -3,7 +3,9 @@
 For each concurrency c (closed loop: c clients, each sending its next request when its last one ends) the same
 requests (prompts of mixed lengths, seeded; greedy; ``--max-tokens`` each) go through:
 
-- ``onnx2jax serve`` (a subprocess on a free 127.0.0.1 port) with the ``openai`` client, streaming;
+- ``onnx2jax serve`` (a subprocess on a free 127.0.0.1 port) with the ``openai`` client, streaming, and again
+  with ``httpx`` reading the events and ``json.loads`` each (no pydantic object per event: the difference is
+  the ``openai`` client's own cost, on the same cores as the server);
 - onnx2jax's :class:`~onnx2jax.serving.Engine` in this process (no HTTP: what the server costs on top; its
   programs compiled by ``Engine.warmup`` first, as the server compiles them before it listens; XLA's CPU
   settings as ``onnx2jax serve`` chooses them: synchronous dispatch, and its intra-op threads, one for a small
@@ -65,6 +67,12 @@ def summarize(records: list[dict], wall: float, expected: int, cpu: float = floa
             "wall": wall, "tok_cpu_s": tokens / cpu}
 
 
+def process_cpu(pid: int) -> float:
+    """CPU seconds a process has used (user and system, all its threads), from /proc."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def closed_loop(work: list, concurrency: int, one) -> tuple[list, float]:
     """Runs ``one(item)`` for every item with ``concurrency`` at a time; returns the results and the wall time."""
     start = time.perf_counter()
@@ -119,6 +127,37 @@ def server_level(url: str, name: str, work: list[list[int]], concurrency: int, m
         return record
 
     return closed_loop(work, concurrency, one)
+
+
+def httpx_level(url: str, name: str, work: list[list[int]], concurrency: int, max_tokens: int) -> list[dict]:
+    """As :func:`server_level`, with ``httpx`` streaming the response and ``json.loads`` of each event instead
+    of the ``openai`` client (which builds a pydantic object per event): how much of the server's figure is the
+    client's."""
+    import httpx
+
+    client = httpx.Client(base_url=url, timeout=600, limits=httpx.Limits(max_connections=concurrency))
+
+    def one(prompt):
+        record = {"submit": time.perf_counter(), "times": [], "tokens": [], "prompt": prompt, "finish": None}
+        body = {"model": name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+        with client.stream("POST", "/v1/completions", json=body) as response:
+            response.raise_for_status()
+            for line in response.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                choices = json.loads(line[6:])["choices"]
+                for token in choices[0]["token_ids"] if choices else []:
+                    record["times"].append(time.perf_counter())
+                    record["tokens"].append(token)
+                if choices and choices[0]["finish_reason"]:
+                    record["finish"] = choices[0]["finish_reason"]
+        record["first"] = record["times"][0] if record["times"] else float("nan")
+        return record
+
+    try:
+        return closed_loop(work, concurrency, one)
+    finally:
+        client.close()
 
 
 # ---- onnx2jax's Engine in this process
@@ -247,6 +286,8 @@ def main() -> None:
                         "levels, in turn (the table then gives each row's median run by tokens/s)")
     parser.add_argument("--no-server", action="store_true", help="skip the HTTP server (the reference is then the "
                         "in-process Engine's concurrency-1 run)")
+    parser.add_argument("--server-only", action="store_true", help="only the HTTP server's levels (no in-process "
+                        "Engine, no onnxruntime-genai)")
     parser.add_argument("--cpu-threads", type=int, default=None, help="XLA's intra-op CPU threads, for the server "
                         "and the in-process Engine (default: as onnx2jax serve chooses: 1 for a small model)")
     parser.add_argument("--async-dispatch", action="store_true", help="the in-process Engine with XLA's "
@@ -269,8 +310,11 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", flush=True)
     rows = []
 
-    def add(label, c, records, wall, equal, cpu=float("nan")):
-        rows.append((label, c, summarize(records, wall, count[c], cpu), equal))
+    def add(label, c, records, wall, equal, cpu=float("nan"), client_cpu=None):
+        summary = summarize(records, wall, count[c], cpu)
+        if client_cpu is not None:  # the label names the client's tokens per CPU second
+            label = label.format(f"{summary['tok_s'] * summary['wall'] / client_cpu:.0f}")
+        rows.append((label, c, summary, equal))
         print(rows[-1], flush=True)
 
     name = os.path.basename(os.path.normpath(args.model))
@@ -281,19 +325,25 @@ def main() -> None:
             records, _ = server_level(url, name, everything, 1, args.max_tokens)  # the single-request reference
             reference = {tuple(r["prompt"]): r["tokens"] for r in records}
             for c in levels:
-                records, wall = server_level(url, name, everything[: count[c]], c, args.max_tokens)
-                add("onnx2jax serve (openai client, SSE)", c, records, wall, same(records, reference))
+                for label, level in (("openai client", server_level), ("httpx, SSE lines, json.loads", httpx_level)):
+                    cpu, client_cpu = process_cpu(process.pid), time.process_time()
+                    records, wall = level(url, name, everything[: count[c]], c, args.max_tokens)
+                    cpu, client_cpu = process_cpu(process.pid) - cpu, time.process_time() - client_cpu
+                    add(f"onnx2jax serve ({label}; tokens per the server's CPU s, the client's {{}})", c, records,
+                        wall, same(records, reference), cpu, client_cpu)
         finally:
             process.terminate()
             process.wait(timeout=60)
     from onnx2jax.serving import Engine
 
     engines = {}
-    for steps in sorted({1, args.decode_steps}):
+    if args.server_only:
+        args.repeat = 0
+    for steps in [] if args.server_only else sorted({1, args.decode_steps}):
         engines[steps] = Engine(args.model, max_batch=args.max_batch, max_tokens_in_cache=args.max_batch * 256,
                                 decode_steps=steps)
         engines[steps].warmup()  # every program shape compiled before timing, as the server does before it listens
-    if reference is None:
+    if reference is None and engines:
         records, _, _ = engine_level(engines[1], everything, 1, args.max_tokens)
         reference = {tuple(r["prompt"]): r["tokens"] for r in records}
     for _ in range(args.repeat):  # ours and onnxruntime-genai's in turn, so that both meet the same load

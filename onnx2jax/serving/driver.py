@@ -119,25 +119,30 @@ class EngineDriver:
             raise
 
     def _deliver(self, out: dict[int, list[int]]) -> None:
+        """Each request's new tokens (and finish reason) to its queue: one hand-off to each event loop a step,
+        not one a request (each wakes the loop)."""
         now = time.time()
         made = sum(len(t) for t in out.values())
         self.figures["tokens_generated"] += made
         self._recent.append((now, made))
         while self._recent and self._recent[0][0] < now - 10:
             self._recent.popleft()
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Event]]] = {}
         for rid in list(self._queues):
             tokens = out.get(rid, [])
             reason = self.engine.finish_reason(rid)
             if not tokens and reason is None:
                 continue
-            if tokens and len(self.engine.tokens(rid)) == len(tokens):  # its first tokens
+            if tokens and self.engine.generated(rid) == len(tokens):  # its first tokens
                 self.ttft.append(self.engine.time_to_first_token(rid))
             loop, queue = self._queues[rid]
-            loop.call_soon_threadsafe(queue.put_nowait, Event(tokens, reason))
+            batches.setdefault(loop, []).append((queue, Event(tokens, reason)))
             if reason is not None:
                 self.figures[f"requests_finished_{reason}"] += 1
                 self.engine.release(rid)
                 del self._queues[rid]
+        for loop, items in batches.items():
+            loop.call_soon_threadsafe(_put_all, items)
 
     def tokens_per_second(self) -> float:
         """Tokens made over the last 10 seconds, per second."""
@@ -179,6 +184,11 @@ class EngineDriver:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and self.error is None
+
+
+def _put_all(items: list[tuple[asyncio.Queue, Event]]) -> None:
+    for queue, event in items:
+        queue.put_nowait(event)
 
 
 def describe(driver: EngineDriver) -> dict[str, Any]:

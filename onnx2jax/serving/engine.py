@@ -26,7 +26,8 @@ from typing import Any, Iterator, Sequence as Seq
 
 from onnx2jax.errors import RequestError
 from onnx2jax.serving.params import SamplingParams
-from onnx2jax.serving.runner import STEP_COLUMN, ModelRunner, sampling_columns
+from onnx2jax.serving.runner import ModelRunner
+from onnx2jax.serving.sampler import STEP_COLUMN, sampling_columns
 from onnx2jax.serving.scheduler import Scheduler, Sequence, State
 from onnx2jax.serving.source import ModelSource, open_model
 
@@ -41,7 +42,7 @@ class _Request:
     unread: int = 0  # tokens of `generated` not yet given by stream()
     arrived: float = 0.0
     first_token: float | None = None
-    columns: Any = None  # its sampling parameters as the runner packs them (runner.sampling_columns)
+    columns: Any = None  # its sampling parameters packed (sampler.sampling_columns)
 
     def sampling(self) -> Any:
         """Its sampling columns at its next token (only the generated count changes)."""
@@ -166,6 +167,10 @@ class Engine:
     def tokens(self, rid: int) -> list[int]:
         """The tokens a request has generated so far."""
         return list(self._requests[rid].generated)
+
+    def generated(self, rid: int) -> int:
+        """How many tokens a request has generated so far."""
+        return len(self._requests[rid].generated)
 
     def time_to_first_token(self, rid: int) -> float | None:
         """Seconds from the request's arrival to its first token (None before it)."""

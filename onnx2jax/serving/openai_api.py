@@ -14,6 +14,7 @@ silently ignored. Every choice also carries ``token_ids``, the generated tokens 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import uuid
 from typing import Any
@@ -168,18 +169,49 @@ def new_id(prefix: str) -> str:
 
 
 def chunk(kind: str, rid: str, model: str, piece: str, tokens: list[int], finish: str | None,
-          first: bool = False) -> dict:
-    """One streamed event of ``kind`` ``"completion"`` or ``"chat"``."""
+          first: bool = False, created: int | None = None) -> dict:
+    """One streamed event of ``kind`` ``"completion"`` or ``"chat"`` (``created``: the reply's start, in Unix
+    seconds; default now)."""
+    created = int(time.time()) if created is None else created
     if kind == "completion":
         choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish, "token_ids": tokens}
-        return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-                "choices": [choice]}
+        return {"id": rid, "object": "text_completion", "created": created, "model": model, "choices": [choice]}
     delta: dict[str, Any] = {"content": piece}
     if first:
         delta["role"] = "assistant"
     choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish, "token_ids": tokens}
-    return {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [choice]}
+    return {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model, "choices": [choice]}
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    """One server-sent event carrying ``data`` as JSON."""
+    return f"data: {json.dumps(data)}\n\n".encode()
+
+
+class StreamEvents:
+    """The server-sent events of one streamed reply, encoded from a template: a token's event is the bytes
+    :func:`chunk` and :func:`sse` would give, built without a dict or a JSON encoding of the whole per token (the
+    template is :func:`chunk`'s own output with placeholders, cut where the text and the token go). The first
+    event of a chat reply and the last of any reply carry more and are built in full."""
+
+    _PIECE, _TOKEN = "\x00piece\x00", -12345
+
+    def __init__(self, kind: str, rid: str, model: str):
+        self.kind, self.rid, self.model, self.created = kind, rid, model, int(time.time())
+        # The text and the tokens come after the id and the model in the event, so the last occurrences of the
+        # placeholders are theirs whatever the model's name holds.
+        text = sse(chunk(kind, rid, model, self._PIECE, [self._TOKEN], None, created=self.created)).decode()
+        head, _, tail = text.rpartition(json.dumps(self._PIECE))
+        middle, _, end = tail.rpartition(f"[{self._TOKEN}]")
+        self._head, self._middle, self._end = head.encode(), (middle + "[").encode(), ("]" + end).encode()
+
+    def event(self, piece: str, token: int | None, finish: str | None = None, first: bool = False) -> bytes:
+        """The event of one token (None: none) and its text ``piece``; ``finish``: the reply's finish reason."""
+        if finish is not None or (first and self.kind == "chat"):
+            return sse(chunk(self.kind, self.rid, self.model, piece, [] if token is None else [token], finish,
+                             first, self.created))
+        return b"".join((self._head, json.dumps(piece).encode(), self._middle,
+                         b"" if token is None else str(token).encode(), self._end))
 
 
 def whole(kind: str, rid: str, model: str, text: str, tokens: list[int], finish: str, usage: dict) -> dict:

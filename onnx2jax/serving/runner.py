@@ -56,43 +56,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from onnx2jax.ops.contrib_attention import paged_cache
 from onnx2jax.serving import sampler
+from onnx2jax.serving.sampler import IDLE_COLUMNS, SAMPLING_FIELDS
 from onnx2jax.serving.source import ModelSource
 from onnx2jax.xla_options import compiler_options
 
 MIN_WINDOW = 64
 """The fewest positions a call's view spans (short requests share one program)."""
-
-_INTS, _FLOATS = ("top_k", "seed", "step"), ("temperature", "top_p", "penalty")
-SAMPLING_FIELDS = len(_INTS) + len(_FLOATS)
-"""Columns of a packed row that hold its sampling parameters (:func:`sampling_columns`)."""
-
-IDLE_ROW = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "penalty": 1.0, "seed": 0, "step": 0}
-"""The sampling parameters of an idle row."""
-
-
-def sampling_columns(rows: list[dict[str, Any]]) -> np.ndarray:
-    """Per-row sampling parameters as int32 columns [len(rows), SAMPLING_FIELDS]: top_k, seed (uint32 bits),
-    step, then temperature, top_p, penalty as float32 bits (:func:`unpack_sampling` reads them back)."""
-    ints = np.array([[r[k] for k in _INTS] for r in rows], np.int64).astype(np.uint32).view(np.int32)
-    floats = np.array([[r[k] for k in _FLOATS] for r in rows], np.float32).view(np.int32)
-    return np.concatenate([ints.reshape(len(rows), -1), floats.reshape(len(rows), -1)], axis=1)
-
-
-STEP_COLUMN = _INTS.index("step")
-"""The column of :func:`sampling_columns` that holds the request's generated-token count (the only one that
-changes from step to step: the engine keeps each request's columns and sets this one)."""
-
-IDLE_COLUMNS = sampling_columns([IDLE_ROW])[0]
-"""An idle row's sampling columns."""
-
-
-def unpack_sampling(columns: jax.Array) -> dict[str, jax.Array]:
-    """The traced inverse of :func:`sampling_columns`: ``columns`` [B, SAMPLING_FIELDS] int32 -> the rows
-    :func:`onnx2jax.serving.sampler.pick` takes."""
-    f32 = jax.lax.bitcast_convert_type(columns[:, len(_INTS):], jnp.float32)
-    return {"top_k": columns[:, 0], "seed": jax.lax.bitcast_convert_type(columns[:, 1], jnp.uint32),
-            "step": columns[:, 2], "temperature": f32[:, 0], "top_p": f32[:, 1], "penalty": f32[:, 2]}
-
 
 class ModelRunner:
     """The paged cache and the compiled prefill and decode programs (module docstring).
@@ -186,7 +155,7 @@ class ModelRunner:
     def prefill(self, chunks: list[tuple[int, list[int], int, list[int], np.ndarray]],
                 width: int | None = None, rows: int | None = None) -> list[int]:
         """Writes each chunk ``(slot, block, start, ids, columns)`` (at most ``prefill_rows`` of them, ids at most
-        ``chunk``; ``columns``: the request's :func:`sampling_columns` row): ``ids`` at positions ``start..`` of the
+        ``chunk``; ``columns``: the request's :func:`~onnx2jax.serving.sampler.sampling_columns` row): ``ids`` at positions ``start..`` of the
         request in ``slot`` whose pages are ``block``; returns each chunk's token chosen from its last id's logits
         (the caller keeps it only after the prompt's last chunk). ``width``: the block tables' (default: as the
         chunks need); ``rows``: the program's (default: the fewest of :attr:`prefill_row_counts` that hold the
@@ -213,7 +182,7 @@ class ModelRunner:
         """``steps`` steps of the first ``len(blocks)`` slots (one of :attr:`row_counts`) in one call: at each
         step k, slot i (None: idle) writes its token at position ``lengths[i] + k`` of its pages ``blocks[i]``
         (``tokens[i]`` first, then the token it chose at step k - 1) and chooses its next token with its
-        sampling columns ``rows[i]`` (:func:`sampling_columns`), while k < ``steps_left[i]`` (default: every
+        sampling columns ``rows[i]`` (:func:`~onnx2jax.serving.sampler.sampling_columns`), while k < ``steps_left[i]`` (default: every
         step; after, it writes to the scratch page). Returns the chosen tokens, int32 [steps, len(blocks)].
         ``width``: the block tables' (default: as the longest request needs)."""
         n = len(blocks)
@@ -264,13 +233,16 @@ class ModelRunner:
         return self._constrain(pages, self._page_sharding)
 
     def _run(self, params, pages, table, ids, starts, counts):
-        """The model on ``ids`` [B, C] at positions ``starts + arange(C)`` over the paged past: (logits, pages
-        with the ``counts`` real tokens' keys and values written)."""
+        """The model on ``ids`` [B, C] at positions ``starts + arange(C)`` over the paged past: (the logits of
+        each row's last real token, its ``counts``-th, [B, vocabulary] (where the graph lets it the LM head
+        projects no other position: :class:`~onnx2jax.serving.source.ModelSource`), pages with the ``counts``
+        real tokens' keys and values written)."""
         layout = self.layout
         b, c = ids.shape
         columns = jnp.arange(c, dtype=jnp.int32)[None]
         positions = starts[:, None] + columns
         valid = columns < counts[:, None]
+        last = jnp.maximum(counts - 1, 0)
         window = jnp.arange(table.shape[1] * self.page_size, dtype=jnp.int32)[None]
         named = {layout.input_ids: ids}
         if layout.position_ids is not None:
@@ -282,12 +254,12 @@ class ModelRunner:
             if layout.attention_mask is not None:
                 named[layout.attention_mask] = window < (starts + c)[:, None]
             with paged_cache(table, valid, self.scratch):
-                logits, presents = self.source.forward(params, pages, **named)
+                logits, presents = self.source.forward(params, pages, last, **named)
             return logits, tuple(self._constrain(p, self._page_sharding) for p in presents)
         if layout.attention_mask is not None:
             named[layout.attention_mask] = jnp.concatenate([window < starts[:, None], jnp.ones((b, c), bool)], axis=1)
         views = tuple(self._view(p, table) for p in pages)
-        logits, presents = self.source.forward(params, views, **named)
+        logits, presents = self.source.forward(params, views, last, **named)
         written = tuple(self._write(page, table, positions, valid, present[:, :, -c:])
                         for page, present in zip(pages, presents))
         return logits, written
@@ -299,7 +271,6 @@ class ModelRunner:
         self.widths.add(("prefill", packed.shape[0], width))
         table, ids = packed[:, :width], packed[:, width: width + c]
         starts, counts, slots = packed[:, width + c], packed[:, width + c + 1], packed[:, width + c + 2]
-        rows = unpack_sampling(packed[:, width + c + 3:])
         logits, pages = self._run(params, pages, table, ids, starts, counts)
         real = jnp.arange(c)[None] < counts[:, None]
         mine = jnp.minimum(slots, self.slots - 1)  # idle rows read some slot; their writes are dropped
@@ -307,8 +278,7 @@ class ModelRunner:
         onehot = jnp.zeros_like(before).at[jnp.arange(ids.shape[0])[:, None], ids].max(real)
         rows_seen = before | onehot
         seen = seen.at[slots].set(rows_seen, mode="drop")
-        last = jnp.take_along_axis(logits, jnp.maximum(counts - 1, 0)[:, None, None], axis=1)[:, 0]
-        return pages, seen, sampler.pick(last, rows_seen, rows)
+        return pages, seen, sampler.pick(logits, rows_seen, packed[:, width + c + 3:])
 
     def _decode_fn(self, params, pages, seen, packed, steps):
         kind = "decode" if steps == 1 else "decode_many"
@@ -317,7 +287,6 @@ class ModelRunner:
         self.widths.add((kind, packed.shape[0], width))
         table, lengths, tokens, left = (packed[:, :width], packed[:, width], packed[:, width + 1],
                                         packed[:, width + 2])
-        rows = unpack_sampling(packed[:, width + 3:])
         n = tokens.shape[0]
 
         def one(carry, k):
@@ -325,7 +294,7 @@ class ModelRunner:
             active = k < left
             logits, pages = self._run(params, pages, table, tokens[:, None], lengths + k, active.astype(jnp.int32))
             seen = seen.at[jnp.arange(n), tokens].max(active)
-            chosen = sampler.pick(logits[:, -1], seen[:n], {**rows, "step": rows["step"] + k})
+            chosen = sampler.pick(logits, seen[:n], packed[:, width + 3:], step=k)
             return (pages, seen, chosen), chosen
 
         if steps == 1:  # no loop around the one step: XLA sees it whole

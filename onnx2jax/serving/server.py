@@ -18,7 +18,7 @@ import json
 import signal
 import socket
 import time
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -113,32 +113,35 @@ def build_app(driver: EngineDriver, text: Text, model_name: str, *, aliases: tup
             items.append((detok.flush(), None, event.finish_reason))
         return items
 
-    async def _tokens(rid: int, queue: asyncio.Queue, detok: Detokenizer) -> AsyncIterator[tuple[str, int | None, str | None]]:
-        """The request's items as they come; aborts the request when left early (a client gone)."""
-        finished = False
+    async def _events(kind, reply, rid, queue, detok, parsed) -> AsyncIterator[bytes]:
+        """The reply's server-sent events: one per token, those of every event waiting in the queue sent in one
+        write; the last carries the finish reason and the text held back until the end. Aborts the request when
+        left early (a client gone)."""
+        events = api.StreamEvents(kind, reply, parsed.model)
+        first, count, finished = True, 0, False
         try:
             while not finished:
-                for item in _consume(rid, await queue.get(), detok):
-                    finished = item[2] is not None
-                    yield item
+                waiting = [await queue.get()]
+                while not queue.empty():
+                    waiting.append(queue.get_nowait())
+                frames = []
+                for event in waiting:
+                    for piece, token, finish in _consume(rid, event, detok):
+                        count += token is not None
+                        frames.append(events.event(piece, token, finish, first))
+                        first, finished = False, finish is not None
+                    if finished:
+                        break
+                if frames:
+                    yield b"".join(frames)
         finally:
             if not finished:
                 driver.abort(rid)
-
-    async def _events(kind, reply, rid, queue, detok, parsed) -> AsyncIterator[str]:
-        first, count = True, 0
-        async for piece, token, finish in _tokens(rid, queue, detok):
-            if token is not None:
-                count += 1
-            tokens = [token] if token is not None else []
-            # one event per token; the last carries the finish reason and the text held back until the end
-            yield _sse(api.chunk(kind, reply, parsed.model, piece, tokens, finish, first))
-            first = False
         if parsed.include_usage:
-            yield _sse({"id": reply, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-                        "created": int(time.time()), "model": parsed.model, "choices": [],
-                        "usage": api.usage(len(parsed.prompt), count)})
-        yield "data: [DONE]\n\n"
+            yield api.sse({"id": reply, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
+                           "created": events.created, "model": parsed.model, "choices": [],
+                           "usage": api.usage(len(parsed.prompt), count)})
+        yield b"data: [DONE]\n\n"
 
     async def _whole(request, kind, reply, rid, queue, detok, parsed) -> Response:
         pieces, tokens, finish = [], [], None
@@ -175,10 +178,6 @@ def build_app(driver: EngineDriver, text: Text, model_name: str, *, aliases: tup
         Route("/metrics", metrics, methods=["GET"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
-
-
-def _sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data)}\n\n"
 
 
 def bind(host: str, port: int) -> socket.socket:

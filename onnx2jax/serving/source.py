@@ -13,8 +13,10 @@ import os
 from typing import Any, Callable, ContextManager
 
 import jax
+import jax.numpy as jnp
 
 from onnx2jax.runtime.kv_cache import CacheLayout
+from onnx2jax.runtime.logit_positions import LOGIT_POSITIONS
 
 
 @dataclasses.dataclass
@@ -24,7 +26,10 @@ class ModelSource:
     Attributes:
       layout: where the cache is and how the graph's inputs are named.
       params: the parameters, placed.
-      forward: ``(params, past: tuple, **named inputs) -> (logits, presents)``; traceable.
+      forward: ``(params, past: tuple, at, **named inputs) -> (logits [B, vocabulary] at position ``at`` [B] of
+        each row's input, presents)``; traceable. Where the handle's graph lets it
+        (:mod:`onnx2jax.runtime.logit_positions`), the LM head projects only those positions: a prefill chunk's
+        other positions' logits are never computed.
       x64: a context manager entered while tracing and calling the model's programs.
       vocab_size: the logits' last axis.
       context_length: the longest sequence the model takes (None: unknown).
@@ -67,11 +72,16 @@ def open_model(model: Any, *, devices: int | None = None) -> ModelSource:
         )
     dtypes = {i.name: i.dtype for i in handle.model.inputs}
 
-    def forward(params, past: tuple, **named):
+    def forward(params, past: tuple, at, **named):
         values = {n: v.astype(dtypes[n]) if dtypes.get(n) is not None else v for n, v in named.items()}
         values.update(zip(layout.past, past))
+        if LOGIT_POSITIONS in dtypes:  # the LM head at each row's one position only
+            values[LOGIT_POSITIONS] = at.astype(dtypes[LOGIT_POSITIONS])[:, None, None]
         outputs = dict(zip(handle.model.output_names, handle.apply(params, **values)))
-        return outputs[layout.logits], tuple(outputs[n] for n in layout.present)
+        logits = outputs[layout.logits]
+        if LOGIT_POSITIONS not in dtypes:
+            logits = jnp.take_along_axis(logits, at.astype(jnp.int32)[:, None, None], axis=1)
+        return logits[:, 0], tuple(outputs[n] for n in layout.present)
 
     name = os.path.basename(os.path.normpath(os.fspath(model))) if isinstance(model, (str, os.PathLike)) else "model"
     mesh, heads = handle.compiled.mesh, None

@@ -356,3 +356,27 @@ def test_a_small_model_is_served_with_one_xla_cpu_thread(server, tmp_path):
         f.truncate(SMALL_MODEL_BYTES)  # sparse: its size, no disk
     assert [serve_cpu_threads(tiny, None, 1), serve_cpu_threads(str(big), None, 1)] == [1, None]
     assert [serve_cpu_threads(tiny, None, 2), serve_cpu_threads(str(big), 3, 1)] == [None, 3]
+
+
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+@pytest.mark.parametrize("model", ["tiny", 'a "model" named [-12345] \x00piece\x00'])
+def test_streamed_events_from_the_template_are_openais_json(kind, model):
+    """A token's event is built from a template (no dict or JSON encoding per token); parsed, it is the event
+    OpenAI's API defines, whatever the text and the model's name hold."""
+    from onnx2jax.serving import openai_api as api
+
+    events = api.StreamEvents(kind, "cmpl-abc", model)
+    for piece, token, first, finish in [("x", 5, True, None), ('"\\\n é 中\x00', 17, False, None),
+                                        ("", None, False, None), ("end", None, False, "length")]:
+        frame = events.event(piece, token, finish, first)
+        assert frame.startswith(b"data: ") and frame.endswith(b"\n\n")
+        data = json.loads(frame[6:])
+        if kind == "completion":
+            choice = {"index": 0, "text": piece, "logprobs": None, "finish_reason": finish,
+                      "token_ids": [] if token is None else [token]}
+        else:
+            delta = {"content": piece, **({"role": "assistant"} if first else {})}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish,
+                      "token_ids": [] if token is None else [token]}
+        assert data == {"id": "cmpl-abc", "object": "text_completion" if kind == "completion" else
+                        "chat.completion.chunk", "created": events.created, "model": model, "choices": [choice]}
