@@ -130,6 +130,16 @@ def test_the_decode_loop_updates_a_concatenated_cache_in_place_without_copying_i
     assert [int(t[0]) for t in generator] == want["tokens"][2][len(want["prompts"][2]) + 1:][:3]
 
 
+def test_the_sampling_key_is_jaxs_made_without_a_program():
+    """``Generator``'s key is made on the host (no program compiled on the first token's path), equal to
+    ``jax.random.PRNGKey``'s for every 32-bit seed, the edges and negative seeds included."""
+    from onnx2jax.runtime.generate import _prng_key
+
+    for seed in (0, 1, 28, 12345, 2**31 - 1, -1, -5, -(2**31)):
+        got, want = _prng_key(seed), jax.random.PRNGKey(seed)
+        assert got.dtype == want.dtype and np.array_equal(np.asarray(got), np.asarray(want)), seed
+
+
 def test_streaming_yields_each_new_token(decoders):
     want = expected("llama_gqa_torch")
     generator = Generator(decoders("llama_gqa_torch"), want["prompts"][2], max_new_tokens=6, pad_token_id=TORCH_PAD)
