@@ -23,11 +23,25 @@ YNN_FUSION_TYPES = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIV
 """XLA's default YNNPACK fusion types for CPU (individual dots, convolutions, reductions) less ``REDUCE``."""
 
 
-def compiler_options(platform: str) -> dict[str, str]:
+IN_PLACE_LOOP_FLAG = "xla_cpu_copy_insertion_use_region_analysis"
+"""XLA CPU's copy insertion, by default, copies every buffer a ``while`` body both reads and updates in place
+(``dynamic_update_slice``) twice per iteration, whatever the order of the read and the write: a decode loop
+copied its whole KV cache twice a step (GPT-2 small at 130 positions: 48 copies, 10 MB of temporary memory per
+call, that glibc's per-thread arenas kept, one more each few steps). With region analysis it proves the reads
+come first and updates the cache in place (no copy, 0.8 MB of temporaries; ``bench/RESULTS.md``)."""
+
+
+def compiler_options(platform: str, *, in_place_loops: bool = False) -> dict[str, str | bool]:
     """The per-executable XLA options for a program that runs on ``platform`` ("cpu", "gpu", ...).
 
-    A user who chose the YNNPACK fusion types in ``XLA_FLAGS`` keeps that choice.
+    A user who chose the YNNPACK fusion types in ``XLA_FLAGS`` keeps that choice. ``in_place_loops``: a program
+    whose loop carries buffers it updates in place (generation's decode loop and its cache) gets
+    `IN_PLACE_LOOP_FLAG` on CPU, unless the user set it in ``XLA_FLAGS``.
     """
-    if platform != "cpu" or YNN_FUSION_FLAG in os.environ.get("XLA_FLAGS", ""):
+    if platform != "cpu":
         return {}
-    return {YNN_FUSION_FLAG: YNN_FUSION_TYPES}
+    flags = os.environ.get("XLA_FLAGS", "")
+    options: dict[str, str | bool] = {} if YNN_FUSION_FLAG in flags else {YNN_FUSION_FLAG: YNN_FUSION_TYPES}
+    if in_place_loops and IN_PLACE_LOOP_FLAG not in flags:
+        options[IN_PLACE_LOOP_FLAG] = True
+    return options

@@ -193,7 +193,8 @@ class Decoder:
         if found is None:
             steps = _Steps(self.compiled, self.layout, self.placement, self.traces, search)
             fn = {"prefill": steps.prefill, "decode": steps.decode, "recompute": steps.recompute}[kind]
-            options = compiler_options(self.compiled.mesh.devices.flat[0].platform)  # as every executable's
+            # as every executable's, and the decode loop's cache updated in place (xla_options.IN_PLACE_LOOP_FLAG)
+            options = compiler_options(self.compiled.mesh.devices.flat[0].platform, in_place_loops=True)
             jitted = jax.jit(fn, donate_argnums=donate, compiler_options=options)
             weights = self.compiled.model.params.values  # on one CPU device the params alias these maps
             found = self._programs[key] = Program(jitted, self.compiled.model.uses_64bit, weights)

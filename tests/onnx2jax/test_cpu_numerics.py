@@ -68,9 +68,10 @@ def test_compiler_options_only_on_cpu_and_never_over_the_users_flags(monkeypatch
     assert compiler_options("cpu") == {
         "xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,LIBRARY_FUSION_TYPE_INDIVIDUAL_CONVOLUTION"
     }
-    assert compiler_options("gpu") == {}
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type=")
-    assert compiler_options("cpu") == {}
+    assert compiler_options("cpu", in_place_loops=True)["xla_cpu_copy_insertion_use_region_analysis"] is True
+    assert compiler_options("gpu") == {} == compiler_options("gpu", in_place_loops=True)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_experimental_ynn_fusion_type= --xla_cpu_copy_insertion_use_region_analysis=false")
+    assert compiler_options("cpu") == {} == compiler_options("cpu", in_place_loops=True)
 
 
 def _model(op: str, attrs: dict, opset: int = 13) -> onnx.ModelProto:
