@@ -242,7 +242,8 @@ class ModelRunner:
         columns = jnp.arange(c, dtype=jnp.int32)[None]
         positions = starts[:, None] + columns
         valid = columns < counts[:, None]
-        last = jnp.maximum(counts - 1, 0)
+        # a decode step's one position is a constant: XLA then reads it without a gather
+        last = jnp.maximum(counts - 1, 0) if c > 1 else jnp.zeros_like(counts)
         window = jnp.arange(table.shape[1] * self.page_size, dtype=jnp.int32)[None]
         named = {layout.input_ids: ids}
         if layout.position_ids is not None:
