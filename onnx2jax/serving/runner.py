@@ -108,9 +108,13 @@ class ModelRunner:
         self._row_counts = sorted(set(counts) | {slots})
         self.traces = {"prefill": 0, "decode": 0} | ({"decode_many": 0} if decode_steps > 1 else {})
         self.widths: set[tuple[str, int, int]] = set()
-        options = compiler_options(source.mesh.devices.flat[0].platform)  # as every onnx2jax executable's
+        platform = source.mesh.devices.flat[0].platform
+        options = compiler_options(platform)  # as every onnx2jax executable's
         self._prefill = jax.jit(self._prefill_fn, donate_argnums=(1, 2), compiler_options=options)
-        self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2), static_argnums=4, compiler_options=options)
+        # several steps a call loop over the pages: updated in place, as the Generator's decode loop
+        # (xla_options.IN_PLACE_LOOP_FLAG; without it XLA CPU copied every page array twice a step on torch exports)
+        self._decode = jax.jit(self._decode_fn, donate_argnums=(1, 2), static_argnums=4,
+                               compiler_options=compiler_options(platform, in_place_loops=True))
 
     @property
     def page_bytes(self) -> int:

@@ -294,3 +294,29 @@ def test_greedy_choice_is_numpys_argmax_on_ties_nans_and_infinities():
     rows[9] = -np.inf
     rows[11, 0] = np.inf
     assert np.asarray(jax.jit(first_max)(rows)).tolist() == np.argmax(rows, axis=-1).tolist()
+
+
+def test_several_steps_a_call_update_the_pages_in_place():
+    """A torch export concatenates past and new keys, so a decode call of several steps reads each page array and
+    writes into it in the same loop: XLA CPU's default copy insertion copied every page array (the whole pool)
+    twice a step there (8 copies of f32[9, 2, 8, 16] here); with region analysis
+    (``xla_options.IN_PLACE_LOOP_FLAG``, as the Generator's decode loop) none, counted in the compiled HLO; the
+    tokens are still transformers' (the stored ones)."""
+    from onnx2jax.serving.sampler import SAMPLING_FIELDS
+
+    engine = _engine("llama_gqa_torch", decode_steps=4, max_batch=2, max_tokens_in_cache=64, page_size=8,
+                     prefill_chunk=8)
+    runner = engine.runner
+    width = runner.block_widths[0]
+    idle = np.zeros((1, width + 3 + SAMPLING_FIELDS), np.int32)
+    with runner.source.x64():
+        text = runner._decode.lower(runner.source.params, runner.pages, runner.seen, idle, 4).compile().as_text()
+    shapes = {f"f32[{','.join(map(str, p.shape))}]" for p in jax.tree.leaves(runner.pages)}
+    lines = text.splitlines()
+    assert any("while(" in line for line in lines)
+    assert [line for line in lines if " copy(" in line and any(s in line.split(" copy(")[0] for s in shapes)] == []
+    expected = _expected("llama_gqa_torch")
+    prompt, tokens = expected["prompts"][1], expected["tokens"][1]
+    rid = engine.add_request(prompt, SamplingParams(max_tokens=len(tokens) - len(prompt)))
+    engine.run_to_completion()
+    assert prompt + engine.tokens(rid) == tokens
