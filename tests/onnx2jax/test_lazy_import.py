@@ -105,6 +105,11 @@ def test_a_sharding_submodule_imports_no_other_part_of_the_package():
             "assert not loaded, loaded")
     result = _python("-c", code)
     assert result.returncode == 0, result.stderr
+    # the generation runtime's imports: the Megatron planner only once a tensor-parallel load writes a plan
+    code = ("import sys, onnx2jax.runtime.load, onnx2jax.runtime.generate; "
+            "assert 'sharding.megatron.plan' not in sys.modules, 'the Megatron plan was imported'")
+    result = _python("-c", code)
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_sharding_packages_export_what_their_modules_define():
