@@ -60,7 +60,8 @@ class ProgramPlan:
     Attributes:
       proto: the program's annotated ModelProto (a whole model, a stage, a segment).
       configuration: its device configuration (None: unannotated, replicated on ``mesh``).
-      inference: the completed annotations at the model's own shapes (None: unannotated).
+      inference: the completed annotations at the model's own shapes, or at a call's (:func:`whole_program`)
+        (None: unannotated).
       mesh: the jax Mesh the program runs on.
       mapping: the specs mapped onto ``mesh`` (None: unannotated).
       placements: every laid-out spec as a TensorPlacement on ``mesh``.
