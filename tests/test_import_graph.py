@@ -1,7 +1,8 @@
 """No import circle between the modules of onnx2jax/ and sharding/ (issue 19).
 
 The graph is read from the source (ast), not by importing: an edge for every import of a module of the two
-packages, function-local imports included (a circle deferred into a function is still a circle), imports under
+packages, function-local imports included (a circle deferred into a function is still a circle), and the
+modules of a lazy package's export table (``sharding._lazy``: deferred imports too), imports under
 ``if TYPE_CHECKING:`` left out. ``from P import name`` is an edge to the submodule ``P.name`` when that is a
 module, else to the package ``P`` (its ``__init__``).
 """
@@ -38,6 +39,18 @@ def _imports(tree: ast.AST):
         yield from _imports(node)
 
 
+def _lazy_exports(tree: ast.AST) -> set[str]:
+    """The modules a lazy package's table names (``sharding._lazy.lazy_package(__name__, {name: module})``):
+    imported on first use, so edges as a deferred import's are."""
+    return {
+        value.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_package"
+        for table in node.args[1:2] if isinstance(table, ast.Dict)
+        for value in table.values if isinstance(value, ast.Constant)
+    }
+
+
 def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     def owner(name: str) -> str | None:
         while name and name not in modules:
@@ -57,6 +70,7 @@ def _graph(modules: dict[str, Path]) -> dict[str, set[str]]:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
             targets |= {owner(f"{base}.{a.name}") if f"{base}.{a.name}" in modules else owner(base) for a in node.names}
+        targets |= {owner(m) for m in _lazy_exports(ast.parse(path.read_text()))}
         graph[name] = {t for t in targets if t and t != name}
     return graph
 

@@ -31,6 +31,7 @@ from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.generate_sharding import CachePlacement
 from onnx2jax.runtime.logit_positions import LOGIT_POSITIONS, fill_logit_positions
 from onnx2jax.runtime.sampling import Search, choose, penalize, seen_tokens
+from onnx2jax.runtime.plan import Plan, ProgramPlan, whole_program
 from onnx2jax.runtime.spmd import Compiled
 from onnx2jax.runtime.total_length import TOTAL_LENGTH, fill_total_length
 from onnx2jax.xla_options import compiler_options
@@ -61,31 +62,78 @@ class Decoder:
     handle frees it, its programs and its device arrays at once (no garbage collection needed).
 
     Attributes:
-      compiled: the model as one SPMD program (on one device: a mesh of one).
       layout: the cache layout (:class:`~onnx2jax.runtime.kv_cache.CacheLayout`).
-      placement: where the cache lives (:class:`~onnx2jax.runtime.generate_sharding.CachePlacement`; its
-        ``note`` says how a cache whose KV heads the devices do not divide is placed).
       devices: the tensor-parallel width (1: one device).
       traces: how many times each program was traced (``"prefill"``, ``"decode"``, ``"recompute"``): a
         program traced once per (batch, capacity) compiled once.
     """
 
-    def __init__(self, compiled: Compiled, layout: kv_cache.CacheLayout, placement: CachePlacement):
-        self.compiled = compiled
+    def __init__(self, model: JaxModel, plan: Plan, layout: kv_cache.CacheLayout, devices: int):
+        """``model`` translated from ``plan`` (a ``"whole"`` one); its program planned and its parameters
+        placed now where ``plan`` has it, else (tensor-parallel) at the first prefill's shapes
+        (:meth:`plan_prefill`) or the first use of :attr:`compiled`, whichever comes first."""
         self.layout = layout
-        self.placement = placement
-        self.devices = int(compiled.mesh.devices.size)
-        self.vocab = generate_inputs.vocabulary(compiled.model.index_check.uses, layout.input_ids, layout.vocab_size)
+        self.devices = devices
+        self._model, self._plan = model, plan
+        self._compiled: Compiled | None = None
+        self._placement: CachePlacement | None = None
+        if plan.program is not None:
+            self._place(plan.program)
+        self.vocab = generate_inputs.vocabulary(model.index_check.uses, layout.input_ids, layout.vocab_size)
         """The token ids the prompts may hold (:func:`~onnx2jax.runtime.generate_inputs.vocabulary`)."""
         self.traces = {"prefill": 0, "decode": 0, "recompute": 0}
         self._programs: dict[tuple, Program] = {}
+
+    def _place(self, program: ProgramPlan) -> tuple[Compiled, CachePlacement]:
+        """The program compiled from ``program`` (its parameters placed) and its cache's placement, kept."""
+        self._compiled = Compiled(self._model, program)
+        self._placement = CachePlacement(self._compiled, self.layout)
+        return self._compiled, self._placement
+
+    def _placed(self) -> tuple[Compiled, CachePlacement]:
+        """:meth:`_place`'d, at the model's own shapes where no prefill planned it first."""
+        if self._compiled is None or self._placement is None:
+            return self._place(whole_program(self._plan))
+        return self._compiled, self._placement
+
+    @property
+    def compiled(self) -> Compiled:
+        """The model as one SPMD program (on one device: a mesh of one), its parameters placed."""
+        return self._placed()[0]
+
+    @property
+    def placement(self) -> CachePlacement:
+        """Where the cache lives (:class:`~onnx2jax.runtime.generate_sharding.CachePlacement`; its ``note``
+        says how a cache whose KV heads the devices do not divide is placed)."""
+        return self._placed()[1]
+
+    def plan_prefill(self, batch: int, width: int, capacity: int) -> None:
+        """Plans the program at the shapes of a prefill of ``batch`` prompts ``width`` wide into a cache of
+        ``capacity`` positions, unless it is planned already: the sharding inference that prefill needs is then
+        the plan's own (one inference before the first token, not one at the model's shapes and another at the
+        prefill's)."""
+        if self._compiled is None and self.layout.kv_heads is not None and self.layout.head_size is not None:
+            self._place(whole_program(self._plan, self._prefill_shapes(batch, width, capacity)))
+
+    def _prefill_shapes(self, batch: int, width: int, capacity: int) -> dict[str, tuple[int, ...]]:
+        """The model's input shapes in :meth:`_Steps.prefill` (a shape given wrong only costs an inference
+        at the call's shapes: ``ProgramPlan.at_shapes`` compares them)."""
+        layout = self.layout
+        shared = layout.kind == "shared"
+        shapes = {layout.input_ids: (batch, width), layout.attention_mask: (batch, capacity if shared else width),
+                  layout.position_ids: (1, width) if shared else (batch, width), TOTAL_LENGTH: (),
+                  LOGIT_POSITIONS: (batch, 1, 1)}
+        shapes.update((name, (batch, layout.kv_heads, c if shared else 0, layout.head_size))
+                      for name, c in zip(layout.past, layout.capacities(capacity)))
+        names = set(self._model.input_names)
+        return {name: shape for name, shape in shapes.items() if name in names}
 
     # ---- the Executable face: the compiled model's
 
     @property
     def model(self) -> JaxModel:
         """The translated model (the compiled program's)."""
-        return self.compiled.model
+        return self._model
 
     @property
     def params(self) -> dict[str, jax.Array]:
@@ -123,7 +171,7 @@ class Decoder:
         so that a call runs the model as onnxruntime does: the total length a rewired LongRoPE If reads
         (:mod:`onnx2jax.runtime.total_length`) as the mask's width, and the positions the LM head projects
         (:mod:`onnx2jax.runtime.logit_positions`) as every position."""
-        names = self.compiled.model.input_names
+        names = self._model.input_names
         if TOTAL_LENGTH in names:
             named = fill_total_length(names, self.layout.attention_mask, inputs, named)
         if LOGIT_POSITIONS in names:
@@ -136,7 +184,7 @@ class Decoder:
         Raises:
           InputRangeError: an id indexes beyond the embedding table (naming the input and node).
         """
-        self.compiled.model.index_check.call((), {self.layout.input_ids: np.asarray(ids)})
+        self._model.index_check.call((), {self.layout.input_ids: np.asarray(ids)})
 
     # ---- the cache
 
@@ -165,7 +213,7 @@ class Decoder:
     def x64(self) -> ContextManager:
         """The 64-bit context of this model (:func:`~onnx2jax.x64.x64_scope`); the programs
         enter it themselves."""
-        return x64_scope(self.compiled.model.uses_64bit)
+        return x64_scope(self._model.uses_64bit)
 
     def prefill(self, search: Search) -> Program:
         """The prefill program: ``(params, cache, ids [B, P] int32, lengths [B] int32, sampling) -> (cache,

@@ -138,6 +138,9 @@ class Generator:
         self._new: list[np.ndarray] = []
         self._done = np.zeros(self.batch, bool)
         self._finished = self.width >= self.max_length
+        if layout.kind != "none" and not self._finished:  # tensor-parallel: planned at this prefill's shapes
+            capacity = self.decoder.buffer_capacity(self.max_length)
+            self.decoder.plan_prefill(self.batch, self.decoder.prefill_width(self.width, capacity), capacity)
         self._cache = self._state = self._token = None
         self._ready: collections.deque[np.ndarray] = collections.deque()  # steps' tokens checked, not yet returned
         self._taken = 0  # tokens generated and checked: those returned and those ready

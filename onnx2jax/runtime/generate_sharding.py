@@ -26,8 +26,6 @@ import numpy as np
 import onnx
 
 from sharding.annotate import set_specs
-from sharding.megatron.plan import megatron_layout, write_megatron_plan
-from sharding.megatron.specs import split_spec
 
 from onnx2jax.runtime.kv_cache import CacheLayout
 from onnx2jax.runtime.placement_keys import TensorPlacement
@@ -41,6 +39,9 @@ CONFIGURATION = "tp"
 def write_plan(model: onnx.ModelProto, layout: CacheLayout, devices: int, shapes: Mapping[str, tuple]) -> None:
     """Writes the Megatron plan over ``devices`` and the cache's specs into ``model`` itself (named nodes,
     ``shapes`` its inferred tensor shapes)."""
+    # tensor-parallel only: the Megatron planner is not imported on one device's path
+    from sharding.megatron.plan import megatron_layout, write_megatron_plan
+
     write_megatron_plan(model, megatron_layout(model, devices, shapes=shapes), CONFIGURATION)
     ways = cache_ways(layout, devices)
     if ways > 1:
@@ -61,6 +62,8 @@ def cache_ways(layout: CacheLayout, devices: int) -> int:
 def annotate_cache(model: onnx.ModelProto, layout: CacheLayout, ways: int, devices: int) -> None:
     """Writes the cache's spec (heads axis in ``ways`` shards over ``devices``) on every node that reads a past or
     writes a present (in place), so that the program takes and gives the cache sharded, as the loop holds it."""
+    from sharding.megatron.specs import split_spec  # tensor-parallel only, as write_plan's
+
     cache = set(layout.past) | set(layout.present)
     specs = (
         (node.name, split_spec(tensor, 1, ways, devices))

@@ -11,7 +11,10 @@ The generation front door, on the runtime's one path (:mod:`onnx2jax.runtime.pla
    written into the opened model itself (no copy; :mod:`onnx2jax.runtime.generate_sharding`);
 4. the plan (:func:`~onnx2jax.runtime.plan.make_plan`, given that shape inference: not run again), one
    translation, and one SPMD program (:class:`~onnx2jax.runtime.spmd.Compiled`) whose parameters are placed
-   slice by slice from the maps: each device reads only its slice, no host copy of the weights.
+   slice by slice from the maps: each device reads only its slice, no host copy of the weights. On one device
+   it is made here; tensor-parallel, its sharding inference waits for the first prefill's shapes
+   (:meth:`Decoder.plan_prefill`, which a ``Generator`` calls when it is made), so that it runs once before
+   the first token instead of once at the model's shapes and again at the prefill's.
 
 A handle loaded from a path is remembered, weakly, by (file, its size and time, devices, mesh): loading the same
 again (``generate(path)`` twice) returns the same handle while anything holds it, and nothing is kept once the
@@ -36,10 +39,9 @@ from onnx2jax.errors import DeviceCountError
 from onnx2jax.loading import ModelLike, Opened, open_model
 from onnx2jax.runtime import kv_cache
 from onnx2jax.runtime.decoder import Decoder
-from onnx2jax.runtime.generate_sharding import CONFIGURATION, CachePlacement, write_plan
+from onnx2jax.runtime.generate_sharding import CONFIGURATION, write_plan
 from onnx2jax.runtime.logit_positions import gather_logit_positions
 from onnx2jax.runtime.plan import make_plan
-from onnx2jax.runtime.spmd import Compiled
 from onnx2jax.runtime.total_length import feed_total_length, mask_width_conditions
 from onnx2jax.translate import JaxModel
 
@@ -172,16 +174,17 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
         inferred = infer_model(proto)
         write_plan(proto, layout, size, inferred.shapes)
         configuration = CONFIGURATION
+    # tensor-parallel: the program is planned at the first prefill's shapes (Decoder.plan_prefill), so that
+    # the sharding inference before the first token runs once, at that prefill's shapes
     plan = make_plan(Opened(proto, external_dir), mesh, configuration=configuration, scan_layers=False,
-                     inferred=inferred)
+                     inferred=inferred, program=configuration is None)
     if plan.kind != "whole":
         raise ValueError(f"generation runs a decoder as one program; this model's plan is of kind {plan.kind!r}")
     if isinstance(model, JaxModel) and plan.proto is model.proto and not model.scan.active:
         translated = model  # the caller's translation, of this very graph, layers unrolled: not translated again
     else:
         translated = JaxModel(plan.proto, plan.external_dir, scan_layers=False, inferred=plan.inferred)
-    compiled = Compiled(translated, plan.program)
-    return Decoder(compiled, layout, CachePlacement(compiled, layout))
+    return Decoder(translated, plan, layout, size)
 
 
 __all__ = ["load"]

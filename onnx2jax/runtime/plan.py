@@ -60,7 +60,8 @@ class ProgramPlan:
     Attributes:
       proto: the program's annotated ModelProto (a whole model, a stage, a segment).
       configuration: its device configuration (None: unannotated, replicated on ``mesh``).
-      inference: the completed annotations at the model's own shapes (None: unannotated).
+      inference: the completed annotations at the model's own shapes, or at a call's (:func:`whole_program`)
+        (None: unannotated).
       mesh: the jax Mesh the program runs on.
       mapping: the specs mapped onto ``mesh`` (None: unannotated).
       placements: every laid-out spec as a TensorPlacement on ``mesh``.
@@ -126,6 +127,8 @@ def program_plan(
     structural: Sequence[Diagnostic] = (),
     shapes: Shapes | None = None,
     inference: Inference | None = None,
+    annotations: WrittenAnnotations | None = None,
+    strict: bool = False,
 ) -> ProgramPlan:
     """Inference and the mesh of one SPMD program at its model's own shapes.
 
@@ -134,7 +137,11 @@ def program_plan(
         ``jax_devices`` (default ``jax.devices()``; a pipeline stage passes its sub-mesh's).
       devices: with ``mesh``, the flat mesh position of each configuration device.
       shapes: the model's ``tensor_shapes``, when the caller has them.
-      inference: the model's inference, when the caller has it (a segment's, inferred with its neighbours).
+      inference: the model's inference, when the caller has it (a segment's, inferred with its neighbours;
+        one at a call's shapes, :func:`whole_program`).
+      annotations: the annotations that inference read (kept for inference at other shapes).
+      strict: ``inference`` is at a call's concrete shapes: every spec is laid out (as ``at_shapes`` lays
+        them out), so that a call at those shapes infers nothing again.
 
     Raises:
       sharding.ShardingError: with ``check``, the annotations have errors.
@@ -144,15 +151,14 @@ def program_plan(
         mesh = mesh or Mesh(np.array((list(jax_devices) if jax_devices else jax.devices())[:1]), ("d0",))
         return ProgramPlan(proto, None, None, mesh, None, {}, check, tuple(structural))
     num_devices = device_configurations(proto)[configuration].num_devices
-    annotations = None
     if inference is None:
         annotations = read_annotations(proto, configuration)
         inference = infer(proto, configuration, shapes=shapes, annotations=annotations)
     errors = inference.errors()
     if check and errors:
         raise ShardingError(list(errors))
-    # At the model's own shapes: a fused spec on a symbolic axis waits for the call's shapes.
-    layouts = spec_layouts(inference, strict=False)
+    # At the model's own shapes (not strict): a fused spec on a symbolic axis waits for the call's shapes.
+    layouts = spec_layouts(inference, strict=strict)
     mesh, mapping = mesh_for(layouts, configuration, num_devices, mesh, devices, jax_devices)
     placements = placements_on(mapping, layouts, mesh)
     return ProgramPlan(
@@ -208,11 +214,14 @@ def make_plan(
     microbatches: int = 1,
     scan_layers: ScanSetting = "auto",
     inferred: InferredModel | None = None,
+    program: bool = True,
 ) -> Plan:
     """The one analysis of a compile (see the module docstring); arguments as :func:`onnx2jax.compile`'s.
 
     ``inferred``: the model's shape inference when the caller already ran it (a generation handle runs it
     once for the Megatron plan it writes, and this plan takes it: one shape inference per model).
+    ``program``: False leaves a ``"whole"`` plan's program unplanned, for :func:`whole_program` to plan at a
+    call's shapes.
 
     Raises:
       onnx2jax.errors.ConfigurationError (a ValueError): the configuration asked for is not in the
@@ -244,12 +253,27 @@ def make_plan(
         proto, external_dir, structural, config, inferred, kind, mesh, None if devices is None else tuple(devices),
         check, microbatches, scan_layers,
     )
-    if kind == "whole":
-        program = program_plan(
-            proto, config, mesh, check=check, devices=devices, structural=structural, shapes=shapes
-        )
-        plan = dataclasses.replace(plan, program=program)
+    if kind == "whole" and program:
+        plan = dataclasses.replace(plan, program=whole_program(plan))
     return plan
 
 
-__all__ = ["Kind", "Plan", "ProgramPlan", "Shapes", "make_plan", "program_plan"]
+def whole_program(plan: Plan, input_shapes: Mapping[str, tuple[int, ...]] | None = None) -> ProgramPlan:
+    """``plan``'s one SPMD program (``kind == "whole"``) analysed at the model's own shapes, or at a call's
+    ``input_shapes``: then the sharding inference that call needs is this one (``ProgramPlan.at_shapes`` at
+    the same shapes reuses it), not a second walk of the graph. A generation handle plans its program at its
+    first prefill's shapes this way (issue 28: one sharding inference before the first token).
+
+    Raises:
+      sharding.ShardingError, sharding.mesh.layout.MeshMappingError: as :func:`program_plan`.
+    """
+    common = dict(check=plan.check, devices=plan.devices, structural=plan.structural)
+    if input_shapes is None or plan.configuration is None:
+        return program_plan(plan.proto, plan.configuration, plan.mesh, shapes=plan.shapes, **common)
+    annotations = read_annotations(plan.proto, plan.configuration)
+    inference = infer(plan.proto, plan.configuration, input_shapes=input_shapes, annotations=annotations)
+    return program_plan(plan.proto, plan.configuration, plan.mesh, inference=inference,
+                        annotations=annotations, strict=True, **common)
+
+
+__all__ = ["Kind", "Plan", "ProgramPlan", "Shapes", "make_plan", "program_plan", "whole_program"]

@@ -1,6 +1,6 @@
 """``onnx2jax.load``: a decoder loaded once (issue 28). The work of a sharded load counted by wrapping the
-functions that do it (one translation, one shape inference, no protobuf copy of the weights, every weight a
-view of its file); a second ``generate(path)`` compiles nothing; a dropped handle is freed at once. Tokens
+functions that do it (one translation, one shape inference, one sharding inference before the first token, no
+protobuf copy of the weights, every weight a view of its file); a second ``generate(path)`` compiles nothing; a dropped handle is freed at once. Tokens
 against onnxruntime-genai's / transformers' STORED greedy tokens (tests/data/genai/README.md)."""
 
 import gc
@@ -18,6 +18,7 @@ import pytest
 
 import onnx2jax
 import onnx2jax.runtime.generate as generate_module
+import onnx2jax.runtime.plan as plan_module
 from onnx2jax.loading import file_identity
 from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.executable import Executable
@@ -48,11 +49,13 @@ class Counts:
 
     def __init__(self, monkeypatch):
         self.translations = self.shape_inferences = self.proto_copies = self.tensor_reads = 0
+        self.sharding_inferences = 0
         translate_init = JaxModel.__init__
         infer_shapes = onnx.shape_inference.infer_shapes
         deepcopy = onnx.ModelProto.__deepcopy__
         copy_from = onnx.ModelProto.CopyFrom
         read_tensor = onnx.external_data_helper.load_external_data_for_tensor
+        infer_sharding = plan_module.infer  # sharding.stage_infer.infer: the plan's and each call's shapes'
 
         def counted_init(model, *args, **kwargs):
             self.translations += 1
@@ -75,7 +78,12 @@ class Counts:
                 self.tensor_reads += 1
             return read_tensor(tensor, base_dir)
 
+        def counted_sharding(*args, **kwargs):
+            self.sharding_inferences += 1
+            return infer_sharding(*args, **kwargs)
+
         monkeypatch.setattr(JaxModel, "__init__", counted_init)
+        monkeypatch.setattr(plan_module, "infer", counted_sharding)
         monkeypatch.setattr(onnx.shape_inference, "infer_shapes", counted_inference)
         monkeypatch.setattr(onnx.ModelProto, "__deepcopy__", counted_deepcopy, raising=False)
         monkeypatch.setattr(onnx.ModelProto, "CopyFrom", counted_copy_from)
@@ -84,16 +92,23 @@ class Counts:
 
 def test_a_sharded_load_translates_once_infers_shapes_once_and_copies_no_weight(external_torch, monkeypatch):
     counts = Counts(monkeypatch)
+    work = lambda: (counts.translations, counts.shape_inferences, counts.sharding_inferences,  # noqa: E731
+                    counts.proto_copies, counts.tensor_reads)
     model = onnx2jax.load(external_torch, devices=2)
-    assert (counts.translations, counts.shape_inferences, counts.proto_copies, counts.tensor_reads) == (1, 1, 0, 0)
+    assert work() == (1, 1, 0, 0, 0)  # the sharding inference waits for the first prefill's shapes
     # every weight is a view of its file's map: no host copy before placement
     floats = {k: v for k, v in model.model.params.items() if v.dtype.kind == "f" and v.size > 1}
     assert floats and all(file_identity(v) is not None for v in floats.values())
     want = expected(external_torch)
+    first = onnx2jax.Generator(model, want["prompts"], max_length=want["max_length"], pad_token_id=PAD)
+    first.generate_next_token()
+    # the first token: one sharding inference (the plan's, at the prefill's shapes; the prefill's call reuses
+    # it) with the ONNX shape inference at those shapes
+    assert work() == (1, 2, 1, 0, 0)
     got = onnx2jax.generate(model, want["prompts"], max_length=want["max_length"], pad_token_id=PAD)
     assert got.tolist() == want["batch_left_padded"]["tokens"]
-    # the prefill's and the decode step's shapes: one inference each, at the call's shapes; nothing translated
-    assert (counts.translations, counts.shape_inferences, counts.proto_copies, counts.tensor_reads) == (1, 3, 0, 0)
+    # the decode step's shapes: one inference more; nothing translated
+    assert work() == (1, 3, 2, 0, 0)
     assert model.traces == {"prefill": 1, "decode": 1, "recompute": 0}
 
 

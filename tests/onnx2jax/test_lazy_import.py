@@ -95,3 +95,37 @@ def test_the_check_command_as_a_process_does_not_import_jax():
     result = _python("-c", blocker, "check", str(DEMO))
     assert result.returncode == 1, result.stderr
     assert "no sharding annotations" in result.stderr, result.stderr
+
+
+def test_a_sharding_submodule_imports_no_other_part_of_the_package():
+    # the runtime's first-token path reads sharding.shapes and onnx2jax.errors (which reads sharding.auto.errors):
+    # neither loads the checker, the automatic planner's search, the Megatron plan nor the inference
+    others = ("sharding.check", "sharding.auto.search", "sharding.megatron.plan", "sharding.infer", "sharding.validate")
+    code = (f"import sys, sharding.shapes, onnx2jax.errors; loaded = [m for m in {others!r} if m in sys.modules]; "
+            "assert not loaded, loaded")
+    result = _python("-c", code)
+    assert result.returncode == 0, result.stderr
+    # the generation runtime's imports: the Megatron planner only once a tensor-parallel load writes a plan
+    code = ("import sys, onnx2jax.runtime.load, onnx2jax.runtime.generate; "
+            "assert 'sharding.megatron.plan' not in sys.modules, 'the Megatron plan was imported'")
+    result = _python("-c", code)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_sharding_packages_export_what_their_modules_define():
+    import importlib
+
+    import sharding
+    import sharding.auto
+    import sharding.megatron
+
+    for package in (sharding, sharding.auto, sharding.megatron):
+        for name, module in package._EXPORTS.items():
+            assert getattr(package, name) is getattr(importlib.import_module(module), name), (package, name)
+        assert set(package.__all__) == set(package._EXPORTS) <= set(dir(package))
+    # a loaded submodule of the same name does not hide the export: sharding.infer is the front
+    assert importlib.import_module("sharding.infer") is not sharding.infer
+    assert sharding.infer is importlib.import_module("sharding.stage_infer").infer
+    assert sharding.check is importlib.import_module("sharding.check").check
+    with pytest.raises(AttributeError):
+        sharding.no_such_name  # noqa: B018
