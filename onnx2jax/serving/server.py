@@ -17,7 +17,6 @@ import contextlib
 import json
 import signal
 import socket
-import time
 from typing import AsyncIterator
 
 from starlette.applications import Starlette
