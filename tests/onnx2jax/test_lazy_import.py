@@ -112,6 +112,16 @@ def test_a_sharding_submodule_imports_no_other_part_of_the_package():
     assert result.returncode == 0, result.stderr
 
 
+def _type_checking_imports(package) -> dict[str, str]:
+    """name -> module of the ``if TYPE_CHECKING:`` imports of a package's ``__init__`` (read with ast)."""
+    import ast
+
+    tree = ast.parse(Path(package.__file__).read_text())
+    block = next(node for node in tree.body if isinstance(node, ast.If) and getattr(node.test, "id", "") == "TYPE_CHECKING")
+    return {alias.asname or alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
+
+
 def test_the_sharding_packages_export_what_their_modules_define():
     import importlib
 
@@ -120,6 +130,7 @@ def test_the_sharding_packages_export_what_their_modules_define():
     import sharding.megatron
 
     for package in (sharding, sharding.auto, sharding.megatron):
+        assert _type_checking_imports(package) == package._EXPORTS, package  # the table and what type checkers see
         for name, module in package._EXPORTS.items():
             assert getattr(package, name) is getattr(importlib.import_module(module), name), (package, name)
         assert set(package.__all__) == set(package._EXPORTS) <= set(dir(package))
