@@ -322,7 +322,8 @@ class StackHooks:
         self.chain_nodes = {name for r in self.readers.values() for name, _ in r.chain}
         self.recorded: dict[tuple[str, str], tuple] = {}
         self.sources: dict[int, tuple[Any, Any]] = {}
-        self.top_trace = trace_state()
+        # the top-level trace, which only a planned chain compares with (trace_state imports jax.extend)
+        self.top_trace = trace_state() if self.readers else None
 
     def _column_parallel(self, node: onnx.NodeProto, inputs: list, attrs: Mapping[str, Any]) -> list | None:
         """A column-parallel MatMul or Gemm through a shared per-device stack (`onnx2jax.runtime.stacks`)."""
@@ -384,6 +385,8 @@ class StackHooks:
 
     def _record(self, node: onnx.NodeProto, inputs: list, outputs: list, compute: Callable | None) -> None:
         """Keeps what later products need: a leaf's value, a chain node's inputs, output and computation."""
+        if not self.readers:  # no planned chain (one device, most plans): nothing to keep
+            return
         trace = trace_state()
         if node.name in self.chain_nodes and compute is not None and len(outputs) == 1:
             self.recorded[("node", node.name)] = (trace, list(inputs), outputs[0], compute)

@@ -140,3 +140,18 @@ def test_the_sharding_packages_export_what_their_modules_define():
     assert sharding.check is importlib.import_module("sharding.check").check
     with pytest.raises(AttributeError):
         sharding.no_such_name  # noqa: B018
+
+
+def test_a_one_device_generation_imports_neither_pallas_nor_the_megatron_planner():
+    # jax.extend loads Pallas (~25-65 ms of a first token); only a sharded trace's stacks ask for its trace
+    # state. The Megatron planner only writes a tensor-parallel plan.
+    code = (
+        "import sys, onnx2jax\n"
+        f"model = onnx2jax.load({str(ROOT / 'onnx2jax' / 'data' / 'llama_gqa')!r})\n"
+        "tokens = list(onnx2jax.Generator(model, [1, 5, 9], max_new_tokens=2))\n"
+        "assert len(tokens) == 2, tokens\n"
+        "loaded = [m for m in ('jax.extend', 'sharding.megatron') if m in sys.modules]\n"
+        "assert not loaded, loaded\n"
+    )
+    result = _python("-c", code)
+    assert result.returncode == 0, result.stderr
