@@ -116,17 +116,22 @@ class Decoder:
             self._place(whole_program(self._plan, self._prefill_shapes(batch, width, capacity)))
 
     def _prefill_shapes(self, batch: int, width: int, capacity: int) -> dict[str, tuple[int, ...]]:
-        """The model's input shapes in :meth:`_Steps.prefill` (a shape given wrong only costs an inference
-        at the call's shapes: ``ProgramPlan.at_shapes`` compares them)."""
+        """The model's input shapes in a prefill of ``batch`` prompts ``width`` wide into a cache of ``capacity``
+        positions: those of the feed the prefill builds (:func:`_prefill_feed`, :func:`_model_feed`), taken with
+        ``jax.eval_shape`` (a shape that differed from the call's would cost a second inference at the call:
+        ``ProgramPlan.at_shapes`` compares them)."""
         layout = self.layout
-        shared = layout.kind == "shared"
-        shapes = {layout.input_ids: (batch, width), layout.attention_mask: (batch, capacity if shared else width),
-                  layout.position_ids: (1, width) if shared else (batch, width), TOTAL_LENGTH: (),
-                  LOGIT_POSITIONS: (batch, 1, 1)}
-        shapes.update((name, (batch, layout.kv_heads, c if shared else 0, layout.head_size))
-                      for name, c in zip(layout.past, layout.capacities(capacity)))
-        names = set(self._model.input_names)
-        return {name: shape for name, shape in shapes.items() if name in names}
+        reads = {i.name: i.dtype for i in self._model.inputs}
+
+        def feed(ids, lengths, cache):
+            named, past, at, _ = _prefill_feed(layout, reads, ids, lengths, cache)
+            return _model_feed(layout, reads, past, at, named)
+
+        cache = tuple(jax.ShapeDtypeStruct(shape, jnp.dtype(layout.dtype))
+                      for shape in layout.cache_shapes(batch, capacity))
+        rows = jax.ShapeDtypeStruct((batch,), jnp.int32)
+        shapes = jax.eval_shape(feed, jax.ShapeDtypeStruct((batch, width), jnp.int32), rows, cache)
+        return {name: tuple(value.shape) for name, value in shapes.items()}
 
     # ---- the Executable face: the compiled model's
 
@@ -299,14 +304,11 @@ class _Steps:
         """The model on named inputs (cast to the graph's types) and ``cache`` as the past: (logits at the
         positions ``at`` [B] of each row (the only ones the LM head projects where the graph lets it:
         :mod:`onnx2jax.runtime.logit_positions`) [B, vocabulary], presents)."""
-        if LOGIT_POSITIONS in self._dtypes:
-            named[LOGIT_POSITIONS] = at[:, None, None]
-        values = {}
-        named[self.layout.input_ids] = generate_inputs.model_ids(named[self.layout.input_ids], self.vocab)
-        for name, value in named.items():
-            dtype = self._dtypes[name]
-            values[name] = value.astype(dtype) if dtype is not None else value
-        values.update(zip(self.layout.past, cache))
+        feed = _model_feed(self.layout, self._dtypes, cache, at, named)
+        feed[self.layout.input_ids] = generate_inputs.model_ids(feed[self.layout.input_ids], self.vocab)
+        past = set(self.layout.past)
+        values = {name: value if name in past or self._dtypes[name] is None else value.astype(self._dtypes[name])
+                  for name, value in feed.items()}
         outputs = dict(zip(self.compiled.model.output_names, self.compiled.apply(params, **values)))
         logits = outputs[self.layout.logits]
         if LOGIT_POSITIONS in self._dtypes:
@@ -314,18 +316,6 @@ class _Steps:
         else:
             logits = jnp.take_along_axis(logits, at.astype(jnp.int32)[:, None, None], axis=1)[:, 0]
         return logits, tuple(outputs[n] for n in self.layout.present)
-
-    def _named(self, ids, mask, positions, total) -> dict[str, jax.Array]:
-        """The model's named inputs; ``total`` the run's total length (the width of onnxruntime-genai's mask),
-        fed where the graph reads it (:mod:`onnx2jax.runtime.total_length`: LongRoPE's If)."""
-        named = {self.layout.input_ids: ids}
-        if self.layout.attention_mask is not None:
-            named[self.layout.attention_mask] = mask
-        if self.layout.position_ids is not None:
-            named[self.layout.position_ids] = positions
-        if TOTAL_LENGTH in self._dtypes:
-            named[TOTAL_LENGTH] = total
-        return named
 
     def _pick(self, logits, state: State):
         """The next token of each row (pad for rows already done) and the rows done after it; where a
@@ -352,26 +342,19 @@ class _Steps:
         layout = self.layout
         batch, width = ids.shape
         capacity = max(c.shape[2] for c in cache)  # ring caches are shorter
-        columns = jnp.arange(width, dtype=jnp.int32)[None]
-        if layout.kind == "shared":  # right-padded; the mask spans the whole buffer
-            mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
-            # onnxruntime-genai's first mask is as wide as the longest prompt
-            last, presents = self._forward(params, cache, lengths - 1,
-                                           **self._named(ids, mask, columns, jnp.max(lengths)))
+        named, past, at, prompt_mask = _prefill_feed(layout, self._dtypes, ids, lengths, cache)
+        last, presents = self._forward(params, past, at, **named)
+        if prompt_mask is None:  # right-padded: the presents are the buffer
             cache = tuple(self._constrain(p) for p in presents)
             state = {}
-        else:  # left-padded; the past is empty, its present copied into the buffer
-            prompt_mask = columns >= (width - lengths)[:, None]
-            positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
-            empty = tuple(jnp.zeros((*c.shape[:2], 0, c.shape[3]), c.dtype) for c in cache)
-            last, presents = self._forward(params, empty, jnp.full((batch,), width - 1, jnp.int32),
-                                           **self._named(ids, prompt_mask, positions, width))
+        else:  # left-padded: the past was empty, its present copied into the buffer
             cache = tuple(
                 self._constrain(jax.lax.dynamic_update_slice(c, p.astype(c.dtype), (0, 0, 0, 0)))
                 for c, p in zip(cache, presents)
             )
             buffer_mask = jnp.zeros((batch, capacity), bool).at[:, :width].set(prompt_mask)
             state = {"mask": buffer_mask, "slot": jnp.int32(width)}
+        columns = jnp.arange(width, dtype=jnp.int32)[None]
         valid = columns < lengths[:, None] if layout.kind == "shared" else columns >= (width - lengths)[:, None]
         state.update(sampling, lengths=lengths, done=jnp.zeros((batch,), bool), step=jnp.int32(0),
                      **self._seen(ids, valid, last))
@@ -410,12 +393,12 @@ class _Steps:
         if layout.kind == "shared":
             mask = jnp.arange(capacity, dtype=jnp.int32)[None] < (state["lengths"] + 1)[:, None]
             total = jnp.max(state["lengths"]) + 1  # the width onnxruntime-genai's grown mask has
-            logits, presents = self._forward(params, cache, at, **self._named(ids, mask, positions, total))
+            logits, presents = self._forward(params, cache, at, **_named(self.layout, self._dtypes, ids, mask, positions, total))
             cache = tuple(self._constrain(p) for p in presents)
         else:
             mask = jnp.concatenate([state["mask"], jnp.ones((batch, 1), bool)], axis=1)
             total = state["slot"] + 1  # the buffer positions written, pads included, and this one
-            logits, presents = self._forward(params, cache, at, **self._named(ids, mask, positions, total))
+            logits, presents = self._forward(params, cache, at, **_named(self.layout, self._dtypes, ids, mask, positions, total))
             slot = state["slot"]
             zero = jnp.zeros((), slot.dtype)
             at = (zero, zero, slot, zero)
@@ -435,9 +418,52 @@ class _Steps:
         self.traces["recompute"] += 1
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
         last = jnp.full((ids.shape[0],), ids.shape[1] - 1, jnp.int32)
-        logits, _ = self._forward(params, (), last, **self._named(ids, mask, positions, ids.shape[1]))
+        logits, _ = self._forward(params, (), last, **_named(self.layout, self._dtypes, ids, mask, positions, ids.shape[1]))
         state = {**state, **self._seen(ids, mask, logits)}
         return self._pick(logits, state)
+
+
+def _named(layout: kv_cache.CacheLayout, reads: Mapping[str, Any], ids, mask, positions, total) -> dict[str, Any]:
+    """The model's named inputs (those of ``layout`` the graph has); ``total`` the run's total length (the width
+    of onnxruntime-genai's mask), fed where the graph reads it (``reads``: its input names;
+    :mod:`onnx2jax.runtime.total_length`: LongRoPE's If)."""
+    named = {layout.input_ids: ids}
+    if layout.attention_mask is not None:
+        named[layout.attention_mask] = mask
+    if layout.position_ids is not None:
+        named[layout.position_ids] = positions
+    if TOTAL_LENGTH in reads:
+        named[TOTAL_LENGTH] = total
+    return named
+
+
+def _prefill_feed(layout: kv_cache.CacheLayout, reads: Mapping[str, Any], ids, lengths, cache: tuple) -> tuple:
+    """A prefill's model inputs from its padded ids [B, P], the prompts' lengths [B] and the cache buffer:
+    (named inputs, the past, the position of each row whose logits choose its token [B], the prompt mask of a
+    left-padded layout, None for a right-padded one). Right-padded (``"shared"``): the buffer is the past and
+    the mask spans it; left-padded: the past is empty (the prefill copies the present into the buffer)."""
+    batch, width = ids.shape
+    columns = jnp.arange(width, dtype=jnp.int32)[None]
+    if layout.kind == "shared":
+        capacity = max(c.shape[2] for c in cache)
+        mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
+        # onnxruntime-genai's first mask is as wide as the longest prompt
+        return _named(layout, reads, ids, mask, columns, jnp.max(lengths)), cache, lengths - 1, None
+    prompt_mask = columns >= (width - lengths)[:, None]
+    positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
+    empty = tuple(jnp.zeros((*c.shape[:2], 0, c.shape[3]), c.dtype) for c in cache)
+    at = jnp.full((batch,), width - 1, jnp.int32)
+    return _named(layout, reads, ids, prompt_mask, positions, width), empty, at, prompt_mask
+
+
+def _model_feed(layout: kv_cache.CacheLayout, reads: Mapping[str, Any], past: tuple, at, named: Mapping[str, Any]) -> dict:
+    """Every model input of a forward call: ``named``, the past entries, and where the graph reads it the
+    positions ``at`` [B] the LM head projects (:mod:`onnx2jax.runtime.logit_positions`) as [B, 1, 1]."""
+    feed = dict(named)
+    if LOGIT_POSITIONS in reads:
+        feed[LOGIT_POSITIONS] = at[:, None, None]
+    feed.update(zip(layout.past, past))
+    return feed
 
 
 __all__ = ["DECODE_STEPS", "PREFILL_BUCKET", "Decoder", "Program"]

@@ -122,10 +122,7 @@ class CachePlacement:
         past inputs (each device makes its own part: no host copy)."""
         layout = self.layout
         dtype = jnp.dtype(layout.dtype)
-        return tuple(
-            _zeros((batch, layout.kv_heads, c, layout.head_size), dtype, self._sharding(batch, c))
-            for c in layout.capacities(capacity)
-        )
+        return tuple(_zeros(shape, dtype, self._sharding(batch, shape[2])) for shape in layout.cache_shapes(batch, capacity))
 
     def constrain_cache(self, array: jax.Array) -> jax.Array:
         """``array`` (a present) placed as the cache of its shape is (see :meth:`zeros_cache`)."""

@@ -81,6 +81,11 @@ class CacheLayout:
         rings = self.ring or (None,) * len(self.past)
         return tuple(capacity if r is None else min(r, capacity) for r in rings)
 
+    def cache_shapes(self, batch: int, capacity: int) -> tuple[tuple[int, ...], ...]:
+        """Each past entry's buffer ``[batch, kv_heads, positions, head_size]`` for a run of ``capacity``
+        (:meth:`capacities`)."""
+        return tuple((batch, self.kv_heads, c, self.head_size) for c in self.capacities(capacity))
+
     @property
     def padding(self) -> Literal["right", "left"]:
         """The side a batch of prompts of different lengths is padded on."""
