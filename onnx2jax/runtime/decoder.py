@@ -317,6 +317,10 @@ class _Steps:
             logits = jnp.take_along_axis(logits, at.astype(jnp.int32)[:, None, None], axis=1)[:, 0]
         return logits, tuple(outputs[n] for n in self.layout.present)
 
+    def _named(self, ids, mask, positions, total) -> dict[str, jax.Array]:
+        """The model's named inputs of a step (:func:`_named_inputs`)."""
+        return _named_inputs(self.layout, self._dtypes, ids, mask, positions, total)
+
     def _pick(self, logits, state: State):
         """The next token of each row (pad for rows already done) and the rows done after it; where a
         repetition penalty applies, the logits are penalized first and ``state["seen"]`` takes the token."""
@@ -393,12 +397,12 @@ class _Steps:
         if layout.kind == "shared":
             mask = jnp.arange(capacity, dtype=jnp.int32)[None] < (state["lengths"] + 1)[:, None]
             total = jnp.max(state["lengths"]) + 1  # the width onnxruntime-genai's grown mask has
-            logits, presents = self._forward(params, cache, at, **_named(self.layout, self._dtypes, ids, mask, positions, total))
+            logits, presents = self._forward(params, cache, at, **self._named(ids, mask, positions, total))
             cache = tuple(self._constrain(p) for p in presents)
         else:
             mask = jnp.concatenate([state["mask"], jnp.ones((batch, 1), bool)], axis=1)
             total = state["slot"] + 1  # the buffer positions written, pads included, and this one
-            logits, presents = self._forward(params, cache, at, **_named(self.layout, self._dtypes, ids, mask, positions, total))
+            logits, presents = self._forward(params, cache, at, **self._named(ids, mask, positions, total))
             slot = state["slot"]
             zero = jnp.zeros((), slot.dtype)
             at = (zero, zero, slot, zero)
@@ -418,12 +422,12 @@ class _Steps:
         self.traces["recompute"] += 1
         positions = jnp.maximum(jnp.cumsum(mask, axis=1) - 1, 0)
         last = jnp.full((ids.shape[0],), ids.shape[1] - 1, jnp.int32)
-        logits, _ = self._forward(params, (), last, **_named(self.layout, self._dtypes, ids, mask, positions, ids.shape[1]))
+        logits, _ = self._forward(params, (), last, **self._named(ids, mask, positions, ids.shape[1]))
         state = {**state, **self._seen(ids, mask, logits)}
         return self._pick(logits, state)
 
 
-def _named(layout: kv_cache.CacheLayout, reads: Mapping[str, Any], ids, mask, positions, total) -> dict[str, Any]:
+def _named_inputs(layout: kv_cache.CacheLayout, reads: Mapping[str, Any], ids, mask, positions, total) -> dict:
     """The model's named inputs (those of ``layout`` the graph has); ``total`` the run's total length (the width
     of onnxruntime-genai's mask), fed where the graph reads it (``reads``: its input names;
     :mod:`onnx2jax.runtime.total_length`: LongRoPE's If)."""
@@ -448,15 +452,15 @@ def _prefill_feed(layout: kv_cache.CacheLayout, reads: Mapping[str, Any], ids, l
         capacity = max(c.shape[2] for c in cache)
         mask = jnp.arange(capacity, dtype=jnp.int32)[None] < lengths[:, None]
         # onnxruntime-genai's first mask is as wide as the longest prompt
-        return _named(layout, reads, ids, mask, columns, jnp.max(lengths)), cache, lengths - 1, None
+        return _named_inputs(layout, reads, ids, mask, columns, jnp.max(lengths)), cache, lengths - 1, None
     prompt_mask = columns >= (width - lengths)[:, None]
     positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)
     empty = tuple(jnp.zeros((*c.shape[:2], 0, c.shape[3]), c.dtype) for c in cache)
     at = jnp.full((batch,), width - 1, jnp.int32)
-    return _named(layout, reads, ids, prompt_mask, positions, width), empty, at, prompt_mask
+    return _named_inputs(layout, reads, ids, prompt_mask, positions, width), empty, at, prompt_mask
 
 
-def _model_feed(layout: kv_cache.CacheLayout, reads: Mapping[str, Any], past: tuple, at, named: Mapping[str, Any]) -> dict:
+def _model_feed(layout: kv_cache.CacheLayout, reads: Mapping[str, Any], past: tuple, at, named: Mapping) -> dict:
     """Every model input of a forward call: ``named``, the past entries, and where the graph reads it the
     positions ``at`` [B] the LM head projects (:mod:`onnx2jax.runtime.logit_positions`) as [B, 1, 1]."""
     feed = dict(named)

@@ -122,7 +122,8 @@ class CachePlacement:
         past inputs (each device makes its own part: no host copy)."""
         layout = self.layout
         dtype = jnp.dtype(layout.dtype)
-        return tuple(_zeros(shape, dtype, self._sharding(batch, shape[2])) for shape in layout.cache_shapes(batch, capacity))
+        shapes = layout.cache_shapes(batch, capacity)
+        return tuple(_zeros(shape, dtype, self._sharding(batch, shape[2])) for shape in shapes)
 
     def constrain_cache(self, array: jax.Array) -> jax.Array:
         """``array`` (a present) placed as the cache of its shape is (see :meth:`zeros_cache`)."""
