@@ -1,9 +1,11 @@
 """The engine on its own thread, for an asyncio server: :class:`EngineDriver`.
 
 One thread steps the :class:`~onnx2jax.serving.engine.Engine` while it has work and sleeps while it has none;
-requests are added and aborted from the event loop under a lock (held by a step, so an add waits one step at
-most), and each step's tokens go to the request's ``asyncio.Queue`` as they are made. The driver also keeps the
-figures ``/metrics`` shows.
+each step's tokens go to the request's ``asyncio.Queue`` as they are made. The event loop never waits for a
+step: a request is checked where it is added (:meth:`Engine.check_request`, so a refusal is immediate), then
+waits in an inbox with the aborts, which the engine's thread takes before its next step. (An add that took the
+step's lock held the event loop for up to a step, 10-30 ms at a real model's 16 rows, during which no stream
+was written and no request read.) The driver also keeps the figures ``/metrics`` shows.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import itertools
 import threading
 import time
 from typing import Any, Sequence
@@ -41,9 +44,14 @@ class EngineDriver:
 
     def __init__(self, engine: Engine, *, queue_bound: int = 64):
         self.engine, self.queue_bound = engine, queue_bound
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the engine's: held by a step
         self._wake = threading.Event()
-        self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._inbox_lock = threading.Lock()  # the inbox's: held for a list append or swap
+        self._inbox: list[tuple[int, list[int], SamplingParams, asyncio.AbstractEventLoop, asyncio.Queue]] = []
+        self._aborts: list[int] = []  # tickets to abort at the next step
+        self._tickets = itertools.count()
+        self._rids: dict[int, int] = {}  # ticket -> the engine's request id, while it runs
+        self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int]] = {}  # by engine id
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="onnx2jax-engine", daemon=True)
         self.started = time.time()
@@ -58,62 +66,98 @@ class EngineDriver:
     def stop(self, *, timeout: float = 30.0) -> None:
         """Lets the requests in flight finish for up to ``timeout`` seconds, aborts the rest, ends the thread."""
         end = time.monotonic() + timeout
-        while time.monotonic() < end and self.engine.has_work() and self._thread.is_alive():
+        while time.monotonic() < end and self._has_work() and self._thread.is_alive():
             time.sleep(0.02)
         with self._lock:
+            with self._inbox_lock:
+                self._stop = True
+                inbox, self._inbox, self._aborts = self._inbox, [], []
+            for _, _, _, loop, queue in inbox:
+                loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
             for rid in list(self._queues):
                 self._abort_locked(rid)
-            self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
 
     def add(self, prompt: Sequence[int], params: SamplingParams) -> tuple[int, asyncio.Queue]:
-        """Queues a request (checked: :class:`~onnx2jax.errors.RequestError`); returns its id and the queue its
-        :class:`Event` s arrive on.
+        """Queues a request (checked: :class:`~onnx2jax.errors.RequestError`) without waiting for a step;
+        returns its ticket (what :meth:`abort` takes) and the queue its :class:`Event` s arrive on.
 
         Raises:
           QueueFull: ``queue_bound`` requests wait already.
           RuntimeError: the driver has stopped.
         """
+        checked = self.engine.check_request(prompt, params)
         queue: asyncio.Queue = asyncio.Queue()
-        with self._lock:
+        with self._inbox_lock:
             if self._stop or self.error is not None:
                 raise RuntimeError("the engine has stopped")
-            if len(self.engine.scheduler.waiting) >= self.queue_bound:
+            if len(self.engine.scheduler.waiting) + len(self._inbox) >= self.queue_bound:
                 self.figures["requests_rejected"] += 1
                 raise QueueFull(f"{self.queue_bound} requests are waiting already")
-            rid = self.engine.add_request(prompt, params)
-            self._queues[rid] = (asyncio.get_running_loop(), queue)
+            ticket = next(self._tickets)
+            self._inbox.append((ticket, checked, params, asyncio.get_running_loop(), queue))
             self.figures["requests_received"] += 1
         self._wake.set()
-        return rid, queue
+        return ticket, queue
 
-    def abort(self, rid: int) -> None:
+    def abort(self, ticket: int) -> None:
         """Ends a request (a client gone): its slot and pages are free from the next step."""
-        with self._lock:
-            self._abort_locked(rid)
+        with self._inbox_lock:
+            self._aborts.append(ticket)
+        self._wake.set()
+
+    def _admit(self) -> None:
+        """Under the engine's lock: the inbox's requests into the engine, then the aborts asked for."""
+        with self._inbox_lock:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = set(self._aborts), []
+        for ticket, prompt, params, loop, queue in inbox:
+            if ticket in aborts:  # gone before it started
+                aborts.discard(ticket)
+                self.figures["requests_aborted"] += 1
+                loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
+                continue
+            rid = self.engine.add_request(prompt, params)
+            self._queues[rid] = (loop, queue, ticket)
+            self._rids[ticket] = rid
+        for ticket in aborts:
+            rid = self._rids.get(ticket)
+            if rid is not None:
+                self._abort_locked(rid)
 
     def _abort_locked(self, rid: int) -> None:
         if rid in self._queues:
             self.engine.release(rid)
-            loop, queue = self._queues.pop(rid)
+            loop, queue, ticket = self._queues.pop(rid)
+            self._rids.pop(ticket, None)
             self.figures["requests_aborted"] += 1
             loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
+
+    def _has_work(self) -> bool:
+        """Whether a request runs, waits in the engine or waits in the inbox, or an abort is asked for."""
+        return bool(self.engine.has_work() or self._inbox or self._aborts)
 
     def _loop(self) -> None:
         try:
             while not self._stop:
-                if not self.engine.has_work():
+                if not self._has_work():
                     self._wake.wait(0.5)
                     self._wake.clear()
                     continue
                 with self._lock:
+                    self._admit()
+                    if not self.engine.has_work():
+                        continue
                     out = self.engine.step()
                     self._deliver(out)
         except BaseException as error:  # noqa: BLE001 -- every waiting client is told, then /health says so
             self.error = error
             with self._lock:
-                for loop, queue in self._queues.values():
+                with self._inbox_lock:
+                    waiting = [(loop, queue) for _, _, _, loop, queue in self._inbox]
+                    self._inbox = []
+                for loop, queue in waiting + [(loop, queue) for loop, queue, _ in self._queues.values()]:
                     loop.call_soon_threadsafe(queue.put_nowait, Event([], "error"))
                 self._queues.clear()
             raise
@@ -135,12 +179,13 @@ class EngineDriver:
                 continue
             if tokens and self.engine.generated(rid) == len(tokens):  # its first tokens
                 self.ttft.append(self.engine.time_to_first_token(rid))
-            loop, queue = self._queues[rid]
+            loop, queue, ticket = self._queues[rid]
             batches.setdefault(loop, []).append((queue, Event(tokens, reason)))
             if reason is not None:
                 self.figures[f"requests_finished_{reason}"] += 1
                 self.engine.release(rid)
                 del self._queues[rid]
+                self._rids.pop(ticket, None)
         for loop, items in batches.items():
             loop.call_soon_threadsafe(_put_all, items)
 
