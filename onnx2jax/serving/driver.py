@@ -47,11 +47,12 @@ class EngineDriver:
         self._lock = threading.Lock()  # the engine's: held by a step
         self._wake = threading.Event()
         self._inbox_lock = threading.Lock()  # the inbox's: held for a list append or swap
-        self._inbox: list[tuple[int, list[int], SamplingParams, asyncio.AbstractEventLoop, asyncio.Queue]] = []
+        self._inbox: list[tuple[int, list[int], SamplingParams, asyncio.AbstractEventLoop, asyncio.Queue, float]] = []
         self._aborts: list[int] = []  # tickets to abort at the next step
         self._tickets = itertools.count()
         self._rids: dict[int, int] = {}  # ticket -> the engine's request id, while it runs
-        self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int]] = {}  # by engine id
+        # by the engine's id: the request's loop and queue, its ticket, when it arrived (time.perf_counter)
+        self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int, float]] = {}
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="onnx2jax-engine", daemon=True)
         self.started = time.time()
@@ -72,7 +73,7 @@ class EngineDriver:
             with self._inbox_lock:
                 self._stop = True
                 inbox, self._inbox, self._aborts = self._inbox, [], []
-            for _, _, _, loop, queue in inbox:
+            for _, _, _, loop, queue, _ in inbox:
                 loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
             for rid in list(self._queues):
                 self._abort_locked(rid)
@@ -96,7 +97,7 @@ class EngineDriver:
                 self.figures["requests_rejected"] += 1
                 raise QueueFull(f"{self.queue_bound} requests are waiting already")
             ticket = next(self._tickets)
-            self._inbox.append((ticket, checked, params, asyncio.get_running_loop(), queue))
+            self._inbox.append((ticket, checked, params, asyncio.get_running_loop(), queue, time.perf_counter()))
             self.figures["requests_received"] += 1
         self._wake.set()
         return ticket, queue
@@ -112,14 +113,14 @@ class EngineDriver:
         with self._inbox_lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = set(self._aborts), []
-        for ticket, prompt, params, loop, queue in inbox:
+        for ticket, prompt, params, loop, queue, arrived in inbox:
             if ticket in aborts:  # gone before it started
                 aborts.discard(ticket)
                 self.figures["requests_aborted"] += 1
                 loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
                 continue
             rid = self.engine.add_request(prompt, params)
-            self._queues[rid] = (loop, queue, ticket)
+            self._queues[rid] = (loop, queue, ticket, arrived)
             self._rids[ticket] = rid
         for ticket in aborts:
             rid = self._rids.get(ticket)
@@ -129,7 +130,7 @@ class EngineDriver:
     def _abort_locked(self, rid: int) -> None:
         if rid in self._queues:
             self.engine.release(rid)
-            loop, queue, ticket = self._queues.pop(rid)
+            loop, queue, ticket, _ = self._queues.pop(rid)
             self._rids.pop(ticket, None)
             self.figures["requests_aborted"] += 1
             loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
@@ -155,9 +156,9 @@ class EngineDriver:
             self.error = error
             with self._lock:
                 with self._inbox_lock:
-                    waiting = [(loop, queue) for _, _, _, loop, queue in self._inbox]
+                    waiting = [(loop, queue) for _, _, _, loop, queue, _ in self._inbox]
                     self._inbox = []
-                for loop, queue in waiting + [(loop, queue) for loop, queue, _ in self._queues.values()]:
+                for loop, queue in waiting + [(loop, queue) for loop, queue, _, _ in self._queues.values()]:
                     loop.call_soon_threadsafe(queue.put_nowait, Event([], "error"))
                 self._queues.clear()
             raise
@@ -177,9 +178,9 @@ class EngineDriver:
             reason = self.engine.finish_reason(rid)
             if not tokens and reason is None:
                 continue
-            if tokens and self.engine.generated(rid) == len(tokens):  # its first tokens
-                self.ttft.append(self.engine.time_to_first_token(rid))
-            loop, queue, ticket = self._queues[rid]
+            loop, queue, ticket, arrived = self._queues[rid]
+            if tokens and self.engine.generated(rid) == len(tokens):  # its first tokens, from its arrival here
+                self.ttft.append(time.perf_counter() - arrived)
             batches.setdefault(loop, []).append((queue, Event(tokens, reason)))
             if reason is not None:
                 self.figures[f"requests_finished_{reason}"] += 1

@@ -66,9 +66,6 @@ class SlowEngine:
     def generated(self, rid):
         return len(self.running[rid])
 
-    def time_to_first_token(self, rid):
-        return 0.0
-
     def release(self, rid):
         self.finished.setdefault(rid, "abort")
 
@@ -100,3 +97,5 @@ def test_adding_and_aborting_during_a_step_do_not_wait_for_it():
     assert [e.tokens for e in events] == [[7], [7]] and events[-1].finish_reason == "length"
     assert aborted.finish_reason == "abort" and aborted.tokens == []
     assert driver.figures["requests_received"] == 2 and driver.figures["requests_aborted"] == 1
+    # /metrics' time to first token counts from the request's arrival (its first token came after a whole step)
+    assert list(driver.ttft) and driver.ttft[0] >= 0.9 * STEP_SECONDS
