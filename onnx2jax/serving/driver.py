@@ -30,6 +30,22 @@ class Event:
     finish_reason: str | None = None
 
 
+@dataclasses.dataclass
+class _Request:
+    """A request the driver holds: what the engine needs to start it, and where its events go."""
+
+    ticket: int  # what add returns and abort takes (the engine's own id exists once it is admitted)
+    prompt: list[int]
+    params: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue
+    arrived: float  # time.perf_counter() at add
+
+    def tell(self, event: Event) -> None:
+        """``event`` to the request's queue, on its event loop."""
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, event)
+
+
 class QueueFull(Exception):
     """More requests wait than the queue bound allows."""
 
@@ -47,12 +63,11 @@ class EngineDriver:
         self._lock = threading.Lock()  # the engine's: held by a step
         self._wake = threading.Event()
         self._inbox_lock = threading.Lock()  # the inbox's: held for a list append or swap
-        self._inbox: list[tuple[int, list[int], SamplingParams, asyncio.AbstractEventLoop, asyncio.Queue, float]] = []
+        self._inbox: list[_Request] = []
         self._aborts: list[int] = []  # tickets to abort at the next step
         self._tickets = itertools.count()
         self._rids: dict[int, int] = {}  # ticket -> the engine's request id, while it runs
-        # by the engine's id: the request's loop and queue, its ticket, when it arrived (time.perf_counter)
-        self._queues: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue, int, float]] = {}
+        self._running: dict[int, _Request] = {}  # by the engine's id, from admission to its last event
         self._stop = False
         self._thread = threading.Thread(target=self._loop, name="onnx2jax-engine", daemon=True)
         self.started = time.time()
@@ -73,9 +88,9 @@ class EngineDriver:
             with self._inbox_lock:
                 self._stop = True
                 inbox, self._inbox, self._aborts = self._inbox, [], []
-            for _, _, _, loop, queue, _ in inbox:
-                loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
-            for rid in list(self._queues):
+            for request in inbox:
+                request.tell(Event([], "abort"))
+            for rid in list(self._running):
                 self._abort_locked(rid)
         self._wake.set()
         self._thread.join(timeout=10)
@@ -97,7 +112,8 @@ class EngineDriver:
                 self.figures["requests_rejected"] += 1
                 raise QueueFull(f"{self.queue_bound} requests are waiting already")
             ticket = next(self._tickets)
-            self._inbox.append((ticket, checked, params, asyncio.get_running_loop(), queue, time.perf_counter()))
+            request = _Request(ticket, checked, params, asyncio.get_running_loop(), queue, time.perf_counter())
+            self._inbox.append(request)
             self.figures["requests_received"] += 1
         self._wake.set()
         return ticket, queue
@@ -113,27 +129,27 @@ class EngineDriver:
         with self._inbox_lock:
             inbox, self._inbox = self._inbox, []
             aborts, self._aborts = set(self._aborts), []
-        for ticket, prompt, params, loop, queue, arrived in inbox:
-            if ticket in aborts:  # gone before it started
-                aborts.discard(ticket)
+        for request in inbox:
+            if request.ticket in aborts:  # gone before it started
+                aborts.discard(request.ticket)
                 self.figures["requests_aborted"] += 1
-                loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
+                request.tell(Event([], "abort"))
                 continue
-            rid = self.engine.add_request(prompt, params)
-            self._queues[rid] = (loop, queue, ticket, arrived)
-            self._rids[ticket] = rid
+            rid = self.engine.add_request(request.prompt, request.params)
+            self._running[rid] = request
+            self._rids[request.ticket] = rid
         for ticket in aborts:
             rid = self._rids.get(ticket)
             if rid is not None:
                 self._abort_locked(rid)
 
     def _abort_locked(self, rid: int) -> None:
-        if rid in self._queues:
+        if rid in self._running:
             self.engine.release(rid)
-            loop, queue, ticket, _ = self._queues.pop(rid)
-            self._rids.pop(ticket, None)
+            request = self._running.pop(rid)
+            self._rids.pop(request.ticket, None)
             self.figures["requests_aborted"] += 1
-            loop.call_soon_threadsafe(queue.put_nowait, Event([], "abort"))
+            request.tell(Event([], "abort"))
 
     def _has_work(self) -> bool:
         """Whether a request runs, waits in the engine or waits in the inbox, or an abort is asked for."""
@@ -156,11 +172,10 @@ class EngineDriver:
             self.error = error
             with self._lock:
                 with self._inbox_lock:
-                    waiting = [(loop, queue) for _, _, _, loop, queue, _ in self._inbox]
-                    self._inbox = []
-                for loop, queue in waiting + [(loop, queue) for loop, queue, _, _ in self._queues.values()]:
-                    loop.call_soon_threadsafe(queue.put_nowait, Event([], "error"))
-                self._queues.clear()
+                    waiting, self._inbox = self._inbox, []
+                for request in waiting + list(self._running.values()):
+                    request.tell(Event([], "error"))
+                self._running.clear()
             raise
 
     def _deliver(self, out: dict[int, list[int]]) -> None:
@@ -173,20 +188,20 @@ class EngineDriver:
         while self._recent and self._recent[0][0] < now - 10:
             self._recent.popleft()
         batches: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, Event]]] = {}
-        for rid in list(self._queues):
+        for rid in list(self._running):
             tokens = out.get(rid, [])
             reason = self.engine.finish_reason(rid)
             if not tokens and reason is None:
                 continue
-            loop, queue, ticket, arrived = self._queues[rid]
+            request = self._running[rid]
             if tokens and self.engine.generated(rid) == len(tokens):  # its first tokens, from its arrival here
-                self.ttft.append(time.perf_counter() - arrived)
-            batches.setdefault(loop, []).append((queue, Event(tokens, reason)))
+                self.ttft.append(time.perf_counter() - request.arrived)
+            batches.setdefault(request.loop, []).append((request.queue, Event(tokens, reason)))
             if reason is not None:
                 self.figures[f"requests_finished_{reason}"] += 1
                 self.engine.release(rid)
-                del self._queues[rid]
-                self._rids.pop(ticket, None)
+                del self._running[rid]
+                self._rids.pop(request.ticket, None)
         for loop, items in batches.items():
             loop.call_soon_threadsafe(_put_all, items)
 
