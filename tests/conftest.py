@@ -14,8 +14,15 @@ import os
 import shutil
 import tempfile
 
-import jax
-import pytest
+# The test extra installs libtpu (jax[tpu]) so that programs compile for TPU topologies on this CPU machine.
+# With it, every jax start would also try to open a TPU (and print libtpu's warnings): the tests run on CPU
+# devices, so say so before jax starts, for this process and every subprocess. Compile-only TPU devices
+# (jax.experimental.topologies) still work; several processes may load libtpu at once (pytest-xdist workers).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
 from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
 jax.config.update("jax_num_cpu_devices", 8)
