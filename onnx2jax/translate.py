@@ -44,6 +44,7 @@ from onnx2jax.graph_runner import (
 from onnx2jax.hostvalues import to_host
 from onnx2jax.input_checks import IndexCheck
 from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
+from onnx2jax.numerics import checked_precision, precision_scope
 from onnx2jax.placing import holding
 from onnx2jax.xla_options import compiler_options
 from onnx2jax.x64 import x64_scope
@@ -102,8 +103,10 @@ class JaxModel:
         scan_layers: _scan.ScanSetting = "auto",
         inferred: InferredModel | None = None,
         check_indices: bool = True,
+        precision: str = "auto",
     ):
         self.proto = proto
+        self.precision = checked_precision(precision)  # every product's, while tracing (onnx2jax.numerics)
         self._inferred = inferred  # the model's shape inference, when a compile's plan has it
         graph = proto.graph
         topological_order(graph)  # a cycle is a ModelLoadError naming its nodes, not an undefined input later
@@ -236,7 +239,8 @@ class JaxModel:
         env.update(params)
         env.update(inputs)
         runner = GraphRunner(self.opsets, hooks, scan_strict=self._scan_setting is True)
-        outputs = runner.run(self.proto.graph, env, scan=self.scan)
+        with precision_scope(self.precision):
+            outputs = runner.run(self.proto.graph, env, scan=self.scan)
         if runner.scan_note:
             self.scan_note = runner.scan_note
         return tuple(to_jax(o) for o in outputs)
@@ -258,13 +262,15 @@ class JaxModel:
         """Runs one segment on its named inputs: a jitted sub-model, or a host step in numpy."""
         if segment.kind == "jit":
             # check_indices=False: this model's own call checked the graph's inputs (input_checks)
-            sub = JaxModel(model, external_dir, segmentable=False, scan_layers=False, check_indices=False)
+            sub = JaxModel(
+                model, external_dir, segmentable=False, scan_layers=False, check_indices=False, precision=self.precision
+            )
             self.segment_models.append(sub)
             return _named_runner(sub)
         self.segment_models.append(None)
         if any(n.op_type == "If" for n in model.graph.node):
             return if_step(model, lambda branch: _named_runner(
-                JaxModel(branch, external_dir, scan_layers=False, check_indices=False)))
+                JaxModel(branch, external_dir, scan_layers=False, check_indices=False, precision=self.precision)))
         constants = {i.name: initializer_array(i, external_dir) for i in model.graph.initializer}
         opsets = opsets_of(model)
 
@@ -410,7 +416,9 @@ def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
     return dense.reshape(tuple(sparse.dims))
 
 
-def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", check_indices: bool = True) -> JaxModel:
+def translate(
+    model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", check_indices: bool = True, precision: str = "auto"
+) -> JaxModel:
     """Translates an ONNX model into a :class:`JaxModel`.
 
     64-bit types: ONNX models are full of int64 (ids, shapes) and sometimes
@@ -435,8 +443,12 @@ def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", chec
         table beyond its size (:mod:`onnx2jax.input_checks`: XLA would answer
         them with clamped or NaN rows); ``False`` skips that host-side check, for
         inputs known to be in range (``model.index_check.enabled`` later).
+      precision: the precision of every matrix product (:mod:`onnx2jax.numerics`):
+        ``"auto"`` (float32 fidelity, ``HIGHEST``, except bf16 products on a TPU),
+        ``"highest"``, ``"high"`` or ``"default"`` (docs/tpu-numerics.md).
 
     Raises:
+      ValueError: ``precision`` is not one of those.
       UnsupportedOpError: listing every unsupported op of the model at once.
       ModelLoadError: the file or its external data cannot be read safely.
 
@@ -444,7 +456,7 @@ def translate(model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", chec
       >>> m = translate("tests/data/tiny_llama.onnx")   # doctest: +SKIP
       >>> (logits,) = m(np.zeros((1, 8), np.int64))     # doctest: +SKIP
     """
-    return JaxModel(*open_model(model), scan_layers=scan_layers, check_indices=check_indices)
+    return JaxModel(*open_model(model), scan_layers=scan_layers, check_indices=check_indices, precision=precision)
 
 
 def _uncommitted(array: np.ndarray) -> jax.Array:

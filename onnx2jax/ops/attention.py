@@ -14,8 +14,7 @@ import onnx.helper
 from onnx2jax.ops import _slices
 from onnx2jax.ops.registry import register
 from onnx2jax.ops.softmax import stable_softmax
-
-_HIGHEST = jax.lax.Precision.HIGHEST
+from onnx2jax.numerics import dot_precision
 
 
 def _split_heads(x, num_heads):
@@ -97,7 +96,7 @@ def _attention(
         k = jnp.repeat(k, heads_q // heads_kv, axis=1)
         v = jnp.repeat(v, heads_q // heads_kv, axis=1)
 
-    qk = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2), precision=_HIGHEST)
+    qk = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2), precision=dot_precision(q, k))
     raw_qk = qk
     if softcap and softcap > 0:
         cap = jnp.asarray(softcap, dtype)
@@ -123,7 +122,7 @@ def _attention(
     probs = jnp.where(masked_row, jnp.zeros((), probs.dtype), probs)
     if qk_matmul_output_mode == 3:
         qk_output = probs
-    y = jnp.matmul(probs.astype(dtype), v, precision=_HIGHEST)
+    y = jnp.matmul(probs.astype(dtype), v, precision=dot_precision(v))
     if rank3:
         y = jnp.transpose(y, (0, 2, 1, 3)).reshape(y.shape[0], y.shape[2], -1)
     return y.astype(dtype), present_key, present_value, qk_output.astype(dtype)
@@ -227,11 +226,11 @@ def linear_attention(
             s = s * jnp.exp(x["g"])[..., None]
         v = x["v"]
         if delta:
-            retrieved = jnp.einsum("bhdm,bhd->bhm", s, x["k"], precision=_HIGHEST)
+            retrieved = jnp.einsum("bhdm,bhd->bhm", s, x["k"], precision=dot_precision(s, x["k"]))
             v = x["beta"] * (v - retrieved)
         s = s + x["k"][..., :, None] * v[..., None, :]
         read = jnp.repeat(s, group, axis=1) if group > 1 else s
-        out = scale_value * jnp.einsum("bhd,bhdm->bhm", x["q"], read, precision=_HIGHEST)
+        out = scale_value * jnp.einsum("bhd,bhdm->bhm", x["q"], read, precision=dot_precision(x["q"], read))
         return s, out
 
     state, outs = jax.lax.scan(step, state, xs)  # outs (T, B, Hq, d_v)
@@ -256,7 +255,7 @@ def flex_attention(ctx, q, k, v, *, scale=None, score_mod=None, prob_mod=None, s
     if scale is None:
         scale = 1.0 / np.sqrt(q.shape[3])
     root = jnp.asarray(np.sqrt(np.float32(scale)), q.dtype)
-    scores = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2), precision=_HIGHEST)
+    scores = jnp.matmul(q * root, jnp.swapaxes(k * root, -1, -2), precision=dot_precision(q, k))
     compute = _softmax_dtype(q.dtype, softmax_precision)
     scores = scores.astype(compute)
     if score_mod is not None:
@@ -266,4 +265,4 @@ def flex_attention(ctx, q, k, v, *, scale=None, score_mod=None, prob_mod=None, s
     if prob_mod is not None:
         (probs,) = ctx.run_graph(prob_mod, [probs])
         probs = jnp.asarray(probs).astype(compute)
-    return jnp.matmul(probs, v.astype(compute), precision=_HIGHEST).astype(v.dtype)
+    return jnp.matmul(probs, v.astype(compute), precision=dot_precision(probs)).astype(v.dtype)

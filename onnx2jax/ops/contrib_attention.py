@@ -49,8 +49,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx2jax.ops.registry import register
-
-_HIGHEST = jax.lax.Precision.HIGHEST
+from onnx2jax.numerics import dot_precision
 
 
 def rotate(x, cos, sin, *, interleaved: bool):
@@ -263,7 +262,7 @@ def group_query_attention(
 
     group = num_heads // kv_num_heads
     qg = q.astype(compute).reshape(b, kv_num_heads, group, s, head)
-    scores = jnp.einsum("bkgsd,bktd->bkgst", qg, keys.astype(compute), precision=_HIGHEST)
+    scores = jnp.einsum("bkgsd,bktd->bkgst", qg, keys.astype(compute), precision=dot_precision(qg))
     scores = scores * jnp.asarray(scale if scale else 1 / np.sqrt(head), compute)
     if softcap > 0:
         scores = softcap * jnp.tanh(scores / softcap)
@@ -289,7 +288,7 @@ def group_query_attention(
     probs = _masked_softmax(scores, allowed[:, None, None], sink)
     # rows past a row's tokens are never read: 0 x NaN would be NaN
     values = jnp.where(readable[:, None, :, None], values.astype(compute), jnp.zeros((), compute))
-    out = jnp.einsum("bkgst,bktd->bkgsd", probs, values, precision=_HIGHEST)
+    out = jnp.einsum("bkgst,bktd->bkgsd", probs, values, precision=dot_precision(probs, values))
     out = jnp.transpose(out.reshape(b, num_heads, s, head), (0, 2, 1, 3)).reshape(b, s, num_heads * head)
     return out.astype(query.dtype), present_key, present_value
 

@@ -7,7 +7,8 @@ lowest bits first. Block (n, b) dequantizes as ``(q - zero_point[n, b]) * scales
 the same way in uint8 (default ``2^(bits - 1)`` when absent) or given in the scales' float type. The packed
 weights stay the program's input: a weight lives on device at its packed size.
 
-On CPU, 4-bit float32 products run the int4 kernel (`onnx2jax.ops.nbits_kernel`): the packed bytes are read
+In a program for CPU (its mesh's devices, not the host: :func:`onnx2jax.numerics.platform`), 4-bit float32
+products run the int4 kernel (`onnx2jax.ops.nbits_kernel`): the packed bytes are read
 as they are, one device's shard at a time, and no float weight is made, at decode or prefill. Elsewhere
 (GPU/TPU, other bit widths or float types, g_idx, ``jax.export``, or the kernel not built) the unpacking is
 jnp shifts and masks in the same program as the dot, which XLA fuses on GPU/TPU; on CPU it materialises
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 
 from onnx2jax.ops import nbits_kernel
 from onnx2jax.ops.registry import register
+from onnx2jax.numerics import dot_precision, platform
 
 _PORTABLE = contextvars.ContextVar("onnx2jax_nbits_portable", default=False)
 
@@ -47,11 +49,9 @@ def _kernel_applies(a, scales, zero_points, bits: int, accuracy_level: int) -> b
         return False
     if accuracy_level == 4 and zero_points is not None and zero_points.dtype != jnp.uint8:
         return False  # int8 compute with float zero points: the JAX path rounds A the same way
-    if jax.default_backend() != "cpu":
+    if platform() != "cpu":  # the program's platform (its mesh's devices), not the host's: a TPU target from CPU
         return False
     return nbits_kernel.available()
-
-_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _unpack(packed, bits: int, count: int):
@@ -119,7 +119,7 @@ def matmul_nbits(
     w = dequantize_nbits(b, scales, zero_points, K=K, N=N, bits=bits, block_size=block_size).astype(a.dtype)
     if accuracy_level == 4 and a.dtype == jnp.float32 and (bits != 2 or block_size >= 32):
         a = _int8_blocks(a, block_size)
-    y = jnp.matmul(a, w.T, precision=_HIGHEST)
+    y = jnp.matmul(a, w.T, precision=dot_precision(a, w))
     if bias is not None:
         y = y + bias.astype(y.dtype)
     return y

@@ -7,8 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx2jax.ops.registry import register
-
-_HIGHEST = jax.lax.Precision.HIGHEST
+from onnx2jax.numerics import dot_precision
 
 
 def spatial_pads(auto_pad, in_shape, kernel, strides, dilations, pads):
@@ -65,7 +64,7 @@ def _conv(x, w, padding, strides, dilations, group, lhs_dilation=None):
         rhs_dilation=dilations,
         dimension_numbers=_dimension_numbers(x.ndim - 2),
         feature_group_count=group,
-        precision=_HIGHEST,
+        precision=dot_precision(x, w),
     )
 
 
@@ -223,7 +222,7 @@ def deform_conv(
     cols = cols * mask[:, :, None].astype(x.dtype)
     cols = cols.reshape(n, group, c // group, kh, kw, oh, ow)
     weights = w.reshape(group, oc // group, c // group, kh, kw)
-    y = jnp.einsum("ngcuvij,gocuv->ngoij", cols, weights, precision=_HIGHEST).reshape(n, oc, oh, ow)
+    y = jnp.einsum("ngcuvij,gocuv->ngoij", cols, weights, precision=dot_precision(cols, weights)).reshape(n, oc, oh, ow)
     return _add_bias(y, b).astype(x.dtype)
 
 
@@ -243,13 +242,13 @@ def conv_by_groups(x, w, b=None, *, auto_pad, group, kernel_shape=None, pads=Non
     n = x.ndim - 2
     patches = jax.lax.conv_general_dilated_patches(
         x, kernel, strides, padding, rhs_dilation=dilations,
-        dimension_numbers=_dimension_numbers(n), precision=_HIGHEST,
+        dimension_numbers=_dimension_numbers(n), precision=dot_precision(x),
     )  # [N, C * prod(kernel), out...], channel-major
     out_spatial = patches.shape[2:]
     taps = int(np.prod(kernel))
     batch, out_channels = x.shape[0], w.shape[0]
     patches = patches.reshape((batch, group, (x.shape[1] // group) * taps) + out_spatial)
     rhs = w.astype(x.dtype).reshape(group, out_channels // group, -1)
-    y = jnp.einsum("ngk...,gok->ngo...", patches, rhs, precision=_HIGHEST)
+    y = jnp.einsum("ngk...,gok->ngo...", patches, rhs, precision=dot_precision(patches, rhs))
     y = y.reshape((batch, out_channels) + out_spatial)
     return _add_bias(y, b).astype(x.dtype)

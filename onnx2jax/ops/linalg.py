@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
+from onnx2jax.numerics import dot_precision
 from onnx2jax.ops.registry import register
-
-_HIGHEST = jax.lax.Precision.HIGHEST
 
 
 def _matmul(a, b):
-    # Full float32 precision: XLA's default may use bf16 passes on accelerators.
-    return jnp.matmul(a, b, precision=_HIGHEST)
+    # The precision the model was compiled with (onnx2jax.numerics): HIGHEST, float32 fidelity, unless asked.
+    return jnp.matmul(a, b, precision=dot_precision(a, b))
 
 
 @register("MatMul", 1, 9, 13)
@@ -38,7 +36,7 @@ def gemm(a, b, c=None, *, alpha, beta, transA, transB, broadcast=None):
 
 @register("Einsum", 12, 28)
 def einsum(*inputs, equation):
-    return jnp.einsum(equation.replace(" ", ""), *inputs, precision=_HIGHEST)
+    return jnp.einsum(equation.replace(" ", ""), *inputs, precision=dot_precision(*inputs))
 
 
 @register("Det", 11, 22)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from onnx2jax.ops.registry import register
+from onnx2jax.numerics import dot_precision
 
 # --- tap weights, per output position (numpy, static) ------------------------
 
@@ -415,5 +416,5 @@ def affine_grid(theta, size, *, align_corners):
     # Homogeneous base coordinates ordered (x, y[, z], 1), i.e. W first.
     base = np.stack([m for m in reversed(mesh)] + [np.ones(spatial)], axis=-1)
     flat = jnp.asarray(base.reshape(-1, len(spatial) + 1), theta.dtype)
-    grid = jnp.einsum("nij,pj->npi", theta, flat, precision=jax.lax.Precision.HIGHEST)
+    grid = jnp.einsum("nij,pj->npi", theta, flat, precision=dot_precision(theta, flat))
     return grid.reshape((theta.shape[0], *spatial, len(spatial))).astype(theta.dtype)

@@ -14,11 +14,13 @@ The strategies never import this module.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Sequence
 
 from jax.sharding import Mesh
 
 from onnx2jax.loading import ModelLike
+from onnx2jax.numerics import checked_precision
 from onnx2jax.runtime.executable import Executable
 from onnx2jax.runtime.pipeline import compile_pipeline
 from onnx2jax.runtime.pipeline_schedules import PipelineSchedule
@@ -41,6 +43,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     check_indices: bool = True,
     plan: str | None = None,
     auto: Mapping[str, Any] | None = None,
+    precision: str = "auto",
 ) -> Executable:
     """Compiles an annotated ONNX model for a device mesh.
 
@@ -84,6 +87,11 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         says what was weighed, chosen and measured. ``auto`` holds the
         workload: ``batch``, ``seq``, ``memory_per_device``, ``objective``,
         ``calibrate``, ``inputs``.
+      precision: the precision of every matrix product (:mod:`onnx2jax.numerics`,
+        docs/tpu-numerics.md): ``"auto"`` (the default) keeps ONNX's float32
+        fidelity (``HIGHEST``) on CPU and GPU and for float32 products on a TPU,
+        and computes bf16 products on a TPU in one MXU pass (``DEFAULT``);
+        ``"highest"``, ``"high"`` or ``"default"`` set every product.
 
     Returns:
       An :class:`~onnx2jax.runtime.executable.Executable` (``__call__``,
@@ -95,6 +103,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       segment sharded and the data-dependent nodes on the host between them.
 
     Raises:
+      ValueError: ``precision`` is not one of ``onnx2jax.numerics.PRECISIONS``.
       onnx2jax.errors.ConfigurationError (a ValueError): the configuration asked for is not in the
         model, or the model has several and none was asked for; it names those the model defines.
       sharding.ShardingError: the annotations have errors (each diagnostic
@@ -110,13 +119,14 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     """
     if plan is not None:
         return _planned(model, plan, devices, auto, mesh=mesh, check=check, microbatches=microbatches,
-                        scan_layers=scan_layers, check_indices=check_indices)
+                        scan_layers=scan_layers, check_indices=check_indices, precision=precision)
     if auto is not None:
         raise ValueError("compile(auto=...) goes with plan='auto'")
     plan = make_plan(
         model, mesh, configuration=configuration, check=check, devices=devices, microbatches=microbatches,
         scan_layers=scan_layers,
     )
+    plan = dataclasses.replace(plan, precision=checked_precision(precision))
     if schedule is not None and plan.kind != "stages":
         raise ValueError(f"schedule={schedule!r} needs a model with pipeline stages; this one has none")
     if plan.kind == "stages":
@@ -124,7 +134,9 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     elif plan.kind == "segments":
         executable = compile_segmented(plan)
     else:
-        translated = translate_for(plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred)
+        translated = translate_for(
+            plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred, precision=plan.precision
+        )
         executable = Compiled(translated, plan.program)
     executable.model.index_check.enabled = check_indices
     return executable

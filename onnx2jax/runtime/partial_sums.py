@@ -32,6 +32,7 @@ from onnx2jax.runtime.stacks import (
     cached,
     store,
 )
+from onnx2jax.numerics import dot_precision
 
 
 def row_parallel_partials(
@@ -60,7 +61,7 @@ def row_parallel_partials(
     x_view = jax.lax.with_sharding_constraint(x_view, NamedSharding(mesh, PartitionSpec(*lead, rows, None)))
     w_view = jnp.reshape(weight, (count, depth // count, weight.shape[1]))
     w_view = jax.lax.with_sharding_constraint(w_view, NamedSharding(mesh, PartitionSpec(rows)))
-    partials = jnp.einsum("...nd,ndf->n...f", x_view, w_view, precision=jax.lax.Precision.HIGHEST)
+    partials = jnp.einsum("...nd,ndf->n...f", x_view, w_view, precision=dot_precision(x_view, w_view))
     return gemm_terms(
         node, inputs, attrs, jax.lax.with_sharding_constraint(partials, NamedSharding(mesh, PartitionSpec(rows)))
     )

@@ -192,7 +192,9 @@ def compile_stages(plan: Plan) -> tuple[list[Stage], Partition, PipelineModel]:
         else:
             program = program_plan(sub, None, Mesh(np.array(devices), ("d0",)))
         # check_indices=False: the pipeline's call checks the whole model's inputs (input_checks)
-        translated = translate_for(program, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False)
+        translated = translate_for(
+            program, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False, precision=plan.precision
+        )
         compiled = Compiled(translated, program)
         stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])
         stage.input_shardings = stage_input_shardings(sub, program.placements, compiled.mesh, stage.inputs)

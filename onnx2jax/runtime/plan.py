@@ -183,6 +183,7 @@ class Plan:
       devices: with ``mesh``, the flat mesh position of each configuration device.
       check, microbatches, scan_layers: as :func:`onnx2jax.compile` was given them.
       program: for ``kind == "whole"``, the program's analysis (inference, mesh, placements).
+      precision: the matrix products' precision every strategy translates with (:mod:`onnx2jax.numerics`).
     """
 
     proto: onnx.ModelProto
@@ -197,6 +198,7 @@ class Plan:
     microbatches: int
     scan_layers: ScanSetting
     program: ProgramPlan | None = None
+    precision: str = "auto"
 
     @property
     def shapes(self) -> Shapes | None:

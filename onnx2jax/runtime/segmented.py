@@ -425,7 +425,9 @@ def compile_segmented(plan: Plan) -> SegmentedCompiled:
         its node, tensor and axis).
       onnx2jax.errors.MeshMappingError: the segments' specs fit no single mesh.
     """
-    model = JaxModel(plan.proto, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred)
+    model = JaxModel(
+        plan.proto, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred, precision=plan.precision
+    )
     segments = model.segment_plan
     configuration, mesh = plan.configuration, plan.mesh
     if configuration is None:

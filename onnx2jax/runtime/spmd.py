@@ -35,6 +35,7 @@ import onnx
 
 from onnx2jax import symbolic
 from onnx2jax.errors import NodeError
+from onnx2jax.numerics import on_platform
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.constraints import ShardingHooks
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
@@ -470,4 +471,5 @@ def _trace(
             )
     logical = {name: store.logical(name, value) for name, value in params.items()}
     hooks = ShardingHooks(signature.placements, views, consumer_values, model.proto.graph, logical)
-    return model.evaluate(logical, inputs, hooks)
+    with on_platform(plan.mesh.devices.flat[0].platform):  # the products' precision and kernels follow the target
+        return model.evaluate(logical, inputs, hooks)

@@ -49,6 +49,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.registry import ops_with
 from onnx2jax.runtime.placement_keys import SpecKey
+from onnx2jax.numerics import dot_precision
 from sharding import op_facts
 
 # Nodes a walk from a product's input goes back through (besides the normalisations), given one activation input.
@@ -168,7 +169,7 @@ def column_parallel(
         # an exported shard_map, so the same product is written as a dot batched over the stack's axis.
         view = jnp.reshape(weight, (weight.shape[0], count, weight.shape[1] // count))
         view = jax.lax.with_sharding_constraint(view, NamedSharding(mesh, PartitionSpec(None, columns, None)))
-        product = jnp.einsum("n...d,dnf->...nf", stacked, view, precision=jax.lax.Precision.HIGHEST)
+        product = jnp.einsum("n...d,dnf->...nf", stacked, view, precision=dot_precision(stacked, view))
     product, addend = gemm_terms(node, inputs, attrs, jnp.reshape(product, (*x.shape[:-1], weight.shape[1])))
     return [product if addend is None else (product + addend).astype(x.dtype)]
 
@@ -177,7 +178,7 @@ def _local_product(stack: jax.Array, weight: jax.Array) -> jax.Array:
     """One device's columns: its copy of x ([1, ..., D]) times its [D, F/n] slice of the weight, a plain 2-D
     product (a dot batched over the stack's axis had XLA on CPU copy every column weight, transposed, on every
     call: 98 MB of temporaries per device on a 336M Llama at TP 8, 1 MB this way)."""
-    return jnp.matmul(stack[0], weight, precision=jax.lax.Precision.HIGHEST)[None]
+    return jnp.matmul(stack[0], weight, precision=dot_precision(stack, weight))[None]
 
 
 def stack_of(values: list, count: int, columns: Any, mesh: jax.sharding.Mesh) -> list:

@@ -20,6 +20,7 @@ import numpy as np
 
 from onnx2jax.graph_runner import is_static
 from onnx2jax.ops.shapes import reshape_target
+from onnx2jax.numerics import dot_precision
 from sharding import op_facts
 
 if TYPE_CHECKING:
@@ -284,7 +285,7 @@ def _product(op_type: str, inputs: list, views: list, attrs: Mapping[str, Any]) 
     if op_type == "Gemm" and (attrs.get("transA") or attrs.get("transB")):
         return None
     x = inputs[0]
-    array = jnp.tensordot(x, weight.array, axes=([-1], [0]), precision=jax.lax.Precision.HIGHEST)
+    array = jnp.tensordot(x, weight.array, axes=([-1], [0]), precision=dot_precision(x, weight.array))
     if op_type == "Gemm":
         array = array * jnp.asarray(attrs.get("alpha", 1.0), array.dtype)
         bias = inputs[2] if len(inputs) > 2 else None

@@ -1,0 +1,126 @@
+"""The precision of every matrix product (`onnx2jax.numerics`): one option, read from the lowered StableHLO.
+
+* CPU, default: every ``dot_general`` of the tiny Llama and of three sharded minimal graphs (per-device
+  stacks, partial sums, fused-weight views: the products `onnx2jax.runtime` writes itself) carries
+  ``HIGHEST``, and the tiny Llama's logits still match onnxruntime's stored outputs;
+* ``precision="default"`` (and ``"high"``) reaches every one of those dots, and nothing else changes
+  on CPU (XLA's CPU product is float32 at any precision: same values as onnxruntime);
+* a TPU target (compile-only v5e devices from libtpu): ``"auto"`` keeps float32 products at ``HIGHEST``
+  and computes bfloat16 ones in one pass (``DEFAULT``); both programs compile for the TPU.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import onnxruntime as ort
+import pytest
+from minimal_graphs import fused_qkv_slices, gemm_gate_up, inputs_for, parallel_residual
+from onnx import TensorProto, helper, numpy_helper
+
+import onnx2jax
+from onnx2jax import numerics
+from onnx2jax.runtime.constraints import ShardingHooks
+
+DATA = pathlib.Path(__file__).parents[1] / "data"
+DOT = re.compile(r"stablehlo\.(?:dot_general|convolution)\b[^\n]*")
+
+
+def _precisions(text: str) -> list[str]:
+    """Each product's precision in StableHLO text (``DEFAULT`` where none is written: XLA's default)."""
+    found = []
+    for line in DOT.findall(text):
+        m = re.search(r"precision = \[(\w+), (\w+)\]", line)
+        found.append(m.group(1) if m and m.group(1) == m.group(2) else ("DEFAULT" if m is None else "MIXED"))
+    return found
+
+
+def _llama():
+    inputs = dict(np.load(DATA / "tiny_llama.inputs.npz"))
+    expected = list(np.load(DATA / "tiny_llama.ort_outputs.npz").values())
+    return DATA / "tiny_llama.onnx", inputs, expected
+
+
+@pytest.mark.parametrize("precision", ["auto", "default"])
+def test_tiny_llama_every_dot_takes_the_option_and_values_match_onnxruntime(precision):
+    path, inputs, expected = _llama()
+    compiled = onnx2jax.compile(str(path), precision=precision)
+    found = _precisions(compiled.lower(**inputs).as_text())
+    assert len(found) >= 4  # q, k, v, o, MLP and attention products of each layer, and the head
+    assert set(found) == {"HIGHEST" if precision == "auto" else "DEFAULT"}, found
+    (logits,) = compiled(**inputs)[:1]
+    np.testing.assert_allclose(np.asarray(logits), expected[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("build", [parallel_residual, gemm_gate_up, fused_qkv_slices])
+@pytest.mark.parametrize("precision", ["auto", "high"])
+def test_sharded_products_take_the_option(build, precision, monkeypatch):
+    """Sharded on 8 devices, where onnx2jax writes the products itself (stacks, partial sums, views)."""
+    model = build()
+    used = []
+    for hook in ("_column_parallel", "_add_partials"):  # which of onnx2jax's own sharded products ran
+        original = getattr(ShardingHooks, hook)
+        monkeypatch.setattr(ShardingHooks, hook, lambda self, *a, _o=original, _h=hook: used.append(_h) or _o(self, *a))
+    x = inputs_for(model)["x"] if build is fused_qkv_slices else np.random.default_rng(0).normal(
+        size=(2, 16, 16) if build is parallel_residual else (12, 16)).astype(np.float32)
+    compiled = onnx2jax.compile(model, precision=precision)
+    found = _precisions(compiled.lower(x).as_text())
+    assert found and set(found) == {"HIGHEST" if precision == "auto" else "HIGH"}, found
+    assert used  # the program went through the sharded runtime's products, not jnp's alone
+    expected = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(np.asarray(compiled(x)[0]), expected[0], rtol=1e-4, atol=1e-4)
+
+
+def test_an_unknown_precision_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match="'auto', 'highest', 'high', 'default'.*'fastest'"):
+        onnx2jax.compile(str(DATA / "tiny_llama.onnx"), precision="fastest")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        onnx2jax.translate(str(DATA / "tiny_llama.onnx"), precision="bf16")
+
+
+def _products(dtype: int) -> object:
+    """y = Gemm(MatMul(x, w1), w2): two products, all in ``dtype``."""
+    rng = np.random.default_rng(1)
+    weights = []
+    for name, shape in (("w1", (8, 16)), ("w2", (16, 4))):
+        values = rng.normal(size=shape).astype(np.float32)
+        if dtype == TensorProto.BFLOAT16:
+            weights.append(helper.make_tensor(name, dtype, shape, values.ravel().tolist()))
+        else:
+            weights.append(numpy_helper.from_array(values, name))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Gemm", ["h", "w2"], ["y"])], "products",
+        [helper.make_tensor_value_info("x", dtype, [2, 8])], [helper.make_tensor_value_info("y", dtype, [2, 4])],
+        weights,
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.fixture(scope="module")
+def tpu_mesh():
+    topologies = pytest.importorskip("jax.experimental.topologies")
+    try:
+        devices = topologies.get_topology_desc("v5e:2x4", platform="tpu").devices
+    except Exception as error:  # noqa: BLE001 - libtpu absent or refusing: say which
+        pytest.skip(f"no compile-only TPU devices here (libtpu): {error}")
+    return jax.sharding.Mesh(np.array(devices), ("d",))
+
+
+@pytest.mark.parametrize("dtype, want", [(TensorProto.FLOAT, "HIGHEST"), (TensorProto.BFLOAT16, "DEFAULT")])
+def test_auto_on_a_tpu_keeps_float32_and_runs_bf16_in_one_pass(tpu_mesh, dtype, want):
+    model = onnx2jax.translate(_products(dtype))
+    replicated = jax.sharding.NamedSharding(tpu_mesh, jax.sharding.PartitionSpec())
+    jdtype = jnp.float32 if dtype == TensorProto.FLOAT else jnp.bfloat16
+    params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated) for k, v in model.params.items()}
+    x = jax.ShapeDtypeStruct((2, 8), jdtype, sharding=replicated)
+    with jax.set_mesh(tpu_mesh):
+        lowered = jax.jit(model.fn).lower(params, x)
+    assert _precisions(lowered.as_text()) == [want, want]
+    lowered.compile()  # the TPU compiler takes it
+    with numerics.on_platform("cpu"):  # the same model for a CPU: ONNX's float32 fidelity whatever the dtype
+        cpu = jax.jit(model.fn).lower({k: jnp.asarray(v) for k, v in model.params.items()}, jnp.zeros((2, 8), jdtype))
+    assert _precisions(cpu.as_text()) == ["HIGHEST", "HIGHEST"]
