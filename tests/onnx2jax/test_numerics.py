@@ -124,3 +124,37 @@ def test_auto_on_a_tpu_keeps_float32_and_runs_bf16_in_one_pass(tpu_mesh, dtype, 
     with numerics.on_platform("cpu"):  # the same model for a CPU: ONNX's float32 fidelity whatever the dtype
         cpu = jax.jit(model.fn).lower({k: jnp.asarray(v) for k, v in model.params.items()}, jnp.zeros((2, 8), jdtype))
     assert _precisions(cpu.as_text()) == ["HIGHEST", "HIGHEST"]
+
+
+INT4 = DATA / "genai" / "llama_gqa_int4" / "model.onnx"
+
+
+def test_int4_model_compiles_for_a_tpu_from_this_cpu_host(tpu_mesh):
+    """MatMulNBits picks its kernel by the program's platform: for a TPU mesh, the portable unpacking (the CPU
+    custom call has no TPU emitter), although jax's default backend here is the CPU."""
+    from onnx2jax.ops import nbits_kernel
+
+    model = onnx2jax.translate(str(INT4))
+    assert any(n.op_type == "MatMulNBits" for n in model.proto.graph.node)
+    batch, past, new = 8, 4, 3
+    sizes = {"batch_size": batch, "sequence_length": new, "total_sequence_length": past + new,
+             "past_sequence_length": past, "kv_cache_dim": 16}
+    rows = jax.sharding.NamedSharding(tpu_mesh, jax.sharding.PartitionSpec("d"))
+    replicated = jax.sharding.NamedSharding(tpu_mesh, jax.sharding.PartitionSpec())
+    inputs = {i.name: jax.ShapeDtypeStruct(tuple(sizes.get(d, d) for d in i.shape), i.dtype, sharding=rows)
+              for i in model.inputs}
+    params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated) for k, v in model.params.items()}
+    with jax.enable_x64(True), jax.set_mesh(tpu_mesh):
+        lowered = jax.jit(lambda p, values: model.fn(p, **values)).lower(params, inputs)
+    text = lowered.as_text()
+    assert nbits_kernel.TARGET not in text
+    assert "DEFAULT" not in _precisions(text)  # a float32 model: HIGHEST on the TPU too
+    compiled = lowered.compile()
+    assert compiled.as_text()  # the TPU executable's HLO
+    if nbits_kernel.available():  # and for a CPU mesh, the kernel is still what runs
+        cpu = jax.sharding.Mesh(np.array(jax.devices()[:1]), ("d",))
+        with jax.enable_x64(True), jax.set_mesh(cpu):
+            on_cpu = jax.jit(lambda p, values: model.fn(p, **values)).lower(
+                {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in model.params.items()},
+                {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inputs.items()})
+        assert nbits_kernel.TARGET in on_cpu.as_text()
