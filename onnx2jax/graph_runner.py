@@ -8,7 +8,10 @@ evaluated at trace time, with numpy where :mod:`onnx2jax.host_fold` gives
 jax's exact result (integer and boolean shape and mask arithmetic: no small
 XLA program compiled per op), under ``jax.ensure_compile_time_eval``
 otherwise, so that Shape -> Gather -> Concat -> Reshape chains fold into
-numpy and Reshape/Expand/Slice/Tile get static arguments.
+numpy and Reshape/Expand/Slice/Tile get static arguments. A folded result
+over ``FOLD_LIMIT_BYTES`` that no shape depends on (a causal mask
+``[B, 1, S, S]``) is computed in the program instead: a folded value that a
+traced op reads becomes a constant baked into the executable.
 
 Also here, what the translator asks of a graph before running it: its opsets
 (:func:`opsets_of`), the ops it lacks (:func:`unsupported_ops`), the names
@@ -251,6 +254,15 @@ def to_jax(value: Any) -> Any:
     return value
 
 
+FOLD_LIMIT_BYTES = 1 << 16
+"""A node computed from constants alone is folded while tracing only while its outputs stay within this many
+bytes; a larger one (a causal mask ``[B, 1, S, S]``: 4 MiB at [1, 2048], 512 MiB at [128, 2048]) runs in the
+program, unless a shape depends on its value. A folded value is baked into the executable as a constant: the
+program's size, the compiler's host memory and its compile time grow with it, whereas computing a mask from
+its small folded inputs (positions, lengths) costs the device one elementwise pass. Shape chains, positions
+and the rotary tables of a sequence (8 KiB at 2048) stay below it and keep folding."""
+
+
 class GraphRunner:
     """Evaluates one graph (and its subgraphs) over an environment of values."""
 
@@ -259,6 +271,8 @@ class GraphRunner:
         self.hooks = hooks
         self.scan_strict = scan_strict
         self.scan_note = ""
+        self._root: onnx.GraphProto | None = None  # the outermost graph run, for _sets_shapes
+        self._shape_names: set[str] | None = None
 
     def run(self, graph: onnx.GraphProto, env: dict[str, Any], scan: _scan.ScanPlan | None = None) -> list:
         """Runs every node of ``graph`` in ``env`` (updated in place); returns its outputs.
@@ -267,6 +281,8 @@ class GraphRunner:
         ``lax.scan`` (:mod:`onnx2jax.scan`); ``self.scan_note`` then says
         whether they had to run unrolled instead, and why.
         """
+        if self._root is None:
+            self._root = graph
         if scan is not None and scan.active:
             self.scan_note = _scan.run(scan, graph, self.run_nodes, env, strict=self.scan_strict)
         else:
@@ -371,6 +387,8 @@ class GraphRunner:
                     with jax.ensure_compile_time_eval():
                         result = impl.fn(*args, **attrs)
                 result = _as_static(result)
+                if _over_fold_limit(result) and not self._sets_shapes(node):
+                    result = impl.fn(*args, **attrs)  # in the program, from its small folded inputs
             else:
                 result = impl.fn(*args, **attrs)
         except (NodeError, UnsupportedOpError):
@@ -383,6 +401,21 @@ class GraphRunner:
         if len(outputs) < len([o for o in node.output if o]):
             raise NodeError(f"{where}: produced {len(outputs)} outputs, the node names {len(node.output)}")
         return outputs[: len(node.output)]
+
+
+    def _sets_shapes(self, node: onnx.NodeProto) -> bool:
+        """Whether a shape depends on one of ``node``'s outputs (:func:`shape_setting_inputs`), so that
+        they must stay folded whatever their size; worked out once, the first time a fold is too large."""
+        if self._shape_names is None:
+            self._shape_names = shape_setting_inputs(self._root, self.opsets) if self._root is not None else set()
+        return any(name in self._shape_names for name in node.output if name)
+
+
+def _over_fold_limit(result: Any) -> bool:
+    """Whether a folded numeric result holds more than ``FOLD_LIMIT_BYTES`` (strings and sequences never move)."""
+    values = result if isinstance(result, (tuple, list)) else [result]
+    arrays = [v for v in values if isinstance(v, np.ndarray) and v.dtype.kind in "biufc"]
+    return len(arrays) == len(values) and sum(v.nbytes for v in arrays) > FOLD_LIMIT_BYTES
 
 
 def _symbolic_step(node: onnx.NodeProto, impl: OpImpl, args: list, inputs: list, attrs: dict[str, Any]) -> Any:

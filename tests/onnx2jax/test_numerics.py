@@ -158,3 +158,45 @@ def test_int4_model_compiles_for_a_tpu_from_this_cpu_host(tpu_mesh):
                 {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in model.params.items()},
                 {k: jax.ShapeDtypeStruct(v.shape, v.dtype) for k, v in inputs.items()})
         assert nbits_kernel.TARGET in on_cpu.as_text()
+
+
+HLO_WIDTH = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4,
+             "s64": 8, "u64": 8, "f64": 8}
+
+
+def _constants(text: str) -> dict[str, int]:
+    """Each constant's type in StableHLO text -> its bytes (bool as one byte, as XLA holds ``pred``)."""
+    width = {"i1": 1, "i8": 1, "ui8": 1, "i16": 2, "bf16": 2, "f16": 2, "i32": 4, "ui32": 4, "f32": 4, "i64": 8,
+             "ui64": 8, "f64": 8}
+    found = {}
+    for kind in re.findall(r"stablehlo\.constant[^\n]*: tensor<([^>]*)>", text):
+        *dims, dtype = kind.split("x")
+        found[kind] = int(np.prod([int(d) for d in dims], dtype=np.int64)) * width[dtype]
+    return found
+
+
+def test_a_large_causal_mask_is_computed_on_device_not_baked_into_the_program():
+    """The tiny Llama's mask [B, 1, S, S] is folded from constants at trace time; at [2, 1024] (2 MiB) it is
+    over the limit and computed in the program: no constant of the lowered or the compiled program is over
+    ``FOLD_LIMIT_BYTES``, and the logits match onnxruntime's. At [2, 16] (512 bytes) it still folds."""
+    from onnx2jax.graph_runner import FOLD_LIMIT_BYTES
+
+    model = onnx2jax.translate(str(DATA / "tiny_llama.onnx"))
+    small = np.zeros((2, 16), np.int64)
+    with jax.enable_x64(True):
+        folded = _constants(jax.jit(model.fn).lower(model.params, small).as_text())
+    assert "2x1x16x16xi1" in folded  # below the limit: the mask is a constant, as before
+    ids = np.random.default_rng(5).integers(0, 256, size=(2, 1024)).astype(np.int64)
+    with jax.enable_x64(True):
+        lowered = jax.jit(model.fn).lower(model.params, ids)
+        compiled = lowered.compile()
+    constants = _constants(lowered.as_text())
+    assert max(constants.values()) <= FOLD_LIMIT_BYTES, constants
+    hlo = re.findall(r"= (\w+)\[([0-9,]*)\]\{?[^ ]* constant\(", compiled.as_text())
+    hlo_bytes = [HLO_WIDTH[t] * int(np.prod([int(d) for d in dims.split(",") if d])) for t, dims in hlo]
+    assert max(hlo_bytes) <= FOLD_LIMIT_BYTES, hlo  # XLA did not fold the mask back in
+    session = ort.InferenceSession(str(DATA / "tiny_llama.onnx"), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {"input_ids": ids})[:1]
+    with jax.enable_x64(True):
+        (logits,) = compiled(model.params, ids)[:1]
+    np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-4, atol=1e-4)
