@@ -40,6 +40,7 @@ from onnx2jax import scan as _scan
 from onnx2jax import symbolic
 from onnx2jax.errors import NodeError, UnsupportedOpError
 from onnx2jax.hostvalues import is_host_value
+from onnx2jax.numerics import narrowed
 from onnx2jax.ops.registry import OpImpl, lookup
 from sharding import op_facts
 
@@ -397,6 +398,7 @@ class GraphRunner:
             error = NodeError(f"{where}: {type(e).__name__}: {e}")
             error.node = node
             raise error from e
+        result = narrowed(result)  # a compute dtype's (onnx2jax.numerics): float32 results computed in it
         outputs = list(result) if isinstance(result, (tuple, list)) else [result]
         if len(outputs) < len([o for o in node.output if o]):
             raise NodeError(f"{where}: produced {len(outputs)} outputs, the node names {len(node.output)}")

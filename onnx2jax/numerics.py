@@ -1,4 +1,4 @@
-"""How a program computes: the precision of its matrix products and the platform it is compiled for.
+"""How a program computes: the precision of its matrix products, its compute dtype, and its platform.
 
 Every dot onnx2jax emits (MatMul, Gemm, Einsum, attention, convolution, the
 sharded products of :mod:`onnx2jax.runtime`) takes its ``precision`` from
@@ -16,6 +16,13 @@ Precision settings (``PRECISIONS``):
 - ``"high"``: ``HIGH`` (three bf16 passes on a TPU: about bf16x3, near float32).
 - ``"default"``: ``DEFAULT`` everywhere (one bf16 pass on a TPU, TF32 on recent GPUs;
   exact float32 on CPU, where XLA has no faster product).
+
+Compute dtype (``compute_dtype="bfloat16"``, or ``"float16"``; None: the model's own types): a float32
+export runs in that dtype. Its float32 parameters are held in it (half the bytes), its float32 inputs are
+cast to it on entry, every float32 value a node computes is cast to it (:func:`narrowed`: a Cast to float32,
+a float constant meeting a bf16 value, an op that computes in float32 inside), and the graph's outputs are
+cast back to the types the model declares. Values folded while tracing (positions, shapes) stay as they are,
+so a node that reads one computes in float32 before its result is narrowed.
 
 The platform of a program is that of its mesh's devices (compile-only TPU
 devices included), set by the program that traces (:func:`on_platform`); a
@@ -44,6 +51,10 @@ _FIXED = {
 
 _PRECISION: contextvars.ContextVar[str] = contextvars.ContextVar("onnx2jax_precision", default="auto")
 _PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("onnx2jax_platform", default=None)
+_COMPUTE: contextvars.ContextVar[np.dtype | None] = contextvars.ContextVar("onnx2jax_compute_dtype", default=None)
+
+COMPUTE_DTYPES = ("bfloat16", "float16")
+"""The values of the ``compute_dtype`` option besides None (module docstring)."""
 
 
 def checked_precision(setting: str) -> str:
@@ -105,3 +116,43 @@ def dot_precision(*operands: Any) -> jax.lax.Precision:
     if platform() == "tpu" and floats and all(_narrow(d) for d in floats):
         return jax.lax.Precision.DEFAULT
     return jax.lax.Precision.HIGHEST
+
+
+def checked_compute_dtype(setting: Any) -> np.dtype | None:
+    """``setting`` as a numpy dtype when it names one of ``COMPUTE_DTYPES`` (None stays None).
+
+    Raises:
+      ValueError: another value, naming the accepted ones.
+    """
+    if setting is None:
+        return None
+    try:
+        dtype = np.dtype(jnp.dtype(setting))
+    except TypeError:
+        dtype = None
+    if dtype is None or dtype.name not in COMPUTE_DTYPES:
+        raise ValueError(f"compute_dtype must be None or one of {', '.join(map(repr, COMPUTE_DTYPES))}, got {setting!r}")
+    return dtype
+
+
+@contextlib.contextmanager
+def compute_scope(dtype: np.dtype | None) -> Iterator[None]:
+    """Float32 values computed inside are narrowed to ``dtype`` (None: kept) by :func:`narrowed`."""
+    token = _COMPUTE.set(dtype)
+    try:
+        yield
+    finally:
+        _COMPUTE.reset(token)
+
+
+def narrowed(value: Any) -> Any:
+    """``value`` cast to the compute dtype of the program being traced when it is a float32 jax array
+    (or a tuple or list of values); anything else (numpy, integers, other floats, sequences of values) as is."""
+    dtype = _COMPUTE.get()
+    if dtype is None:
+        return value
+    if isinstance(value, (tuple, list)):
+        return type(value)(narrowed(v) for v in value)
+    if isinstance(value, jax.Array) and value.dtype == jnp.float32:
+        return value.astype(dtype)
+    return value

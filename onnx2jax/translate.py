@@ -20,8 +20,10 @@ from __future__ import annotations
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import onnx
+import onnx.helper
 import onnx.numpy_helper
 
 import onnx2jax.scan as _scan
@@ -44,7 +46,7 @@ from onnx2jax.graph_runner import (
 from onnx2jax.hostvalues import to_host
 from onnx2jax.input_checks import IndexCheck
 from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
-from onnx2jax.numerics import checked_precision, precision_scope
+from onnx2jax.numerics import checked_compute_dtype, checked_precision, compute_scope, narrowed, precision_scope
 from onnx2jax.placing import holding
 from onnx2jax.xla_options import compiler_options
 from onnx2jax.x64 import x64_scope
@@ -104,9 +106,11 @@ class JaxModel:
         inferred: InferredModel | None = None,
         check_indices: bool = True,
         precision: str = "auto",
+        compute_dtype: str | None = None,
     ):
         self.proto = proto
         self.precision = checked_precision(precision)  # every product's, while tracing (onnx2jax.numerics)
+        self.compute_dtype = checked_compute_dtype(compute_dtype)
         self._inferred = inferred  # the model's shape inference, when a compile's plan has it
         graph = proto.graph
         topological_order(graph)  # a cycle is a ModelLoadError naming its nodes, not an undefined input later
@@ -125,6 +129,8 @@ class JaxModel:
                 self.constants[init.name] = array
         for sparse in graph.sparse_initializer:
             self.params[sparse.values.name] = _densify(sparse)
+        if self.compute_dtype is not None:  # held in the compute dtype: half a float32 export's bytes
+            self.params = {k: v.astype(self.compute_dtype) if v.dtype == np.float32 else v for k, v in self.params.items()}
         initialized = set(self.params) | set(self.constants)
         self.inputs = [input_info(i) for i in graph.input if i.name not in initialized]
         self.index_check = IndexCheck(proto, self.input_names, enabled=check_indices)  # input_checks: on each call
@@ -237,13 +243,24 @@ class JaxModel:
         self._require_x64()
         env: dict[str, Any] = dict(self.constants)
         env.update(params)
-        env.update(inputs)
         runner = GraphRunner(self.opsets, hooks, scan_strict=self._scan_setting is True)
-        with precision_scope(self.precision):
+        with precision_scope(self.precision), compute_scope(self.compute_dtype):
+            env.update({k: narrowed(v) for k, v in inputs.items()})
             outputs = runner.run(self.proto.graph, env, scan=self.scan)
         if runner.scan_note:
             self.scan_note = runner.scan_note
-        return tuple(to_jax(o) for o in outputs)
+        outputs = tuple(to_jax(o) for o in outputs)
+        return outputs if self.compute_dtype is None else self._declared_types(outputs)
+
+    def _declared_types(self, outputs: tuple) -> tuple:
+        """Outputs computed in the compute dtype, cast back to the float types the graph declares for them."""
+        cast = []
+        for info, value in zip(self.proto.graph.output, outputs):
+            elem = info.type.tensor_type.elem_type if info.type.HasField("tensor_type") else 0
+            declared = onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else None
+            floating = isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jnp.floating)
+            cast.append(value.astype(declared) if floating and declared is not None and declared != value.dtype else value)
+        return tuple(cast)
 
     def layers_report(self) -> str:
         """One line: whether the repeated layers run as one ``lax.scan``, and why (:mod:`onnx2jax.scan`)."""
@@ -263,14 +280,16 @@ class JaxModel:
         if segment.kind == "jit":
             # check_indices=False: this model's own call checked the graph's inputs (input_checks)
             sub = JaxModel(
-                model, external_dir, segmentable=False, scan_layers=False, check_indices=False, precision=self.precision
+                model, external_dir, segmentable=False, scan_layers=False, check_indices=False, precision=self.precision,
+                compute_dtype=self.compute_dtype,
             )
             self.segment_models.append(sub)
             return _named_runner(sub)
         self.segment_models.append(None)
         if any(n.op_type == "If" for n in model.graph.node):
             return if_step(model, lambda branch: _named_runner(
-                JaxModel(branch, external_dir, scan_layers=False, check_indices=False, precision=self.precision)))
+                JaxModel(branch, external_dir, scan_layers=False, check_indices=False, precision=self.precision,
+                         compute_dtype=self.compute_dtype)))
         constants = {i.name: initializer_array(i, external_dir) for i in model.graph.initializer}
         opsets = opsets_of(model)
 
@@ -417,7 +436,12 @@ def _densify(sparse: onnx.SparseTensorProto) -> np.ndarray:
 
 
 def translate(
-    model: ModelLike, *, scan_layers: _scan.ScanSetting = "auto", check_indices: bool = True, precision: str = "auto"
+    model: ModelLike,
+    *,
+    scan_layers: _scan.ScanSetting = "auto",
+    check_indices: bool = True,
+    precision: str = "auto",
+    compute_dtype: str | None = None,
 ) -> JaxModel:
     """Translates an ONNX model into a :class:`JaxModel`.
 
@@ -446,9 +470,12 @@ def translate(
       precision: the precision of every matrix product (:mod:`onnx2jax.numerics`):
         ``"auto"`` (float32 fidelity, ``HIGHEST``, except bf16 products on a TPU),
         ``"highest"``, ``"high"`` or ``"default"`` (docs/tpu-numerics.md).
+      compute_dtype: ``"bfloat16"`` (or ``"float16"``) runs a float32 export in that dtype: its float32
+        parameters held in it, inputs and every float32 value computed cast to it, outputs cast back to
+        the model's declared types (:mod:`onnx2jax.numerics`). None: the model's own types.
 
     Raises:
-      ValueError: ``precision`` is not one of those.
+      ValueError: ``precision`` or ``compute_dtype`` is not one of those.
       UnsupportedOpError: listing every unsupported op of the model at once.
       ModelLoadError: the file or its external data cannot be read safely.
 
@@ -456,7 +483,10 @@ def translate(
       >>> m = translate("tests/data/tiny_llama.onnx")   # doctest: +SKIP
       >>> (logits,) = m(np.zeros((1, 8), np.int64))     # doctest: +SKIP
     """
-    return JaxModel(*open_model(model), scan_layers=scan_layers, check_indices=check_indices, precision=precision)
+    return JaxModel(
+        *open_model(model), scan_layers=scan_layers, check_indices=check_indices, precision=precision,
+        compute_dtype=compute_dtype,
+    )
 
 
 def _uncommitted(array: np.ndarray) -> jax.Array:

@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 from jax.sharding import Mesh
 
 from onnx2jax.loading import ModelLike
-from onnx2jax.numerics import checked_precision
+from onnx2jax.numerics import checked_compute_dtype, checked_precision
 from onnx2jax.runtime.executable import Executable
 from onnx2jax.runtime.pipeline import compile_pipeline
 from onnx2jax.runtime.pipeline_schedules import PipelineSchedule
@@ -44,6 +44,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     plan: str | None = None,
     auto: Mapping[str, Any] | None = None,
     precision: str = "auto",
+    compute_dtype: str | None = None,
 ) -> Executable:
     """Compiles an annotated ONNX model for a device mesh.
 
@@ -92,6 +93,9 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         fidelity (``HIGHEST``) on CPU and GPU and for float32 products on a TPU,
         and computes bf16 products on a TPU in one MXU pass (``DEFAULT``);
         ``"highest"``, ``"high"`` or ``"default"`` set every product.
+      compute_dtype: ``"bfloat16"`` (or ``"float16"``): run a float32 export in
+        that dtype, its float32 parameters held in it and its outputs cast back
+        to the model's types (:mod:`onnx2jax.numerics`); None: the model's types.
 
     Returns:
       An :class:`~onnx2jax.runtime.executable.Executable` (``__call__``,
@@ -103,7 +107,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       segment sharded and the data-dependent nodes on the host between them.
 
     Raises:
-      ValueError: ``precision`` is not one of ``onnx2jax.numerics.PRECISIONS``.
+      ValueError: ``precision`` or ``compute_dtype`` is not one of ``onnx2jax.numerics``' choices.
       onnx2jax.errors.ConfigurationError (a ValueError): the configuration asked for is not in the
         model, or the model has several and none was asked for; it names those the model defines.
       sharding.ShardingError: the annotations have errors (each diagnostic
@@ -119,14 +123,17 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     """
     if plan is not None:
         return _planned(model, plan, devices, auto, mesh=mesh, check=check, microbatches=microbatches,
-                        scan_layers=scan_layers, check_indices=check_indices, precision=precision)
+                        scan_layers=scan_layers, check_indices=check_indices, precision=precision,
+                        compute_dtype=compute_dtype)
     if auto is not None:
         raise ValueError("compile(auto=...) goes with plan='auto'")
+    precision = checked_precision(precision)
+    checked_compute_dtype(compute_dtype)  # refused before the model is planned
     plan = make_plan(
         model, mesh, configuration=configuration, check=check, devices=devices, microbatches=microbatches,
         scan_layers=scan_layers,
     )
-    plan = dataclasses.replace(plan, precision=checked_precision(precision))
+    plan = dataclasses.replace(plan, precision=precision, compute_dtype=compute_dtype)
     if schedule is not None and plan.kind != "stages":
         raise ValueError(f"schedule={schedule!r} needs a model with pipeline stages; this one has none")
     if plan.kind == "stages":
@@ -135,7 +142,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         executable = compile_segmented(plan)
     else:
         translated = translate_for(
-            plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred, precision=plan.precision
+            plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred, precision=plan.precision,
+            compute_dtype=plan.compute_dtype,
         )
         executable = Compiled(translated, plan.program)
     executable.model.index_check.enabled = check_indices

@@ -193,7 +193,8 @@ def compile_stages(plan: Plan) -> tuple[list[Stage], Partition, PipelineModel]:
             program = program_plan(sub, None, Mesh(np.array(devices), ("d0",)))
         # check_indices=False: the pipeline's call checks the whole model's inputs (input_checks)
         translated = translate_for(
-            program, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False, precision=plan.precision
+            program, plan.external_dir, scan_layers=plan.scan_layers, check_indices=False, precision=plan.precision,
+            compute_dtype=plan.compute_dtype,
         )
         compiled = Compiled(translated, program)
         stage = Stage(stage_id, part.nodes[stage_id], group, compiled, part.inputs[stage_id], part.outputs[stage_id])

@@ -183,7 +183,8 @@ class Plan:
       devices: with ``mesh``, the flat mesh position of each configuration device.
       check, microbatches, scan_layers: as :func:`onnx2jax.compile` was given them.
       program: for ``kind == "whole"``, the program's analysis (inference, mesh, placements).
-      precision: the matrix products' precision every strategy translates with (:mod:`onnx2jax.numerics`).
+      precision, compute_dtype: the matrix products' precision and the compute dtype (None: the model's own)
+        every strategy translates with (:mod:`onnx2jax.numerics`).
     """
 
     proto: onnx.ModelProto
@@ -199,6 +200,7 @@ class Plan:
     scan_layers: ScanSetting
     program: ProgramPlan | None = None
     precision: str = "auto"
+    compute_dtype: str | None = None
 
     @property
     def shapes(self) -> Shapes | None:

@@ -426,7 +426,8 @@ def compile_segmented(plan: Plan) -> SegmentedCompiled:
       onnx2jax.errors.MeshMappingError: the segments' specs fit no single mesh.
     """
     model = JaxModel(
-        plan.proto, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred, precision=plan.precision
+        plan.proto, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred, precision=plan.precision,
+        compute_dtype=plan.compute_dtype,
     )
     segments = model.segment_plan
     configuration, mesh = plan.configuration, plan.mesh

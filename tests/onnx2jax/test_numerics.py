@@ -6,7 +6,10 @@
 * ``precision="default"`` (and ``"high"``) reaches every one of those dots, and nothing else changes
   on CPU (XLA's CPU product is float32 at any precision: same values as onnxruntime);
 * a TPU target (compile-only v5e devices from libtpu): ``"auto"`` keeps float32 products at ``HIGHEST``
-  and computes bfloat16 ones in one pass (``DEFAULT``); both programs compile for the TPU.
+  and computes bfloat16 ones in one pass (``DEFAULT``); both programs compile for the TPU;
+* the int4 fixture compiles for v5e:2x4 from this CPU host (MatMulNBits' kernel chosen by the program's platform);
+* a large folded causal mask is computed in the program, not baked in as a constant (``FOLD_LIMIT_BYTES``);
+* ``compute_dtype="bfloat16"``: a float32 zoo export held and computed in bf16, against onnxruntime.
 """
 
 from __future__ import annotations
@@ -200,3 +203,39 @@ def test_a_large_causal_mask_is_computed_on_device_not_baked_into_the_program():
     with jax.enable_x64(True):
         (logits,) = compiled(model.params, ids)[:1]
     np.testing.assert_allclose(np.asarray(logits), expected, rtol=1e-4, atol=1e-4)
+
+
+BF16_EPS = 2.0**-8  # bfloat16's machine epsilon (8 significand bits): one rounding moves a value by up to half of it
+
+
+@pytest.mark.parametrize("name", ["gpt2", "qwen2"])
+def test_compute_dtype_bfloat16_holds_bf16_weights_and_stays_within_bf16_error_of_onnxruntime(name):
+    """A float32 zoo export run in bfloat16: parameters held in bf16 (half the bytes), every product on bf16
+    operands, float32 logits out, and the logits within ``8 * eps * max|logit|`` of onnxruntime's float32 ones.
+
+    The tolerance: each of the two layers rounds its residual stream, norms and products to bf16 (relative
+    error eps/2 each, round to nearest) and the errors of a few such roundings add up; measured, these models
+    land at 0.6-0.7% of the largest logit, about 1.6-1.8 eps, so 8 eps (3.1%) bounds it with room. That the run
+    is really bf16 is checked too: its error is over 1e-3 of the largest logit, which a float32 run (within
+    1e-4 of onnxruntime in the zoo's tests) does not reach."""
+    inputs = dict(np.load(DATA / "zoo" / f"{name}.inputs.npz"))
+    expected = list(np.load(DATA / "zoo" / f"{name}.ort_outputs.npz").values())
+    compiled = onnx2jax.compile(str(DATA / "zoo" / f"{name}.onnx"), compute_dtype="bfloat16")
+    fp32 = onnx2jax.translate(str(DATA / "zoo" / f"{name}.onnx"))
+    assert {str(a.dtype) for a in compiled.params.values()} == {"bfloat16"}
+    assert sum(a.nbytes for a in compiled.params.values()) * 2 == sum(a.nbytes for a in fp32.params.values())
+    text = compiled.lower(**inputs).as_text()
+    products = DOT.findall(text)
+    assert products and all(re.search(r"\(tensor<[0-9x]*bf16>, tensor<[0-9x]*bf16>\)", p) for p in products), products
+    (logits,) = compiled(**inputs)[:1]
+    assert logits.dtype == np.float32  # the model's declared type
+    scale = float(np.abs(expected[0]).max())
+    error = float(np.abs(np.asarray(logits) - expected[0]).max())
+    assert error <= 8 * BF16_EPS * scale, (error, scale)
+    assert error > 1e-3 * scale  # bf16-sized, not float32-sized: the option took effect
+    np.testing.assert_array_equal(np.asarray(logits).argmax(-1), expected[0].argmax(-1))
+
+
+def test_an_unknown_compute_dtype_is_refused():
+    with pytest.raises(ValueError, match="compute_dtype must be None or one of 'bfloat16', 'float16', got 'int8'"):
+        onnx2jax.compile(str(DATA / "tiny_llama.onnx"), compute_dtype="int8")
