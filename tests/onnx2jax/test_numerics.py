@@ -55,6 +55,8 @@ def test_tiny_llama_every_dot_takes_the_option_and_values_match_onnxruntime(prec
     found = _precisions(compiled.lower(**inputs).as_text())
     assert len(found) >= 4  # q, k, v, o, MLP and attention products of each layer, and the head
     assert set(found) == {"HIGHEST" if precision == "auto" else "DEFAULT"}, found
+    if precision == "auto":
+        return  # its values against onnxruntime: tests/onnx2jax/test_fixtures.py
     (logits,) = compiled(**inputs)[:1]
     np.testing.assert_allclose(np.asarray(logits), expected[0], rtol=1e-4, atol=1e-4)
 
@@ -179,7 +181,7 @@ def _constants(text: str) -> dict[str, int]:
 
 
 def test_a_large_causal_mask_is_computed_on_device_not_baked_into_the_program():
-    """The tiny Llama's mask [B, 1, S, S] is folded from constants at trace time; at [2, 1024] (2 MiB) it is
+    """The tiny Llama's mask [B, 1, S, S] is folded from constants at trace time; at [2, 512] (512 KiB) it is
     over the limit and computed in the program: no constant of the lowered or the compiled program is over
     ``FOLD_LIMIT_BYTES``, and the logits match onnxruntime's. At [2, 16] (512 bytes) it still folds."""
     from onnx2jax.graph_runner import FOLD_LIMIT_BYTES
@@ -189,7 +191,7 @@ def test_a_large_causal_mask_is_computed_on_device_not_baked_into_the_program():
     with jax.enable_x64(True):
         folded = _constants(jax.jit(model.fn).lower(model.params, small).as_text())
     assert "2x1x16x16xi1" in folded  # below the limit: the mask is a constant, as before
-    ids = np.random.default_rng(5).integers(0, 256, size=(2, 1024)).astype(np.int64)
+    ids = np.random.default_rng(5).integers(0, 256, size=(2, 512)).astype(np.int64)
     with jax.enable_x64(True):
         lowered = jax.jit(model.fn).lower(model.params, ids)
         compiled = lowered.compile()
