@@ -9,7 +9,8 @@
   and computes bfloat16 ones in one pass (``DEFAULT``); both programs compile for the TPU;
 * the int4 fixture compiles for v5e:2x4 from this CPU host (MatMulNBits' kernel chosen by the program's platform);
 * a large folded causal mask is computed in the program, not baked in as a constant (``FOLD_LIMIT_BYTES``);
-* ``compute_dtype="bfloat16"``: a float32 zoo export held and computed in bf16, against onnxruntime.
+* ``compute_dtype="bfloat16"``: a float32 zoo export held and computed in bf16, against onnxruntime; for a
+  TPU, its products then lower in one bf16 pass.
 """
 
 from __future__ import annotations
@@ -241,3 +242,19 @@ def test_compute_dtype_bfloat16_holds_bf16_weights_and_stays_within_bf16_error_o
 def test_an_unknown_compute_dtype_is_refused():
     with pytest.raises(ValueError, match="compute_dtype must be None or one of 'bfloat16', 'float16', got 'int8'"):
         onnx2jax.compile(str(DATA / "tiny_llama.onnx"), compute_dtype="int8")
+
+
+def test_compute_dtype_on_a_tpu_runs_every_product_in_one_bf16_pass(tpu_mesh):
+    """The two options together, as a TPU user of a float32 export sets them: bf16 compute, and ``"auto"``
+    precision then lowers every product of the program for the TPU with ``DEFAULT`` (the float32 export
+    alone keeps ``HIGHEST``: the first test of this file)."""
+    model = onnx2jax.translate(str(DATA / "zoo" / "gpt2.onnx"), compute_dtype="bfloat16")
+    inputs = dict(np.load(DATA / "zoo" / "gpt2.inputs.npz"))
+    replicated = jax.sharding.NamedSharding(tpu_mesh, jax.sharding.PartitionSpec())
+    params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated) for k, v in model.params.items()}
+    values = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=replicated) for k, v in inputs.items()}
+    with jax.enable_x64(True), jax.set_mesh(tpu_mesh):
+        lowered = jax.jit(lambda p, v: model.fn(p, **v)).lower(params, values)
+    found = _precisions(lowered.as_text())
+    assert found and set(found) == {"DEFAULT"}, found
+    assert all(o.dtype == jnp.float32 for o in lowered.out_info)  # the model's declared output type
