@@ -258,3 +258,29 @@ def test_compute_dtype_on_a_tpu_runs_every_product_in_one_bf16_pass(tpu_mesh):
     found = _precisions(lowered.as_text())
     assert found and set(found) == {"DEFAULT"}, found
     assert all(o.dtype == jnp.float32 for o in lowered.out_info)  # the model's declared output type
+
+
+def test_pipeline_stages_take_both_options():
+    """A model with pipeline stages (the tiny Llama cut in two, one device each): each stage's program is
+    translated with the options, its parameters held in bf16, and the logits within the bf16 bound of
+    onnxruntime's (and bf16-sized: the stages really computed in bf16)."""
+    import onnx
+    from sharding.annotate import add_configuration, set_stage
+    from sharding.stages import auto_stages
+
+    model = onnx.load(DATA / "tiny_llama.onnx")
+    stage_of, _ = auto_stages(model, 2)
+    add_configuration(model, "pp", 2)
+    for node, stage in stage_of.items():
+        set_stage(model, node, stage, "pp")
+    compiled = onnx2jax.compile(model, precision="high", compute_dtype="bfloat16")
+    assert len(compiled.stages) == 2
+    for stage in compiled.stages:
+        assert stage.compiled.model.precision == "high" and stage.compiled.model.compute_dtype == jnp.bfloat16
+        assert {str(a.dtype) for a in stage.compiled.params.values()} == {"bfloat16"}
+    inputs = dict(np.load(DATA / "tiny_llama.inputs.npz"))
+    (expected,) = np.load(DATA / "tiny_llama.ort_outputs.npz").values()
+    (logits,) = compiled(**inputs)
+    scale = float(np.abs(expected).max())
+    error = float(np.abs(np.asarray(logits, np.float32) - expected).max())
+    assert 1e-3 * scale < error <= 8 * BF16_EPS * scale, (error, scale)
