@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx.helper
 from onnx import numpy_helper
 
 from onnx2jax.errors import ParameterError
@@ -153,7 +154,9 @@ def write_onnx(
     written = onnx.ModelProto()
     written.CopyFrom(proto)
     for tensor in written.graph.initializer:
-        tensor.CopyFrom(numpy_helper.from_array(np.asarray(values[tensor.name]), tensor.name))
+        # in the initializer's own type: a model run with a compute dtype holds its float32 weights in bf16
+        own = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        tensor.CopyFrom(numpy_helper.from_array(np.asarray(values[tensor.name]).astype(own, copy=False), tensor.name))
     if path is None:
         return written
     path = Path(path)

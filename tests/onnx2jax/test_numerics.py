@@ -284,3 +284,18 @@ def test_pipeline_stages_take_both_options():
     scale = float(np.abs(expected).max())
     error = float(np.abs(np.asarray(logits, np.float32) - expected).max())
     assert 1e-3 * scale < error <= 8 * BF16_EPS * scale, (error, scale)
+
+
+def test_a_bf16_run_writes_its_weights_back_in_the_models_own_types():
+    """``to_onnx`` of a model held in bf16 writes float32 initializers (the graph's types), holding the bf16
+    values: onnxruntime runs it, and its logits are those of the float32 model within the bf16 bound."""
+    compiled = onnx2jax.compile(str(DATA / "tiny_llama.onnx"), compute_dtype="bfloat16")
+    written = compiled.to_onnx()
+    original = {t.name: t.data_type for t in onnx2jax.translate(str(DATA / "tiny_llama.onnx")).proto.graph.initializer}
+    assert {t.name: t.data_type for t in written.graph.initializer} == original
+    inputs = dict(np.load(DATA / "tiny_llama.inputs.npz"))
+    (expected,) = np.load(DATA / "tiny_llama.ort_outputs.npz").values()
+    session = ort.InferenceSession(written.SerializeToString(), providers=["CPUExecutionProvider"])
+    (logits,) = session.run(None, inputs)
+    scale = float(np.abs(expected).max())
+    assert float(np.abs(logits - expected).max()) <= 8 * BF16_EPS * scale
