@@ -1,6 +1,6 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
-onnx2jax's own: `ModelLoadError` (defined in `sharding.model_arg`, which raises it too), `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
+onnx2jax's own: `ModelLoadError` (defined in `sharding.model_arg`, which raises it too), `ChipMemoryError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
 `ParameterError`, `ConfigurationError`, `CacheFolderError`, `ScheduleError`, `PipelineJitError`, `NotDifferentiableError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
@@ -22,6 +22,30 @@ from sharding.model_arg import ModelLoadError as ModelLoadError
 from sharding.mesh.layout import MeshMappingError as MeshMappingError
 from sharding.partition import BackwardEdgeError as BackwardEdgeError
 from sharding.text import SpecSyntaxError as SpecSyntaxError
+
+
+class ChipMemoryError(MemoryLimitError):
+    """A program compiled for a TPU chip needs more memory per chip than the chip has: the TPU compiler
+    refused it (XLA's RESOURCE_EXHAUSTED, translated by :func:`onnx2jax.runtime.tpu_report.compile_for_tpu`),
+    or its report's peak exceeds the chip's HBM. A :class:`MemoryLimitError`, as an automatic plan's is.
+
+    Attributes:
+      chip: the chip's version (``"v5e"``).
+      needed: bytes per chip the program needs (None where the compiler did not say).
+      available: bytes per chip it may use (the compiler's figure where it gave one, else the chip's HBM).
+      what: what needs them (``"the program's HLO temporaries"``).
+    """
+
+    def __init__(self, chip: str, needed: int | None, available: int, what: str = "the program"):
+        self.chip, self.needed, self.available, self.what = chip, needed, available, what
+        gib = 1 << 30
+        if needed is None:
+            head = f"{what} does not fit a TPU {chip} chip's memory ({available / gib:.2f} GiB per chip)"
+        else:
+            head = (f"{what}: {needed:,} bytes ({needed / gib:.2f} GiB) per chip, over the "
+                    f"{available:,} bytes ({available / gib:.2f} GiB) a TPU {chip} chip offers, by "
+                    f"{(needed - available) / gib:.2f} GiB")
+        super().__init__(f"{head}: shard it over more chips, or make the batch or sequence smaller")
 
 
 class UnsupportedOpError(NotImplementedError):

@@ -1,0 +1,140 @@
+"""The TPU report (onnx2jax.runtime.tpu_report) of programs compiled for v5e topologies, against hand counts.
+
+Each program is compiled by libtpu's TPU compiler for compile-only devices
+(``jax.experimental.topologies``): nothing runs. Expected figures are counted by hand from the shapes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from onnx2jax.errors import ChipMemoryError, MemoryLimitError
+from onnx2jax.runtime.chips import CHIPS
+from onnx2jax.runtime.placement_keys import node_scope
+from onnx2jax.runtime.tpu_report import compile_for_tpu, tpu_report
+
+pytest.importorskip("libtpu")
+topologies = pytest.importorskip("jax.experimental.topologies")
+
+
+@pytest.fixture(scope="module")
+def mesh() -> Mesh:
+    devices = topologies.get_topology_desc("v5e:2x4", platform="tpu").devices
+    return Mesh(np.array(devices).reshape(8), ("x",))
+
+
+def _struct(shape, dtype, mesh, *spec):
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, P(*spec)))
+
+
+def test_row_parallel_all_reduce_bytes_and_node(mesh):
+    """[1024, 2048] @ [2048, 512] in bf16, contracted axis over 8 chips: one all-reduce of the [1024, 512]
+    partial product (1 MiB), at the node whose scope the product runs in; arguments a chip holds by hand."""
+
+    def f(a, b):
+        with jax.named_scope(node_scope("MatMul_0")):
+            return a @ b
+
+    a = _struct((1024, 2048), jnp.bfloat16, mesh, None, "x")
+    b = _struct((2048, 512), jnp.bfloat16, mesh, "x", None)
+    report = tpu_report(jax.jit(f, out_shardings=NamedSharding(mesh, P())).lower(a, b).compile())
+    assert report.chip is CHIPS["v5e"] and report.chips == 8 and report.slices == 1
+    assert report.totals() == {("all-reduce", "ICI"): (1, 1024 * 512 * 2)}
+    assert [c.node for c in report.collectives] == ["MatMul_0"]
+    assert report.memory.argument_bytes == 1024 * 256 * 2 + 256 * 512 * 2
+    assert report.memory.output_bytes == 1024 * 512 * 2
+    assert report.memory.fits and report.memory.peak_bytes >= report.memory.argument_bytes + report.memory.output_bytes
+    # per chip: the [1024, 256] @ [256, 512] product, and the all-reduce's 1024 * 512 additions
+    assert report.cost.flops == 2 * 1024 * 256 * 512 + 1024 * 512
+
+
+def test_all_gather_bytes_unattributed(mesh):
+    """Rows of a f32 [1024, 256] over 8 chips, gathered whole: 1 MiB per chip; no node scope, unattributed."""
+    a = _struct((1024, 256), jnp.float32, mesh, "x", None)
+    report = tpu_report(jax.jit(jnp.sin, out_shardings=NamedSharding(mesh, P())).lower(a).compile())
+    assert report.totals() == {("all-gather", "ICI"): (1, 1024 * 256 * 4)}
+    assert report.collectives[0].node is None
+
+
+def test_two_slices_gradient_all_reduce_is_dcn(mesh):
+    """Data parallel over two v5e:2x4 slices: the f32 [256, 128] gradient (131072 bytes) is summed across
+    the slices over DCN, each chip sending its eighth after a reduce-scatter within the slice."""
+    from jax.experimental import mesh_utils
+
+    devices = topologies.get_topology_desc("v5e:2x4", platform="tpu", num_slices=2).devices
+    hybrid = Mesh(mesh_utils.create_hybrid_device_mesh((1, 8), (2, 1), devices), ("data", "model"))
+
+    def grad(w, x):
+        return jax.grad(lambda w: jnp.sum((x @ w) ** 2))(w)
+
+    w = _struct((256, 128), jnp.float32, hybrid)
+    x = _struct((64, 256), jnp.float32, hybrid, ("data", "model"), None)
+    report = tpu_report(jax.jit(grad, out_shardings=NamedSharding(hybrid, P())).lower(w, x).compile())
+    assert report.slices == 2 and report.chips == 16
+    parameter_bytes = 256 * 128 * 4
+    dcn = [c for c in report.collectives if c.network == "DCN"]
+    assert [c.kind for c in dcn] == ["all-reduce"]
+    assert report.network_bytes("DCN") * 8 == parameter_bytes  # per slice of 8 chips: the parameter bytes
+    assert report.totals()[("reduce-scatter", "ICI")] == (1, parameter_bytes)
+
+
+def test_program_that_does_not_fit_names_chip_and_bytes(mesh):
+    """A f32 [65536, 131072] over 8 chips holds 4 GiB per chip before its temporaries; the compiler refuses
+    it on a v5e (16 GiB), and the refusal is ours, not XLA's RESOURCE_EXHAUSTED."""
+    a = _struct((65536, 131072), jnp.float32, mesh, "x", None)
+    lowered = jax.jit(lambda a: jnp.sin(a) @ a.T, out_shardings=NamedSharding(mesh, P("x", None))).lower(a)
+    with pytest.raises(MemoryLimitError) as caught:
+        compile_for_tpu(lowered, mesh.devices.flat[0], what="the test program")
+    error = caught.value
+    assert isinstance(error, ChipMemoryError) and error.chip == "v5e"
+    assert error.needed > error.available > 15 * (1 << 30)
+    assert error.needed > 65536 // 8 * 131072 * 4
+    assert "v5e" in str(error) and f"{error.needed:,} bytes" in str(error) and "RESOURCE_EXHAUSTED" not in str(error)
+
+
+def test_x64_split_custom_calls_added_back(mesh):
+    """int64 ids on a TPU: two X64Split custom calls, each taking exactly 1 s off the compiler's estimate.
+    The same gather with int32 ids has none; the corrected estimates agree within 10%."""
+    table = _struct((1024, 128), jnp.float32, mesh)
+
+    def estimate(dtype):
+        ids = _struct((128,), dtype, mesh)
+        return tpu_report(jax.jit(lambda i, t: t[i + 1]).lower(ids, table).compile()).cost
+
+    with jax.enable_x64(True):
+        wide = estimate(jnp.int64)
+    narrow = estimate(jnp.int32)
+    assert wide.x64_splits == 2 and narrow.x64_splits == 0
+    assert wide.compiler_seconds < -1.9 and wide.seconds == pytest.approx(wide.compiler_seconds + 2)
+    assert wide.seconds == pytest.approx(narrow.seconds, rel=0.1)
+
+
+@pytest.mark.parametrize("x64", [False, True])
+def test_scanned_loop_counted_per_trip(mesh, x64):
+    """Six [512, 2048] @ [2048, 2048] bf16 layers in a lax.scan: the compiler counts the loop's body once;
+    corrected, the FLOPs are the hand count (6 * 2 * 512 * 2048 * 2048) and those of the same layers
+    unrolled, and the time is the unrolled program's estimate within 25%. An int64 counter (x64) is
+    compared as two 32-bit halves."""
+    x = _struct((512, 2048), jnp.bfloat16, mesh)
+    ws = _struct((6, 2048, 2048), jnp.bfloat16, mesh)
+
+    def scanned(x, ws):
+        return jax.lax.scan(lambda x, w: (x @ w, None), x, ws)[0]
+
+    def unrolled(x, ws):
+        for i in range(6):
+            x = x @ ws[i]
+        return x
+
+    with jax.enable_x64(x64):
+        loop = tpu_report(jax.jit(scanned).lower(x, ws).compile()).cost
+    flat = tpu_report(jax.jit(unrolled).lower(x, ws).compile()).cost
+    hand = 6 * 2 * 512 * 2048 * 2048
+    assert loop.loops and loop.loops[0][1] == 6 and loop.compiler_flops == pytest.approx(hand / 6, rel=1e-3)
+    assert loop.flops == pytest.approx(hand, rel=1e-3) and flat.flops == pytest.approx(hand, rel=1e-3)
+    assert loop.seconds == pytest.approx(flat.seconds, rel=0.25)
+    assert loop.roofline_seconds == pytest.approx(hand / CHIPS["v5e"].peak_bf16_flops, rel=0.25)
