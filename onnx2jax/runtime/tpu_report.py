@@ -93,6 +93,17 @@ class TpuReport:
         """Bytes per chip per call over ``"ICI"`` or ``"DCN"``."""
         return sum(c.bytes for c in self.collectives if c.network == network)
 
+    def headline(self) -> list[str]:
+        """The figures a user reads first, as plain lines (as :func:`onnx2jax.cli.summary.headline`'s)."""
+        m = self.memory
+        fits = f"fits, {_gib(m.headroom_bytes)} free" if m.fits else f"does NOT fit, {_gib(-m.headroom_bytes)} over"
+        networks = ", ".join(f"{n} {self.network_bytes(n):,} bytes" for n in ("ICI", "DCN") if self.network_bytes(n))
+        return [
+            f"{self.chips} TPU {self.chip.name} chips: peak {_gib(m.peak_bytes)} of {_gib(m.hbm_bytes)} per chip ({fits})",
+            f"collectives per chip per call: {sum(c.count for c in self.collectives)} ({networks or 'no bytes'}); "
+            f"estimate {_seconds(self.cost.seconds)}, roofline {_seconds(self.cost.roofline_seconds)}",
+        ]
+
     def check_fits(self) -> None:
         """Raises :class:`ChipMemoryError` when the peak exceeds the chip's HBM."""
         if not self.memory.fits:
@@ -138,6 +149,18 @@ class TpuReport:
                           "by the compiler, counted per trip here")
         for note in cost.notes:
             console.print(f"note: {note}")
+
+
+def compile_and_report(lowered: Any, device: Any, *, what: str = "the program") -> tuple[Any, TpuReport]:
+    """Compiles a jax ``Lowered`` for TPU devices and reports it: (the ``Compiled``, its :class:`TpuReport`).
+
+    ``device`` is one of the program's devices (its chip's figures are used). A compile the chip's memory
+    cannot hold raises :class:`ChipMemoryError` (see :func:`compile_for_tpu`); one that compiles but whose
+    peak exceeds the chip's HBM is reported, not refused (:meth:`TpuReport.check_fits` refuses it).
+    """
+    chip = chip_of(device)
+    compiled = compile_for_tpu(lowered, chip, what=what)
+    return compiled, tpu_report(compiled, chip=chip)
 
 
 def tpu_report(compiled: Any, *, chip: Chip | None = None, hlo_text: str | None = None) -> TpuReport:
@@ -249,4 +272,6 @@ def _gib(n: int) -> str:
 
 
 def _seconds(s: float) -> str:
-    return f"{s * 1e3:.3f} ms" if s >= 1e-3 else f"{s * 1e6:.1f} us"
+    if abs(s) >= 1:
+        return f"{s:.3f} s"
+    return f"{s * 1e3:.3f} ms" if abs(s) >= 1e-3 else f"{s * 1e6:.1f} us"

@@ -6,10 +6,13 @@ Each program is compiled by libtpu's TPU compiler for compile-only devices
 
 from __future__ import annotations
 
+import io
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from rich.console import Console
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from onnx2jax.errors import ChipMemoryError, MemoryLimitError
@@ -50,6 +53,12 @@ def test_row_parallel_all_reduce_bytes_and_node(mesh):
     assert report.memory.fits and report.memory.peak_bytes >= report.memory.argument_bytes + report.memory.output_bytes
     # per chip: the [1024, 256] @ [256, 512] product, and the all-reduce's 1024 * 512 additions
     assert report.cost.flops == 2 * 1024 * 256 * 512 + 1024 * 512
+    console = Console(file=io.StringIO(), width=200)
+    report.render(console)
+    text = console.file.getvalue()
+    assert "all-reduce  ICI          1  1,048,576  MatMul_0" in text
+    assert "0.75 MiB  1.00 MiB" in text and "8 v5e chips" in text
+    assert "fits, 16.00 GiB free" in report.headline()[0]
 
 
 def test_all_gather_bytes_unattributed(mesh):
