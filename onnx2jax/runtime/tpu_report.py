@@ -53,7 +53,11 @@ class Collective:
 
 @dataclasses.dataclass(frozen=True)
 class Memory:
-    """Bytes per chip: the program's arguments, outputs and peak, against the chip's HBM."""
+    """Bytes per chip: the program's arguments, outputs and peak, against the chip's HBM.
+
+    As the chip holds them: a TPU layout pads each array's minor dimensions to its tiles (a f32 [2, 16, 32]
+    shard takes 16 KiB, not 4), so small or narrow shards take more than their elements' bytes.
+    """
 
     argument_bytes: int
     output_bytes: int
