@@ -14,6 +14,10 @@ runtime's), so capacities here are GiB. Bandwidths are decimal (10^9 bytes per s
 
 jax names a chip by its devices' ``device_kind`` (``"TPU v5 lite"`` is a v5e); :func:`chip_of` maps one to
 the other and refuses a kind it does not know, naming those it does.
+
+A jax device is a chip, but for v4 topologies of libtpu 0.0.42.1, whose devices are the chip's two
+TensorCores (``core_on_chip`` 0 and 1 at one ``coords``; the compiler offers each 15.25 GiB): there
+:meth:`Chip.per_device` halves the figures, HBM bandwidth included (the cores share it).
 """
 
 from __future__ import annotations
@@ -41,6 +45,15 @@ class Chip:
     hbm_bytes: int
     peak_bf16_flops: float
     hbm_bytes_per_second: float
+
+    def per_device(self, devices_per_chip: int) -> "Chip":
+        """This chip's share per jax device where a chip is ``devices_per_chip`` devices (v4's cores)."""
+        if devices_per_chip == 1:
+            return self
+        n = devices_per_chip
+        return dataclasses.replace(self, name=f"{self.name} (1/{n} chip)", hbm_bytes=self.hbm_bytes // n,
+                                   peak_bf16_flops=self.peak_bf16_flops / n,
+                                   hbm_bytes_per_second=self.hbm_bytes_per_second / n)
 
     def roofline_seconds(self, flops: float, bytes_accessed: float) -> float:
         """The least time a program of ``flops`` operations reading and writing ``bytes_accessed`` of HBM

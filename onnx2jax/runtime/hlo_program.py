@@ -106,7 +106,15 @@ class HloProgram:
 
     def users(self, name: str) -> list[Instruction]:
         """The instructions that take ``name`` as an operand."""
-        return [i for i in self.instructions.values() if name in i.operands]
+        return self._users.get(name, [])
+
+    @functools.cached_property
+    def _users(self) -> dict[str, list[Instruction]]:
+        users: dict[str, list[Instruction]] = {}
+        for instruction in self.instructions.values():
+            for operand in instruction.operands:
+                users.setdefault(operand, []).append(instruction)
+        return users
 
     def trip_count(self, loop: Instruction) -> int | None:
         """A ``while`` instruction's trip count, where the module docstring's rules know it."""

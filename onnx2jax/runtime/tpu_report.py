@@ -24,6 +24,8 @@ import dataclasses
 import re
 from typing import Any
 
+import numpy as np
+
 from onnx2jax.errors import ChipMemoryError
 from onnx2jax.runtime.chips import Chip, chip_of
 from onnx2jax.runtime.collective_sources import _KINDS, onnx_node
@@ -155,14 +157,14 @@ class TpuReport:
             console.print(f"note: {note}")
 
 
-def compile_and_report(lowered: Any, device: Any, *, what: str = "the program") -> tuple[Any, TpuReport]:
+def compile_and_report(lowered: Any, devices: Any, *, what: str = "the program") -> tuple[Any, TpuReport]:
     """Compiles a jax ``Lowered`` for TPU devices and reports it: (the ``Compiled``, its :class:`TpuReport`).
 
-    ``device`` is one of the program's devices (its chip's figures are used). A compile the chip's memory
+    ``devices``: the program's Mesh or devices (their chip's figures are used). A compile the chip's memory
     cannot hold raises :class:`ChipMemoryError` (see :func:`compile_for_tpu`); one that compiles but whose
     peak exceeds the chip's HBM is reported, not refused (:meth:`TpuReport.check_fits` refuses it).
     """
-    chip = chip_of(device)
+    chip = device_chip(devices)
     compiled = compile_for_tpu(lowered, chip, what=what)
     return compiled, tpu_report(compiled, chip=chip)
 
@@ -176,7 +178,7 @@ def tpu_report(compiled: Any, *, chip: Chip | None = None, hlo_text: str | None 
       hlo_text: the executable's HLO (default ``compiled.as_text()``).
     """
     devices = _devices(compiled)
-    chip = chip or chip_of(devices[0])
+    chip = chip or device_chip(devices)
     program = HloProgram(hlo_text if hlo_text is not None else compiled.as_text())
     stats = compiled.memory_analysis()
     peak = getattr(stats, "peak_memory_in_bytes", None)
@@ -225,15 +227,15 @@ def _collective(program: HloProgram, instruction: Instruction) -> tuple[str, str
     return kind, "ICI", max(result, program.operand_bytes(instruction))
 
 
-def compile_for_tpu(lowered: Any, chip: Chip | Any, *, what: str = "the program") -> Any:
+def compile_for_tpu(lowered: Any, devices: Chip | Any, *, what: str = "the program") -> Any:
     """``lowered.compile()``, with the TPU compiler's out-of-memory refusal raised as :class:`ChipMemoryError`.
 
     Args:
       lowered: a jax ``Lowered`` for TPU devices.
-      chip: the :class:`Chip` or one of the program's devices.
+      devices: the :class:`Chip`, or the program's Mesh or devices.
       what: the program, in words, for the message.
     """
-    chip = chip if isinstance(chip, Chip) else chip_of(chip)
+    chip = devices if isinstance(devices, Chip) else device_chip(devices)
     try:
         return lowered.compile()
     except Exception as e:  # jax's JaxRuntimeError; only RESOURCE_EXHAUSTED is ours to translate
@@ -257,6 +259,16 @@ def memory_error(message: str, chip: Chip, what: str = "the program") -> ChipMem
 
 def _bytes(number: str, unit: str) -> int:
     return int(float(number) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[unit])
+
+
+def device_chip(devices: Any) -> Chip:
+    """The chip figures per device of ``devices`` (a Mesh, or devices: :func:`onnx2jax.runtime.chips.chip_of`),
+    split where a chip is several of them (v4's TensorCores: :meth:`onnx2jax.runtime.chips.Chip.per_device`)."""
+    held = getattr(devices, "devices", devices)  # a Mesh's array, a topology's list, or the devices themselves
+    devices = list(np.asarray(held, dtype=object).flat)
+    chip = chip_of(devices[0])
+    places = {(getattr(d, "slice_index", 0), tuple(getattr(d, "coords", ()) or (d.id,))) for d in devices}
+    return chip.per_device(len(devices) // len(places))
 
 
 def _devices(compiled: Any) -> list[Any]:

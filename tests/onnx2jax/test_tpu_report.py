@@ -97,7 +97,7 @@ def test_program_that_does_not_fit_names_chip_and_bytes(mesh):
     a = _struct((65536, 131072), jnp.float32, mesh, "x", None)
     lowered = jax.jit(lambda a: jnp.sin(a) @ a.T, out_shardings=NamedSharding(mesh, P("x", None))).lower(a)
     with pytest.raises(MemoryLimitError) as caught:
-        compile_for_tpu(lowered, mesh.devices.flat[0], what="the test program")
+        compile_for_tpu(lowered, mesh, what="the test program")
     error = caught.value
     assert isinstance(error, ChipMemoryError) and error.chip == "v5e"
     assert error.needed > error.available > 15 * (1 << 30)
@@ -212,3 +212,19 @@ def test_tiny_llama_collectives_named_by_their_nodes(mesh):
     assert report.cost.x64_splits == 2
     hand = sum(v.nbytes // (8 if split(v) else 1) for v in model.params.values()) + ids.nbytes
     assert report.memory.argument_bytes >= hand
+
+
+def test_v4_topology_devices_are_cores():
+    """libtpu's v4 topologies give one device per TensorCore (two at each chip's coords): each gets half a
+    v4 chip's published figures (16 GiB of its 32), and the compiler's refusal names that share."""
+    devices = topologies.get_topology_desc("v4:2x2x1", platform="tpu").devices
+    v4 = Mesh(np.array(devices), ("x",))
+    assert len(devices) == 8
+    a = _struct((8 * 16384, 131072), jnp.float32, v4, "x", None)  # 8 GiB per device, and its sine as much again
+    lowered = jax.jit(lambda a: jnp.sin(a) * 2, out_shardings=NamedSharding(v4, P("x", None))).lower(a)
+    with pytest.raises(ChipMemoryError) as caught:
+        compile_for_tpu(lowered, v4)
+    assert caught.value.chip == "v4 (1/2 chip)" and caught.value.needed >= 16 << 30 > caught.value.available
+    small = _struct((8 * 128, 128), jnp.float32, v4, "x", None)
+    report = tpu_report(jax.jit(jnp.sin).lower(small).compile())
+    assert report.memory.hbm_bytes == CHIPS["v4"].hbm_bytes // 2 and report.chip.peak_bf16_flops == 275e12 / 2
