@@ -1,6 +1,6 @@
 """Every public exception of onnx2jax, in one module (jax-free).
 
-onnx2jax's own: `ModelLoadError` (defined in `sharding.model_arg`, which raises it too), `ChipMemoryError`, `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
+onnx2jax's own: `ModelLoadError` (defined in `sharding.model_arg`, which raises it too), `UnsupportedOpError`, `NodeError`, `PrecisionError`, `DeviceCountError`, `InputError`, `InputRangeError`,
 `ParameterError`, `ConfigurationError`, `CacheFolderError`, `ScheduleError`, `PipelineJitError`, `NotDifferentiableError`
 (and `BranchShapesDiffer`, the signal that cuts an If out as a host step). The jax-free ``sharding``
 package defines the errors of the formalism, re-exported here so that one import serves every caller:
@@ -9,6 +9,8 @@ that no one device mesh expresses), `BackwardEdgeError` (a partition with an edg
 and the requests an automatic plan refuses (`sharding.auto.errors`, all `AutoPlanError`): `MemoryLimitError`
 (no layout fits the memory per device; names the smallest that does), `DeviceSplitError` (the device count
 cannot split the model), `MeshShapeError` (a mesh shape that does not exist).
+
+`ChipMemoryError`, a `MemoryLimitError`, is a program compiled for a TPU chip that does not fit its memory.
 """
 
 from __future__ import annotations

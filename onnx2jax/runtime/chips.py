@@ -38,6 +38,7 @@ class Chip:
       hbm_bytes: HBM capacity per chip.
       peak_bf16_flops: peak bf16 floating-point operations per second per chip.
       hbm_bytes_per_second: HBM bandwidth per chip.
+      devices_per_chip: 1, or the jax devices sharing one chip's figures (:meth:`per_device`).
     """
 
     name: str
@@ -45,6 +46,7 @@ class Chip:
     hbm_bytes: int
     peak_bf16_flops: float
     hbm_bytes_per_second: float
+    devices_per_chip: int = 1
 
     def per_device(self, devices_per_chip: int) -> "Chip":
         """This chip's share per jax device where a chip is ``devices_per_chip`` devices (v4's cores)."""
@@ -53,7 +55,7 @@ class Chip:
         n = devices_per_chip
         return dataclasses.replace(self, name=f"{self.name} (1/{n} chip)", hbm_bytes=self.hbm_bytes // n,
                                    peak_bf16_flops=self.peak_bf16_flops / n,
-                                   hbm_bytes_per_second=self.hbm_bytes_per_second / n)
+                                   hbm_bytes_per_second=self.hbm_bytes_per_second / n, devices_per_chip=n)
 
     def roofline_seconds(self, flops: float, bytes_accessed: float) -> float:
         """The least time a program of ``flops`` operations reading and writing ``bytes_accessed`` of HBM

@@ -11,6 +11,7 @@ or where its condition is ``counter < N`` against a constant ``N`` (how jax lowe
 ``fori_loop`` with static bounds on the TPU, the counter starting at 0 and stepping by 1; an int64 counter
 compared as two 32-bit halves included). Any other
 loop's trip count is unknown and its body counted once; :attr:`HloProgram.unknown_loops` names it.
+Each branch of a ``conditional`` counts as run whenever the conditional is: what a call runs at most.
 """
 
 from __future__ import annotations

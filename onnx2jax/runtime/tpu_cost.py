@@ -68,7 +68,8 @@ def corrected_cost(costs: Mapping[str, Any], program: HloProgram, chip: Chip) ->
     for loop, trips in program.loops():
         body = _body(loop)
         if trips is None:
-            notes.append(f"loop {loop.name} ({loop.op_name or 'no op_name'}): trip count unknown, its body counted once")
+            notes.append(f"loop {loop.name} ({loop.op_name or 'no op_name'}): trip count unknown, "
+                         "its body counted once")
             continue
         if trips <= 1 or body is None:
             continue

@@ -105,7 +105,8 @@ class TpuReport:
         fits = f"fits, {_gib(m.headroom_bytes)} free" if m.fits else f"does NOT fit, {_gib(-m.headroom_bytes)} over"
         networks = ", ".join(f"{n} {self.network_bytes(n):,} bytes" for n in ("ICI", "DCN") if self.network_bytes(n))
         return [
-            f"{self.chips} TPU {self.chip.name} chips: peak {_gib(m.peak_bytes)} of {_gib(m.hbm_bytes)} per chip ({fits})",
+            f"{self.chips} TPU {self.chip.name} chips: peak {_gib(m.peak_bytes)} of {_gib(m.hbm_bytes)} per chip "
+            f"({fits})",
             f"collectives per chip per call: {sum(c.count for c in self.collectives)} ({networks or 'no bytes'}); "
             f"estimate {_seconds(self.cost.seconds)}, roofline {_seconds(self.cost.roofline_seconds)}",
         ]
@@ -122,8 +123,10 @@ class TpuReport:
 
         console = console or Console()
         m, chip = self.memory, self.chip
-        where = f"{self.chips} {chip.name} chips" + (f" in {self.slices} slices" if self.slices > 1 else "")
-        memory = Table(title=f"memory per chip ({where}, {_gib(chip.hbm_bytes)} HBM each)", box=None, pad_edge=False)
+        unit = "chip" if chip.devices_per_chip == 1 else "device"
+        where = f"{self.chips} {chip.name} {unit}s" + (f" in {self.slices} slices" if self.slices > 1 else "")
+        memory = Table(title=f"memory per {unit} ({where}, {_gib(chip.hbm_bytes)} HBM each)", box=None,
+                       pad_edge=False)
         for column in ("arguments", "outputs", "peak", "HBM", "fits"):
             memory.add_column(column, justify="right")
         verdict = f"yes, {_gib(m.headroom_bytes)} free" if m.fits else f"NO, {_gib(-m.headroom_bytes)} over"
