@@ -150,9 +150,10 @@ class TpuReport:
             f"{chip.name} roofline {_seconds(cost.roofline_seconds)} "
             f"({chip.peak_bf16_flops / 1e12:g} TFLOP/s bf16, {chip.hbm_bytes_per_second / 1e9:g} GB/s)"
         )
-        if cost.x64_splits:
-            console.print(f"note: {cost.x64_splits} X64Split custom calls took {cost.x64_splits} s off the "
-                          "compiler's estimate; added back")
+        if cost.custom_calls:
+            named = ", ".join(sorted(set(cost.custom_calls)))
+            console.print(f"note: {len(cost.custom_calls)} custom calls ({named}) took 1 s each off the compiler's "
+                          "estimate; added back")
         for name, trips, body_flops in cost.loops:
             console.print(f"note: loop {name} runs {trips} times; its body ({body_flops:,.0f} FLOPs) was counted once "
                           "by the compiler, counted per trip here")
