@@ -10,7 +10,7 @@ A trip count is known where the ``while`` carries ``known_trip_count`` (the CPU 
 or where its condition is ``counter < N`` against a constant ``N`` (how jax lowers ``lax.scan`` and
 ``fori_loop`` with static bounds on the TPU, the counter starting at 0 and stepping by 1; an int64 counter
 compared as two 32-bit halves included). Any other
-loop's trip count is unknown and its body counted once; :attr:`HloProgram.unknown_loops` names it.
+loop's trip count is unknown (None) and its body counted once.
 Each branch of a ``conditional`` counts as run whenever the conditional is: what a call runs at most.
 """
 
@@ -99,7 +99,6 @@ class HloProgram:
                     self.computations[current].append(
                         Instruction(name, shape, opcode, tuple(operands), rest, current, line))
         self.instructions = {i.name: i for body in self.computations.values() for i in body}
-        self.unknown_loops: list[str] = []
 
     def operand_bytes(self, instruction: Instruction) -> int:
         """Bytes of an instruction's operands, from the shapes of the instructions that make them."""
@@ -159,11 +158,7 @@ class HloProgram:
         def visit(name: str, times: int) -> None:
             runs[name] = runs.get(name, 0) + times
             for instruction in self.computations.get(name, []):
-                trips = 1
-                if instruction.opcode == "while":
-                    trips = self.trip_count(instruction) or 1
-                    if self.trip_count(instruction) is None:
-                        self.unknown_loops.append(f"{instruction.name} ({instruction.op_name or 'no op_name'})")
+                trips = (self.trip_count(instruction) or 1) if instruction.opcode == "while" else 1
                 for called in instruction.called:
                     visit(called, times * trips)
 

@@ -19,7 +19,7 @@ compiler's own time estimate ``optimal_seconds``. Two things make them wrong for
   [1024, 1024] layers came out 1.47x the unrolled estimate.
 
 Loops whose trip count is unknown (:class:`onnx2jax.runtime.hlo_program.HloProgram`) stay counted
-once, and :attr:`Cost.notes` says so.
+once, and :attr:`Cost.notes` says so; so do loops inside a loop body, whose cost is not corrected.
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ def corrected_cost(costs: Mapping[str, Any], program: HloProgram, chip: Chip) ->
     for loop, trips in program.loops():
         body = _body(loop)
         if trips is None:
-            notes.append(f"loop {loop.name} ({loop.op_name or 'no op_name'}): trip count unknown, "
-                         "its body counted once")
+            notes.append(f"loop {loop.name} ({loop.op_name or 'no op_name'}): trip count unknown, its body "
+                         "(FLOPs, time, collectives) counted once")
             continue
         if trips <= 1 or body is None:
             continue

@@ -99,11 +99,19 @@ class TpuReport:
         """Bytes per chip per call over ``"ICI"`` or ``"DCN"``."""
         return sum(c.bytes for c in self.collectives if c.network == network)
 
+    def bytes_per_slice(self, network: str) -> int:
+        """Bytes per slice per call over ``network``: every chip of an SPMD program sends its own, so the
+        chips of a slice send :meth:`network_bytes` each (data parallel across slices: DCN's is the
+        gradient's bytes, the parameters' of one replica)."""
+        return self.network_bytes(network) * (self.chips // self.slices)
+
     def headline(self) -> list[str]:
         """The figures a user reads first, as plain lines (as :func:`onnx2jax.cli.summary.headline`'s)."""
         m = self.memory
         fits = f"fits, {_gib(m.headroom_bytes)} free" if m.fits else f"does NOT fit, {_gib(-m.headroom_bytes)} over"
         networks = ", ".join(f"{n} {self.network_bytes(n):,} bytes" for n in ("ICI", "DCN") if self.network_bytes(n))
+        if self.slices > 1:
+            networks += f"; DCN {self.bytes_per_slice('DCN'):,} bytes per slice"
         return [
             f"{self.chips} TPU {self.chip.name} chips: peak {_gib(m.peak_bytes)} of {_gib(m.hbm_bytes)} per chip "
             f"({fits})",

@@ -87,7 +87,9 @@ def test_two_slices_gradient_all_reduce_is_dcn(mesh):
     parameter_bytes = 256 * 128 * 4
     dcn = [c for c in report.collectives if c.network == "DCN"]
     assert [c.kind for c in dcn] == ["all-reduce"]
-    assert report.network_bytes("DCN") * 8 == parameter_bytes  # per slice of 8 chips: the parameter bytes
+    assert report.network_bytes("DCN") == parameter_bytes // 8  # each of a slice's 8 chips sends an eighth
+    assert report.bytes_per_slice("DCN") == parameter_bytes
+    assert f"DCN {parameter_bytes:,} bytes per slice" in report.headline()[1]
     assert report.totals()[("reduce-scatter", "ICI")] == (1, parameter_bytes)
 
 
