@@ -37,7 +37,7 @@ def array_bytes(shape: str) -> int:
     """
     total = 0
     for dtype, dims in _ARRAY.findall(shape):
-        bits = _BITS.get(dtype) or (8 if dtype.startswith("f8") else int(dtype[1:]))
+        bits = _BITS[dtype] if dtype in _BITS else 8 if dtype.startswith("f8") else int(dtype[1:])
         count = 1
         for d in filter(None, dims.split(",")):
             count *= int(d)

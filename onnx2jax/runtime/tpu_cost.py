@@ -119,10 +119,17 @@ def _body(loop: Any) -> str | None:
 
 
 def _generic_cost(module_text: str) -> dict[str, float]:
-    """XLA's generic cost analysis (HloCostAnalysis, on the CPU client) of HLO module text."""
+    """XLA's generic cost analysis (HloCostAnalysis, on the CPU client) of HLO module text.
+
+    jaxlib's ``hlo_module_cost_analysis`` and ``hlo_module_from_text`` are not public jax API (jax 0.10.2);
+    the compile-only TPU client refuses the analysis ("implemented for a PjRt-compatible backend only").
+    """
     import jax
     from jax._src.lib import xla_client
     from jaxlib import _hlo
 
-    client = jax.local_devices(backend="cpu")[0].client
+    try:
+        client = jax.local_devices(backend="cpu")[0].client
+    except RuntimeError:  # JAX_PLATFORMS without cpu (on a TPU host): the default backend's analysis
+        client = jax.local_devices()[0].client
     return xla_client._xla.hlo_module_cost_analysis(client, _hlo.hlo_module_from_text(module_text))

@@ -231,3 +231,27 @@ def test_v4_topology_devices_are_cores():
     small = _struct((8 * 128, 128), jnp.float32, v4, "x", None)
     report = tpu_report(jax.jit(jnp.sin).lower(small).compile())
     assert report.memory.hbm_bytes == CHIPS["v4"].hbm_bytes // 2 and report.chip.peak_bf16_flops == 275e12 / 2
+
+
+def test_loop_of_unknown_trip_count_is_named_not_corrected(mesh):
+    """A while loop whose bound is an argument: its trip count is not in the program, so its body stays
+    counted once (the FLOPs are the compiler's) and a note names the loop."""
+    x = _struct((ROWS, WIDTH), jnp.bfloat16, mesh)
+    w = _struct((WIDTH, WIDTH), jnp.bfloat16, mesh)
+    n = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, P()))
+
+    def loop(x, w, n):
+        return jax.lax.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 1, c[1] @ w), (0, x))[1]
+
+    cost = tpu_report(jax.jit(loop).lower(x, w, n).compile()).cost
+    assert cost.loops == () and cost.flops == cost.compiler_flops
+    assert len(cost.notes) == 1 and "trip count unknown" in cost.notes[0]
+
+
+def test_array_bytes_by_hand():
+    """Shapes of HLO text in bytes: a tuple's arrays summed, tokens none, 4-bit values packed two a byte."""
+    from onnx2jax.runtime.hlo_program import array_bytes
+
+    assert array_bytes("(f32[4,8,128]{2,1,0:T(8,128)}, u32[], token[])") == 4 * 8 * 128 * 4 + 4
+    assert array_bytes("bf16[2,3]{1,0:T(2,128)(2,1)}") == 12
+    assert array_bytes("pred[10]") == 10 and array_bytes("s4[3]") == 2 and array_bytes("f8e4m3fn[5]") == 5
