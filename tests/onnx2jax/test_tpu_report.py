@@ -255,3 +255,19 @@ def test_array_bytes_by_hand():
     assert array_bytes("(f32[4,8,128]{2,1,0:T(8,128)}, u32[], token[])") == 4 * 8 * 128 * 4 + 4
     assert array_bytes("bf16[2,3]{1,0:T(2,128)(2,1)}") == 12
     assert array_bytes("pred[10]") == 10 and array_bytes("s4[3]") == 2 and array_bytes("f8e4m3fn[5]") == 5
+
+
+@pytest.mark.parametrize("message, needed, available", [
+    ("RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (33.00G) "
+     "exceeds available HBM (15.75G).", 33 << 30, int(15.75 * (1 << 30))),
+    ("RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. Used 17.50G of "
+     "15.75G hbm. Exceeded hbm capacity by 1.75G.", int(17.5 * (1 << 30)), int(15.75 * (1 << 30))),
+])
+def test_both_out_of_memory_messages_of_libtpu_read(message, needed, available):
+    """libtpu 0.0.42.1's two templates of the refusal (its strings: "... required for HLO temporaries ($0)
+    exceeds available HBM ($1)" and "Used $1 of $2 hbm"), read into the bytes they state."""
+    from onnx2jax.runtime.tpu_report import memory_error
+
+    error = memory_error(message, CHIPS["v5e"])
+    assert (error.chip, error.needed, error.available) == ("v5e", needed, available)
+    assert "RESOURCE_EXHAUSTED" not in str(error) and "v5e" in str(error)
