@@ -113,7 +113,7 @@ class TpuReport:
         if self.slices > 1:
             networks += f"; DCN {self.bytes_per_slice('DCN'):,} bytes per slice"
         return [
-            f"{self.chips} TPU {self.chip.name} chips: peak {_gib(m.peak_bytes)} of {_gib(m.hbm_bytes)} per chip "
+            f"{self.chips} TPU {self.chip.name} chip{'s' if self.chips > 1 else ''}: peak {_gib(m.peak_bytes)} of {_gib(m.hbm_bytes)} per chip "
             f"({fits})",
             f"collectives per chip per call: {sum(c.count for c in self.collectives)} ({networks or 'no bytes'}); "
             f"estimate {_seconds(self.cost.seconds)}, roofline {_seconds(self.cost.roofline_seconds)}",
@@ -132,7 +132,8 @@ class TpuReport:
         console = console or Console()
         m, chip = self.memory, self.chip
         unit = "chip" if chip.devices_per_chip == 1 else "device"
-        where = f"{self.chips} {chip.name} {unit}s" + (f" in {self.slices} slices" if self.slices > 1 else "")
+        where = f"{self.chips} {chip.name} {unit}{'s' if self.chips > 1 else ''}"
+        where += f" in {self.slices} slices" if self.slices > 1 else ""
         memory = Table(title=f"memory per {unit} ({where}, {_gib(chip.hbm_bytes)} HBM each)", box=None,
                        pad_edge=False)
         for column in ("arguments", "outputs", "peak", "HBM", "fits"):
