@@ -271,3 +271,16 @@ def test_both_out_of_memory_messages_of_libtpu_read(message, needed, available):
     error = memory_error(message, CHIPS["v5e"])
     assert (error.chip, error.needed, error.available) == ("v5e", needed, available)
     assert "RESOURCE_EXHAUSTED" not in str(error) and "v5e" in str(error)
+
+
+def test_check_fits_refuses_a_peak_over_hbm():
+    """A report whose peak is 17 GiB on a v5e (16 GiB): not fitting by 1 GiB, and check_fits says so by name."""
+    from onnx2jax.runtime.tpu_cost import Cost
+    from onnx2jax.runtime.tpu_report import Memory, TpuReport
+
+    memory = Memory(argument_bytes=8 << 30, output_bytes=1 << 30, peak_bytes=17 << 30, hbm_bytes=16 << 30)
+    assert not memory.fits and memory.headroom_bytes == -(1 << 30)
+    report = TpuReport(CHIPS["v5e"], 8, 1, memory, (), Cost(0, 0, 0, 0, 0, (), (), 0, ()))
+    with pytest.raises(ChipMemoryError, match=r"18,253,611,008 bytes \(17.00 GiB\) per chip.*v5e.*by 1.00 GiB"):
+        report.check_fits()
+    assert "does NOT fit, 1.00 GiB over" in report.headline()[0]
