@@ -284,3 +284,32 @@ def test_check_fits_refuses_a_peak_over_hbm():
     with pytest.raises(ChipMemoryError, match=r"18,253,611,008 bytes \(17.00 GiB\) per chip.*v5e.*by 1.00 GiB"):
         report.check_fits()
     assert "does NOT fit, 1.00 GiB over" in report.headline()[0]
+
+
+def test_loop_body_the_analysis_cannot_read_is_named():
+    """A loop of known trip count whose body jaxlib cannot parse (an opcode that does not exist): its cost is
+    left as the compiler's and a note says why, rather than the report failing or correcting silently."""
+    from onnx2jax.runtime.hlo_program import HloProgram
+    from onnx2jax.runtime.tpu_cost import corrected_cost
+
+    text = """HloModule m
+
+%body (p: s32[]) -> s32[] {
+  %p = s32[] parameter(0)
+  ROOT %q = s32[] no-such-op(%p)
+}
+
+%cond (c: s32[]) -> pred[] {
+  %c = s32[] parameter(0)
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%c, %n), direction=LT
+}
+
+ENTRY %main (a: s32[]) -> s32[] {
+  %a = s32[] parameter(0)
+  ROOT %w = s32[] while(%a), condition=%cond, body=%body
+}
+"""
+    cost = corrected_cost({"flops": 7.0, "optimal_seconds": 1e-6}, HloProgram(text), CHIPS["v5e"])
+    assert (cost.flops, cost.seconds, cost.loops) == (7.0, 1e-6, ())
+    assert len(cost.notes) == 1 and "runs 3 times, but its body's cost could not be measured" in cost.notes[0]
