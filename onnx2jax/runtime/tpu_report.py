@@ -194,10 +194,8 @@ def tpu_report(compiled: Any, *, chip: Chip | None = None, hlo_text: str | None 
     chip = chip or device_chip(devices)
     program = HloProgram(hlo_text if hlo_text is not None else compiled.as_text())
     stats = compiled.memory_analysis()
-    peak = getattr(stats, "peak_memory_in_bytes", None)
-    if peak is None:  # where peak is not reported (a CPU executable): what is live at once, at most
-        peak = stats.argument_size_in_bytes + stats.output_size_in_bytes + stats.temp_size_in_bytes
-    memory = Memory(stats.argument_size_in_bytes, stats.output_size_in_bytes, int(peak), chip.hbm_bytes)
+    memory = Memory(stats.argument_size_in_bytes, stats.output_size_in_bytes, stats.peak_memory_in_bytes,
+                    chip.hbm_bytes)
     slices = len({getattr(d, "slice_index", 0) or 0 for d in devices})
     costs = compiled.cost_analysis()
     costs = costs[0] if isinstance(costs, (list, tuple)) else costs
