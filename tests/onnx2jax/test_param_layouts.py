@@ -155,3 +155,22 @@ def test_a_tp4_checkpoint_restores_on_one_device_and_back(programs, trained, tmp
         assert leaf.shape == want.shape and leaf.sharding.is_equivalent_to(placed.sharding, leaf.ndim)
         for shard in leaf.addressable_shards:
             np.testing.assert_array_equal(np.asarray(shard.data), want[shard.index])
+
+
+def test_an_nnx_modules_params_move_from_tp4_to_one_device(tmp_path) -> None:
+    from flax import nnx
+
+    from onnx2jax.nnx import from_onnx
+
+    source = from_onnx(megatron_plan(onnx.load(GPT2), 4))
+    target = from_onnx(onnx.load(GPT2))
+    for variable in nnx.state(source, nnx.Param)["params"].values():  # moved away from the ONNX weights both hold
+        variable[...] = variable[...] * 1.5 + 0.25
+    held = {k: np.asarray(v) for k, v in source.values().items()}
+    checkpoint.save(tmp_path / "module", nnx.state(source, nnx.Param), compiled=source.compiled)
+    like = nnx.state(target, nnx.Param)
+    nnx.update(target, checkpoint.restore(tmp_path / "module", like, compiled=target.compiled))
+    assert held[C_ATTN].shape == (64, 3, 64)
+    for name in target.compiled.trainable:
+        got = np.asarray(target.values()[name])
+        np.testing.assert_array_equal(got, held[name].reshape(got.shape), err_msg=name)
