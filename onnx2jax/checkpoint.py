@@ -49,6 +49,16 @@ def _orbax():
     return ocp
 
 
+def _layouts(compiled: Any) -> Any:
+    """``compiled`` when it can fold its parameters' layouts (a one-program ``Compiled``), else a TypeError."""
+    if not callable(getattr(compiled, "logical", None)) or not callable(getattr(compiled, "held", None)):
+        raise TypeError(
+            f"compiled= takes a one-program onnx2jax Compiled (it has logical and held), not "
+            f"{type(compiled).__name__}: a pipeline's stages or a run in segments hold their parameters apart"
+        )
+    return compiled
+
+
 def save(path: str | os.PathLike, state: Any, *, compiled: Compiled | None = None) -> None:
     """Writes ``state`` (a pytree of jax.Arrays, sharded or not) to the new directory ``path``, and waits for it.
 
@@ -61,13 +71,14 @@ def save(path: str | os.PathLike, state: Any, *, compiled: Compiled | None = Non
 
     Raises:
       ValueError: ``path`` exists (Orbax never overwrites).
+      TypeError: ``compiled`` has no ``logical`` (a pipeline's or a segmented run's program).
     """
     path = Path(path).absolute()
     if path.exists():
         raise ValueError(f"{path} exists: a checkpoint is written to a new directory")
     ocp = _orbax()
     if compiled is not None:
-        state = compiled.logical(state)
+        state = _layouts(compiled).logical(state)
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(path, state)
         checkpointer.wait_until_finished()
@@ -92,11 +103,12 @@ def restore(path: str | os.PathLike, like: Any, *, compiled: Compiled | None = N
 
     Raises:
       ValueError: a leaf's shape or dtype differs from the saved array's.
+      TypeError: ``compiled`` has no ``held`` (a pipeline's or a segmented run's program).
     """
     ocp = _orbax()
     abstract = jax.tree.map(_target, like)
     if compiled is not None:
-        abstract = compiled.logical(abstract)
+        abstract = _layouts(compiled).logical(abstract)
     with ocp.StandardCheckpointer() as checkpointer:
         restored = checkpointer.restore(Path(path).absolute(), abstract)
     return restored if compiled is None else compiled.held(restored)

@@ -174,3 +174,9 @@ def test_an_nnx_modules_params_move_from_tp4_to_one_device(tmp_path) -> None:
     for name in target.compiled.trainable:
         got = np.asarray(target.values()[name])
         np.testing.assert_array_equal(got, held[name].reshape(got.shape), err_msg=name)
+
+
+def test_compiled_must_be_a_one_program_compiled(tmp_path) -> None:
+    with pytest.raises(TypeError, match="one-program onnx2jax Compiled.*not list"):
+        checkpoint.save(tmp_path / "x", {"w": np.zeros(2, np.float32)}, compiled=[])
+    assert not (tmp_path / "x").exists()
