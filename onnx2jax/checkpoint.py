@@ -45,7 +45,10 @@ def _orbax():
     try:
         import orbax.checkpoint as ocp
     except ImportError as error:  # pragma: no cover - orbax comes with flax today
-        raise ImportError("onnx2jax.checkpoint needs orbax-checkpoint: pip install 'onnx2jax[train]'") from error
+        raise ImportError(
+            "onnx2jax.checkpoint needs orbax-checkpoint: pip install orbax-checkpoint"
+            " (or pip install -e '.[train]' from a clone of onnx2jax)"
+        ) from error
     return ocp
 
 
