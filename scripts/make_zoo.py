@@ -465,7 +465,8 @@ def readme(summaries, failures) -> str:
       "`NAME.ort_outputs.npz` onnxruntime's outputs for it (CPU, 1 thread); onnxruntime "
       "matches torch within 1e-4 on it and on a second shape.\n")
     w("`tests/onnx2jax/test_zoo.py` runs each model sharded with the Megatron plan on 8 fake "
-      "devices against these outputs.\n")
+      "devices against these outputs. `tests/onnx2jax/test_zoo_tpu.py` runs the `*_shared` "
+      "encoders at TP 4 (hand and automatic plans) and compiles the zoo for a TPU (v5e:2x4).\n")
     w("| model | source | for | size | nodes | parameters |\n| --- | --- | --- | --- | --- | --- |")
     for d in summaries:
         w(f"| {d['name']} | `{d['spec']['source']}` | {d['spec']['purpose']} | "
