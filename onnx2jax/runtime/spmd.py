@@ -150,7 +150,7 @@ class Compiled:
                 )
             scanned = per_layer_names(model.scan)  # each layer's parameters live only in the stacked copies
             params = {k: v for k, v in model.params.items() if k not in scanned}
-        self._store = ParameterStore(self.mesh, params, placements)
+        self._store = ParameterStore(self.mesh, params, placements, _readers(model.proto.graph, params))
         self.params = self._store.arrays
         if model.scan.active:
             self.params.update(place_stacked(model.proto, model.scan, placements, model._stacked, self.mesh))
@@ -459,6 +459,16 @@ class Compiled:
         return notes + self._store.notes()
 
 
+def _readers(graph: onnx.GraphProto, params: Mapping[str, Any]) -> dict[str, list[SpecKey]]:
+    """By parameter, every input of a node of ``graph`` that reads it (ParameterStore's readers)."""
+    readers: dict[str, list[SpecKey]] = {}
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name in params:
+                readers.setdefault(name, []).append(SpecKey(node.name, "in", position, name))
+    return readers
+
+
 def _trace(
     store: ParameterStore, model: JaxModel, plan: ProgramPlan, signature: _Signature, params: Mapping[str, Any],
     copies: Mapping[str, Any] | None, inputs: Mapping[str, Any],
@@ -482,6 +492,9 @@ def _trace(
         if copies is None:
             name = copy.rsplit("#", 1)[0]
             consumer_values[key] = store.logical(name, params[name])
+            if key not in signature.placements:  # no constraint of its own: read whole, as its stored copy
+                consumer_values[key] = jax.lax.with_sharding_constraint(
+                    consumer_values[key], store.placements[copy].sharding)
         else:
             consumer_values[key] = store.view(copy, copies[copy]) or store.logical(copy, copies[copy])
     if model.scan.active and signature.placements is not plan.placements:
