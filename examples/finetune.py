@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             import matplotlib
         except ImportError:
-            parser.error("--plot needs matplotlib: pip install 'onnx2jax[plot]'")
+            parser.error("--plot needs matplotlib: pip install matplotlib")
         matplotlib.use("Agg")
 
     compiled = onnx2jax.compile(megatron_plan(onnx.load(MODEL), 8), scan_layers=False)

@@ -20,8 +20,14 @@ is a module too, each variable on its own stage's devices; JAX cannot trace
 it whole (``nnx.jit`` of it raises ``PipelineJitError``), so its gradient is
 :meth:`OnnxModule.value_and_grad`, which runs the pipeline's schedule:
 
+>>> optimizer = nnx.Optimizer(module, per_device_group(optax.adam(1e-3)), wrt=nnx.Param)  # doctest: +SKIP
 >>> loss, grads = module.value_and_grad(loss_fn)(ids, loss_args=(ids,))   # doctest: +SKIP
 >>> optimizer.update(module, grads)                                        # doctest: +SKIP
+
+Its optimizer is wrapped in :func:`per_device_group` (exported here): each
+stage's state is made and updated by a program on that stage's devices. A bare
+``optax.adam`` fails there at the first update, since its bias correction is
+one jitted program over every stage's moments.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from flax import nnx
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.pipeline import PipelineCompiled
 from onnx2jax.runtime.spmd import Compiled
+from onnx2jax.runtime.train_step import per_device_group
 
 
 class Constant(nnx.Variable):
@@ -135,4 +142,4 @@ def from_onnx(
     return OnnxModule(compiled)
 
 
-__all__ = ["Constant", "OnnxModule", "from_onnx"]
+__all__ = ["Constant", "OnnxModule", "from_onnx", "per_device_group"]

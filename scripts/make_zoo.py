@@ -19,7 +19,8 @@ Every model is a transformers class built from a tiny config object in code, wit
 weights (`torch.manual_seed`); nothing is downloaded. As in scripts/make_fixtures.py,
 every constant-initialised parameter (norm weights of ones, zero biases) is perturbed so
 that each parameter is its own initializer (torch's optimizer deduplicates equal
-constants), and the per-node `pkg.torch.onnx.stack_trace` metadata is dropped (machine
+constants), except in the three `*_shared` encoders, which keep those shared initializers
+as an export of a freshly initialised model has them, and the per-node `pkg.torch.onnx.stack_trace` metadata is dropped (machine
 paths). Batch and sequence (or audio length) are symbolic in every export; images have a
 fixed size and a symbolic batch. The script checks onnx.checker (full), onnxruntime
 against torch within 1e-4 on the saved inputs and on a second shape.
@@ -216,16 +217,17 @@ def _t5():
     )
 
 
-def _vit():
+def _vit(heads=8, distinct=True):
     from transformers import ViTConfig, ViTForImageClassification
 
     config = ViTConfig(image_size=32, patch_size=8, num_channels=3, hidden_size=64,
-                       num_hidden_layers=2, num_attention_heads=8, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=heads, intermediate_size=128,
                        hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, num_labels=10,
                        attn_implementation="eager")
     torch.manual_seed(10)
     model = ViTForImageClassification(config).eval()
-    _distinct_params(model, 110)
+    if distinct:
+        _distinct_params(model, 110)
     return dict(
         model=model, config=config, source="transformers.ViTForImageClassification",
         purpose="vision transformer: Conv patch embedding (stride = kernel), class token, "
@@ -242,10 +244,10 @@ def _image(channels, size):
     return make
 
 
-def _wav2vec2():
+def _wav2vec2(heads=8, distinct=True):
     from transformers import Wav2Vec2Config, Wav2Vec2Model
 
-    config = Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=8,
+    config = Wav2Vec2Config(hidden_size=64, num_hidden_layers=2, num_attention_heads=heads,
                             intermediate_size=128, conv_dim=(32, 32, 32), conv_stride=(5, 2, 2),
                             conv_kernel=(10, 3, 3), num_conv_pos_embeddings=16,
                             num_conv_pos_embedding_groups=8, feat_extract_norm="group",
@@ -255,7 +257,8 @@ def _wav2vec2():
                             attn_implementation="eager")
     torch.manual_seed(11)
     model = Wav2Vec2Model(config).eval()
-    _distinct_params(model, 111)
+    if distinct:
+        _distinct_params(model, 111)
 
     def audio(batch, length, g):
         return torch.randn(batch, length, generator=g)
@@ -269,18 +272,19 @@ def _wav2vec2():
     )
 
 
-def _whisper_encoder():
+def _whisper_encoder(heads=8, distinct=True):
     from transformers import WhisperConfig
     from transformers.models.whisper.modeling_whisper import WhisperEncoder
 
     config = WhisperConfig(num_mel_bins=16, d_model=64, encoder_layers=2,
-                           encoder_attention_heads=8, encoder_ffn_dim=128,
+                           encoder_attention_heads=heads, encoder_ffn_dim=128,
                            max_source_positions=16, dropout=0.0, attention_dropout=0.0,
                            activation_dropout=0.0, encoder_layerdrop=0.0,
                            attn_implementation="eager")
     torch.manual_seed(14)
     model = WhisperEncoder(config).eval()
-    _distinct_params(model, 114)
+    if distinct:
+        _distinct_params(model, 114)
 
     def features(batch, g):  # the encoder takes exactly 2 * max_source_positions frames
         return torch.randn(batch, 16, 32, generator=g)
@@ -338,8 +342,26 @@ def _random_bn_stats(model, seed):
             m.running_var.copy_(1 + 0.1 * torch.rand(m.running_var.shape, generator=g))
 
 
+def _shared(build, what):
+    """``build``'s encoder with 4 heads and the initialisation transformers gives it (issue 41's exports)."""
+
+    def make():
+        spec = build(heads=4, distinct=False)
+        spec["purpose"] = (
+            f"{what} with 4 heads and transformers' own initialisation kept: the exporter folds the equal "
+            "constants into shared initializers (one [64] of zeros is every q/k/v bias, output bias and "
+            "LayerNorm bias; one of ones every LayerNorm weight), so a parameter feeds column-split "
+            "biases and LayerNorms alike, the first of which no spec reaches from the front end"
+        )
+        return spec
+
+    return make
+
+
 MODELS.update(roberta=_roberta, t5=_t5, vit=_vit, wav2vec2=_wav2vec2,
-              whisper_encoder=_whisper_encoder, resnet=_resnet, convnext=_convnext)
+              whisper_encoder=_whisper_encoder, resnet=_resnet, convnext=_convnext,
+              vit_shared=_shared(_vit, "ViT"), wav2vec2_shared=_shared(_wav2vec2, "Wav2Vec2"),
+              whisper_encoder_shared=_shared(_whisper_encoder, "Whisper's encoder"))
 
 
 class Wrapper(torch.nn.Module):
@@ -439,11 +461,12 @@ def readme(summaries, failures) -> str:
       "`torch.onnx.export(dynamo=True)`, opset 18, weights inline, symbolic batch and sequence "
       "(images: symbolic batch, fixed 32x32). Configs are built in code with random weights "
       "(nothing downloaded); constant-initialised parameters are perturbed so that no two "
-      "parameters share an initializer. `NAME.inputs.npz` is one seeded input set, "
+      "parameters share an initializer, except in the `*_shared` encoders. `NAME.inputs.npz` is one seeded input set, "
       "`NAME.ort_outputs.npz` onnxruntime's outputs for it (CPU, 1 thread); onnxruntime "
       "matches torch within 1e-4 on it and on a second shape.\n")
     w("`tests/onnx2jax/test_zoo.py` runs each model sharded with the Megatron plan on 8 fake "
-      "devices against these outputs.\n")
+      "devices against these outputs. `tests/onnx2jax/test_zoo_tpu.py` runs the `*_shared` "
+      "encoders at TP 4 (hand and automatic plans) and compiles the zoo for a TPU (v5e:2x4).\n")
     w("| model | source | for | size | nodes | parameters |\n| --- | --- | --- | --- | --- | --- |")
     for d in summaries:
         w(f"| {d['name']} | `{d['spec']['source']}` | {d['spec']['purpose']} | "

@@ -3,8 +3,13 @@ temporary folder outside the checkout.
 
 What runs:
 
-- Each ```python block runs in its own interpreter (a block may configure jax before it starts), with 8
-  fake CPU devices asked for through the environment, in a fresh empty folder. A block reaches the models
+- Each ```python block runs in its own interpreter with plain ``python``, as a user runs it, in a fresh
+  empty folder: no ``JAX_NUM_CPU_DEVICES`` (nor ``XLA_FLAGS``) is set for it, so a block that needs several
+  devices makes its fake CPU devices itself (``jax.config.update("jax_num_cpu_devices", 8)`` before jax
+  starts). ``JAX_PLATFORMS=cpu`` stays set (tests/conftest.py: this machine has libtpu but no TPU). A block
+  whose fence has ``<!-- continues the block above -->`` on the line above it runs after the runnable block
+  before it in the same file (and that block's own predecessors), in one interpreter: the chain runs once,
+  its first block not again alone. A block reaches the models
   it runs through onnx2jax's own accessors (``onnx2jax.demo_model_path()``, ``onnx2jax.data_path(...)``),
   never through a path of the checkout, and the files it writes stay in that folder. A block that appears
   word for word in several files (a README quickstart that is also its guide's first example) runs once.
@@ -37,6 +42,7 @@ README = ROOT / "README.md"
 DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
 TIMEOUT = 600
 NOT_RUN = re.compile(r"<!-- not run: (.+?) -->")
+CONTINUES = "<!-- continues the block above -->"
 
 
 def fenced_blocks(text: str) -> list[dict]:
@@ -59,6 +65,7 @@ def fenced_blocks(text: str) -> list[dict]:
             blocks.append({
                 "info": info, "code": "\n".join(lines[start:end]) + "\n", "heading": heading, "line": start,
                 "not_run": reason.group(1) if reason else None,
+                "continues": bool(index) and CONTINUES in lines[index - 1],
             })
             index = end
         index += 1
@@ -75,18 +82,36 @@ def _blocks(kinds: tuple[str, ...], *, runnable: bool = True) -> list[tuple[str,
 
 
 def python_blocks() -> list[tuple[str, str]]:
-    """(id, code) of each runnable ```python block, each distinct code once."""
+    """(id, code) of each runnable ```python block, each distinct code once; a block that continues the one
+    above is appended to that block's code (the chain's id is its first block's), which then runs only so."""
+    chains: list[list] = []  # [id, code, path]
+    for block_id, path, block in _blocks(("python",)):
+        if block["continues"]:
+            assert chains and chains[-1][2] == path, f"{block_id} continues no runnable python block above it"
+            chains[-1][1] += "\n" + block["code"]
+        else:
+            chains.append([block_id, block["code"], path])
     seen, unique = set(), []
-    for block_id, _, block in _blocks(("python",)):
-        if block["code"] not in seen:
-            seen.add(block["code"])
-            unique.append((block_id, block["code"]))
+    for block_id, code, _ in chains:
+        if code not in seen:
+            seen.add(code)
+            unique.append((block_id, code))
     return unique
 
 
 def test_the_readme_and_guides_have_blocks():
     assert len([b for b in fenced_blocks(README.read_text()) if b["info"] == "python"]) >= 3
     assert len(python_blocks()) >= 10 and len(_blocks(("bash", "sh"))) >= 8
+
+
+def test_a_block_that_continues_runs_after_the_one_above_and_not_alone():
+    text = "```python\nfirst = 1\n```\n\n<!-- continues the block above -->\n```python\nprint(first)\n```\n"
+    blocks = fenced_blocks(text)
+    assert [b["continues"] for b in blocks] == [False, True]
+    chains = {block_id: code for block_id, code in python_blocks()}
+    guide = next(code for block_id, code in chains.items() if block_id.startswith("pipeline-training-"))
+    assert "per_device_group(optax.adam" in guide and guide.index("compiled = ") < guide.index("train_step(")
+    assert not any(code.startswith("from flax import nnx") for code in chains.values())  # no follow-on alone
 
 
 def test_no_block_reads_a_file_of_the_checkout():
@@ -108,8 +133,7 @@ def test_blocks_not_run_say_why():
 @pytest.mark.parametrize(("block_id", "code"), python_blocks(), ids=[b[0] for b in python_blocks()])
 def test_python_block_runs(block_id, code, tmp_path):
     env = {
-        **os.environ,
-        "JAX_NUM_CPU_DEVICES": "8",
+        **{k: v for k, v in os.environ.items() if k not in ("JAX_NUM_CPU_DEVICES", "XLA_FLAGS")},
         "JAX_PLATFORMS": "cpu",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }

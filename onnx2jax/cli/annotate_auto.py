@@ -6,8 +6,9 @@ Examples::
     onnx2jax annotate model.onnx --auto --devices 8 --batch 16 --seq 512 --memory 16GB --objective train -o out.onnx
     onnx2jax explain model.onnx --auto --devices 8 --batch 16     # the same search and report, nothing written
 
-The search runs at this backend's rates when JAX sees the devices (measured once and cached:
-`onnx2jax.runtime.calibration`), else at the defaults; the winner is then compiled on those devices
+The devices are asked for as every ``--devices`` command asks (`onnx2jax.cli.options.request_devices`:
+fake CPU devices on a machine without accelerators). The search runs at this backend's rates when JAX
+sees the devices (measured once and cached: `onnx2jax.runtime.calibration`), else at the defaults; the winner is then compiled on those devices
 and its collectives compared with the prediction. The report (top candidates, predicted and measured
 cost, any difference) is printed as notes.
 """
@@ -19,7 +20,7 @@ import argparse
 import onnx
 
 from onnx2jax.cli.errors import UsageError
-from onnx2jax.cli.options import byte_count
+from onnx2jax.cli.options import byte_count, request_devices
 from sharding.auto import AutoPlanError, AutoReport, auto_plan
 from sharding.auto.cost import OBJECTIVES
 
@@ -79,7 +80,7 @@ def search(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Model
     devices = _mesh(args)
     if args.devices < 1:
         raise UsageError(f"--devices must be >= 1, got {args.devices}")
-    seen = len(jax.devices())
+    seen = len(request_devices(args.devices))  # fake CPU devices where the machine has no accelerator
     here = seen >= args.devices
     try:
         annotated, report = auto_plan(model, devices, batch=args.batch, seq=args.seq, memory_per_device=args.memory,

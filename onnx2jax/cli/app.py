@@ -58,6 +58,7 @@ def _finish(parser: argparse.ArgumentParser, sub: argparse._SubParsersAction) ->
     parser.description = f"{parser.description}\n\ncommands: {names} (onnx2jax COMMAND --help for each)"
     for child in sub.choices.values():
         child.description = _plain(child.description)
+        child.formatter_class = argparse.RawDescriptionHelpFormatter  # examples one per line, as written
         # SUPPRESS: absent from the namespace unless given, so the top-level flag stays.
         child.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
 

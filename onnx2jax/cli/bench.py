@@ -23,7 +23,7 @@ medians (onnx2jax / onnxruntime: below 1, onnx2jax is faster), the first call
 of each (onnx2jax: load + trace + compile + run, without the persistent
 compilation cache; onnxruntime: session creation + run) and the largest
 difference between their outputs. ``--plot`` needs matplotlib (``pip install
-'onnx2jax[plot]'``).
+matplotlib``; in a clone of onnx2jax, ``pip install -e '.[plot]'``).
 """
 
 from __future__ import annotations

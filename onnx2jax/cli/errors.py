@@ -59,12 +59,18 @@ def check_writable(option: str, path: str | None, suffix: str) -> None:
         raise UsageError(f"{option} {path}: folder {folder} does not exist")
 
 
+def install_hint(extra: str, packages: str) -> str:
+    """How to install one of onnx2jax's extras: the packages themselves, or the extra from a clone of the
+    repository (onnx2jax is on no package index, so ``pip install 'onnx2jax[EXTRA]'`` finds nothing)."""
+    return f"pip install {packages} (in a clone of onnx2jax: pip install -e '.[{extra}]')"
+
+
 def require_matplotlib(option: str = "--plot") -> None:
     """Fails before any long work when matplotlib (the ``plot`` extra) is missing."""
     try:
         import matplotlib  # noqa: F401 - optional: only tried here, imported for real by the plotting code
     except ImportError as e:
-        raise CliError(f"{option} needs matplotlib: pip install 'onnx2jax[plot]'") from e
+        raise CliError(f"{option} needs matplotlib: {install_hint('plot', 'matplotlib')}") from e
 
 
 def debug_requested(flag: bool = False) -> bool:

@@ -83,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument("--write", metavar="OUT.onnx", help="write the model with every inferred spec")
     parser.add_argument("--plot", metavar="OUT.png",
                         help="draw each tensor's tiles over the devices and the collectives per layer "
-                             "(needs matplotlib: pip install 'onnx2jax[plot]')")
+                             "(needs matplotlib: pip install matplotlib)")
     add_verbose_argument(parser, "the table of every node's written and inferred specs (also printed with "
                                  "--node or --placed) and every collective note")
     annotate_auto.add_arguments(parser, devices=True)

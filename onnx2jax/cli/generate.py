@@ -5,8 +5,11 @@ program's compile and the decode rate over the decode time only (docs/generation
 
 Examples::
 
-    onnx2jax generate tests/data/genai/llama_gqa --prompt-ids 1,17,230 --max-new-tokens 8
-    onnx2jax generate FOLDER --prompt "once upon a time" --sample --top-p 0.9 --seed 3
+    onnx2jax generate data:llama_gqa --prompt-ids 1,17,230 --max-new-tokens 8
+    onnx2jax generate data:llama_gqa --prompt "the small" --sample --top-p 0.9 --seed 3
+    onnx2jax generate FOLDER --prompt-ids 1,2,3 --devices 2    # a model folder of yours, tensor-parallel
+
+data:NAME is a model that ships with onnx2jax (onnx2jax data lists them).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 
 import numpy as np
 
-from onnx2jax.cli.errors import CliError, UsageError
+from onnx2jax.cli.errors import CliError, UsageError, install_hint
 from onnx2jax.cli.options import add_cache_arguments, ensure_devices, synchronous_cpu_dispatch
 from onnx2jax.runtime import compilation_cache
 from onnx2jax.runtime.compilation_cache import Lookups
@@ -196,7 +199,7 @@ def _tokenizer(folder: str):
     try:
         from tokenizers import Tokenizer
     except ImportError as e:
-        raise CliError("--prompt needs the tokenizers package: pip install 'onnx2jax[text]'") from e
+        raise CliError(f"--prompt needs the tokenizers package: {install_hint('text', 'tokenizers')}") from e
     return Tokenizer.from_file(path)
 
 

@@ -141,16 +141,47 @@ def limit_cpu_threads(count: int, chosen: bool = False) -> None:
         os.environ.setdefault(CPU_THREADS_ENV, str(count))
 
 
-def ensure_devices(count: int) -> None:
-    """Asks JAX for ``count`` CPU devices when the machine has fewer (before JAX starts)."""
+def _accelerator_visible() -> bool:
+    """Whether this machine shows a TPU chip or an NVIDIA or AMD GPU: JAX's own probes (they read ``/sys`` and
+    ``/dev`` and start nothing). Were they ever gone from jax, the answer is True: JAX then picks its platform
+    itself, as it would without the CLI."""
+    try:
+        from jax._src import hardware_utils as hw
+    except ImportError:
+        return True
+    probes = ("num_available_tpu_chips_and_device_id", "has_visible_nvidia_gpu", "num_available_amd_gpus")
+    if not all(hasattr(hw, name) for name in probes):
+        return True
+    return (hw.num_available_tpu_chips_and_device_id()[0] > 0 or hw.has_visible_nvidia_gpu()
+            or hw.num_available_amd_gpus(stop_at=1) > 0)
+
+
+def request_devices(count: int) -> list:
+    """Asks JAX for ``count`` devices before it starts, and returns the devices it then has.
+
+    Every sub-command that takes ``--devices`` starts JAX through here. Where the platform is left to JAX
+    (``JAX_PLATFORMS`` unset) and the machine shows no accelerator, the devices are fake CPU devices: JAX's
+    platform is set to ``cpu`` (else each start also tries a TPU when libtpu is installed, and warns), and
+    ``count`` CPU devices are asked for. With ``JAX_PLATFORMS=cpu`` only the latter; with another platform
+    chosen, or JAX already started, nothing is changed.
+    """
     import jax  # only the sub-commands that run a model start JAX
 
-    if os.environ.get("JAX_PLATFORMS", "") in ("", "cpu"):
+    platforms = jax.config.jax_platforms or ""
+    if platforms in ("", "cpu"):
         try:
             jax.config.update("jax_num_cpu_devices", count)
         except RuntimeError:
             pass  # the backend already started; jax.devices() says how many there are
-    have = jax.devices()
+        else:
+            if not platforms and not _accelerator_visible():
+                jax.config.update("jax_platforms", "cpu")
+    return jax.devices()
+
+
+def ensure_devices(count: int) -> None:
+    """:func:`request_devices`, refusing to go on with fewer than ``count`` devices."""
+    have = request_devices(count)
     if len(have) < count:
         raise CliError(
             f"{count} devices needed, JAX has {len(have)} ({have[0].platform}); pass --devices {len(have)}, "

@@ -3,11 +3,14 @@ over a paged KV cache; see docs/serving.md).
 
 Examples::
 
-    onnx2jax serve tests/data/genai/llama_gqa --port 8000 --max-batch 8
+    onnx2jax serve data:llama_gqa --port 8000 --max-batch 8
     curl localhost:8000/v1/completions -d '{"model": "llama_gqa", "prompt": "the small", "max_tokens": 8}'
+    onnx2jax serve FOLDER --devices 2    # a model folder of yours, tensor-parallel
 
-SIGTERM or Ctrl-C stops taking requests, lets those in flight finish (up to --shutdown-timeout seconds, then
-aborts them) and exits 0. Needs the 'serve' extra (starlette, uvicorn, tokenizers, jinja2).
+data:NAME is a model that ships with onnx2jax (onnx2jax data lists them). SIGTERM or Ctrl-C stops taking
+requests, lets those in flight finish (up to --shutdown-timeout seconds, then aborts them) and exits 0.
+Needs the 'serve' extra: starlette, uvicorn, tokenizers, jinja2 (in a clone of onnx2jax:
+pip install -e '.[serve]').
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import argparse
 import os
 import sys
 
-from onnx2jax.cli.errors import CliError
+from onnx2jax.cli.errors import CliError, install_hint
 from onnx2jax.cli.options import (CPU_THREADS_ENV, ensure_devices, limit_cpu_threads, serve_cpu_threads,
                                   synchronous_cpu_dispatch)
 
@@ -57,15 +60,18 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Loads the model, compiles its programs and serves until SIGTERM / SIGINT; exit 0 then."""
+    if not os.path.exists(args.model):
+        raise CliError(f"{args.model}: no such folder")
     if not os.path.isdir(args.model):
-        raise CliError(f"{args.model}: serve takes a model folder (with tokenizer.json)")
+        raise CliError(f"{args.model}: serve takes a model folder (with tokenizer.json), not a file")
     if args.cpu_threads is not None and args.cpu_threads < 1:
         raise CliError(f"--cpu-threads must be at least 1, got {args.cpu_threads}")
     try:
         from onnx2jax.serving.server import bind, build_app, serve
         from onnx2jax.serving.text import Text
     except ImportError as error:
-        raise CliError(f"onnx2jax serve needs the 'serve' extra (pip install 'onnx2jax[serve]'): {error}") from error
+        hint = install_hint("serve", "starlette uvicorn tokenizers jinja2")
+        raise CliError(f"onnx2jax serve needs the 'serve' extra ({hint}): {error}") from error
     from onnx2jax.runtime.search_options import folder_defaults
     from onnx2jax.serving.driver import EngineDriver
 

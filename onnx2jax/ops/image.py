@@ -4,7 +4,7 @@ XLA has no image codecs, and the decoded shape depends on the bytes, so the
 encoded input is a value known while tracing (a graph input feeding it is a
 compile-time constant, one compile per distinct image) and Pillow decodes it
 on the host, as ONNX's reference does. Pillow is an optional extra
-(``pip install onnx2jax[image]``), imported only when a model decodes an image.
+(``pip install -e '.[image]'`` from a clone, or ``pip install Pillow``), imported only when a model decodes an image.
 """
 
 from __future__ import annotations
@@ -22,7 +22,9 @@ def image_decoder(encoded, *, pixel_format):
     try:
         import PIL.Image
     except ImportError as e:
-        raise ImportError("ImageDecoder needs Pillow: pip install 'onnx2jax[image]' (or pip install Pillow)") from e
+        raise ImportError(
+            "ImageDecoder needs Pillow: pip install Pillow (or pip install -e '.[image]' from a clone of onnx2jax)"
+        ) from e
     image = PIL.Image.open(io.BytesIO(np.asarray(encoded, np.uint8).tobytes()))
     if pixel_format == "Grayscale":
         return np.asarray(image.convert("L"))[:, :, None]

@@ -3,7 +3,11 @@
 An initializer has no producer (proposal 0007): each consumer takes it in the
 spec written for that consumer, or unsharded. Exporters dedupe identical
 tensors, so one parameter may feed a column-split Linear and a replicated
-LayerNorm. Storing it once in the first consumer's layout would make every
+LayerNorm, or a LayerNorm that no spec reaches (a ViT's first one, after an
+unannotated front end): such a reader reads the whole parameter, never the
+split copy of another reader, which XLA would otherwise follow by computing the
+norm split and gathering it (an all-gather of its output on CPU, of the
+parameter on a TPU). Storing it once in the first consumer's layout would make every
 other consumer reshard a constant on every call; instead it is stored once per
 distinct layout its consumers ask for, each device receiving only its slice
 from the host. The extra copies count in the report's bytes per device.
@@ -60,6 +64,15 @@ def holdable_sharding(shape: tuple[int, ...], named: NamedSharding) -> NamedShar
     return NamedSharding(named.mesh, PartitionSpec())
 
 
+def _whole_copy(distinct: list[TensorPlacement], mesh: Mesh) -> int:
+    """The index in ``distinct`` of a replicated, unfused layout, appended when there is none."""
+    for index, placement in enumerate(distinct):
+        if not placement.fused and placement.sharding.is_fully_replicated:
+            return index
+    distinct.append(TensorPlacement(NamedSharding(mesh, PartitionSpec())))
+    return len(distinct) - 1
+
+
 class ParameterStore:
     """Every parameter on the mesh, one copy per distinct layout its consumers ask for.
 
@@ -67,7 +80,8 @@ class ParameterStore:
       arrays: by parameter name, the copy of its first annotated consumer
         (replicated when no consumer has a spec).
       copies: further copies by copy id (``"name#k"``), one per other layout.
-      consumer_copy: for each consumer input that reads a further copy, its id.
+      consumer_copy: for each consumer input that reads a further copy, its id
+        (a reader without a placement reads the whole parameter: a replicated copy).
       placements: the placement of every stored array (by name or copy id).
       layouts: stored arrays held unfused or padded, by name or copy id.
     """
@@ -77,7 +91,9 @@ class ParameterStore:
         mesh: Mesh,
         params: Mapping[str, np.ndarray],
         placements: Mapping[SpecKey, TensorPlacement],
+        readers: Mapping[str, list[SpecKey]] | None = None,
     ):
+        """``readers``: by parameter, every node input that reads it (those without a placement read it whole)."""
         self.arrays: dict[str, jax.Array] = {}
         self.copies: dict[str, jax.Array] = {}
         self.consumer_copy: dict[SpecKey, str] = {}
@@ -95,6 +111,12 @@ class ParameterStore:
                 index = distinct.index(placement)
                 if index:
                     self.consumer_copy[key] = f"{name}#{index}"
+            unplaced = [key for key in (readers or {}).get(name, []) if key not in placements]
+            if unplaced and distinct:
+                index = _whole_copy(distinct, mesh)
+                for key in unplaced:
+                    if index:
+                        self.consumer_copy[key] = f"{name}#{index}"
             self.arrays[name] = self._put(name, array, distinct[0] if distinct else None, mesh)
             for index, placement in enumerate(distinct[1:], start=1):
                 self.copies[f"{name}#{index}"] = self._put(f"{name}#{index}", array, placement, mesh)

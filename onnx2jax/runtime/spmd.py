@@ -38,6 +38,7 @@ from onnx2jax.errors import NodeError
 from onnx2jax.numerics import on_platform
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.constraints import ShardingHooks
+from onnx2jax.runtime.param_layouts import held_tree, logical_tree
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.call_keys import call_key
 from onnx2jax.runtime.fast_call import FastCall, moved_inputs
@@ -117,7 +118,9 @@ class Compiled:
         their first annotated consumer. A parameter with a fused-axis spec is
         held in its unfused shape (for example a [H, 2F] gate/up weight as
         [H, 2, F]); one whose sharded axes do not divide evenly is held
-        zero-padded. ``logical_params`` gives the ONNX shapes back.
+        zero-padded. ``logical_params`` gives the ONNX shapes back; ``logical``
+        and ``held`` move any tree keyed by parameter name (gradients,
+        optimizer state, a checkpoint) between the two.
       param_copies: further copies of parameters whose consumers want other
         layouts (``"name#k"``), so that no call reshards a constant.
       trainable: the keys of ``params`` to train (:mod:`onnx2jax.trainable`);
@@ -148,7 +151,7 @@ class Compiled:
                 )
             scanned = per_layer_names(model.scan)  # each layer's parameters live only in the stacked copies
             params = {k: v for k, v in model.params.items() if k not in scanned}
-        self._store = ParameterStore(self.mesh, params, placements)
+        self._store = ParameterStore(self.mesh, params, placements, _readers(model.proto.graph, params))
         self.params = self._store.arrays
         if model.scan.active:
             self.params.update(place_stacked(model.proto, model.scan, placements, model._stacked, self.mesh))
@@ -176,6 +179,26 @@ class Compiled:
     def logical_params(self) -> dict[str, jax.Array]:
         """The parameters in their ONNX shapes (fused views folded, padding removed)."""
         return self._logical_params(self.params)
+
+    def logical(self, tree: Any) -> Any:
+        """``tree`` with every leaf held in a stored layout folded to its ONNX initializer's shape.
+
+        ``tree``: parameters, gradients or optimizer state (optax's, keyed by
+        parameter name like ``params``), laid out as :attr:`params`; the result is
+        the same on every mesh (:mod:`onnx2jax.runtime.param_layouts`), so it is
+        what a portable checkpoint holds. ``logical(params)`` equals
+        :attr:`logical_params`; :meth:`held` is the inverse.
+        """
+        return logical_tree(self._store, self.params, tree)
+
+    def held(self, tree: Any) -> Any:
+        """``tree`` at the ONNX initializers' shapes laid out (unfused, padded) and placed as :attr:`params` holds it.
+
+        The inverse of :meth:`logical`: what this program's ``apply``, an
+        optimizer over its ``params`` or :meth:`to_onnx` take. Values may come
+        from another mesh or the host.
+        """
+        return held_tree(self._store, self.params, tree)
 
     @property
     def trainable(self) -> tuple[str, ...]:
@@ -437,6 +460,16 @@ class Compiled:
         return notes + self._store.notes()
 
 
+def _readers(graph: onnx.GraphProto, params: Mapping[str, Any]) -> dict[str, list[SpecKey]]:
+    """By parameter, every input of a node of ``graph`` that reads it (ParameterStore's readers)."""
+    readers: dict[str, list[SpecKey]] = {}
+    for node in graph.node:
+        for position, name in enumerate(node.input):
+            if name in params:
+                readers.setdefault(name, []).append(SpecKey(node.name, "in", position, name))
+    return readers
+
+
 def _trace(
     store: ParameterStore, model: JaxModel, plan: ProgramPlan, signature: _Signature, params: Mapping[str, Any],
     copies: Mapping[str, Any] | None, inputs: Mapping[str, Any],
@@ -460,6 +493,9 @@ def _trace(
         if copies is None:
             name = copy.rsplit("#", 1)[0]
             consumer_values[key] = store.logical(name, params[name])
+            if key not in signature.placements:  # no constraint of its own: read whole, as its stored copy
+                consumer_values[key] = jax.lax.with_sharding_constraint(
+                    consumer_values[key], store.placements[copy].sharding)
         else:
             consumer_values[key] = store.view(copy, copies[copy]) or store.logical(copy, copies[copy])
     if model.scan.active and signature.placements is not plan.placements:

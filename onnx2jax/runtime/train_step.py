@@ -14,6 +14,12 @@ its own optimizer state, created and updated by a program jitted on those
 devices, so no parameter and no moment ever leaves its stage. An optimizer
 that needs a statistic over every parameter (``optax.clip_by_global_norm``)
 sees one stage's parameters at a time there.
+
+:func:`per_device_group` is the same split as an optax transformation, for
+code that drives the optimizer itself (``nnx.Optimizer`` over a pipelined
+:class:`onnx2jax.nnx.OnnxModule`): a plain ``optax.adam`` there fails, since
+its jitted bias correction takes the moments of every stage at once and JAX
+refuses arrays of disjoint device sets in one program.
 """
 
 from __future__ import annotations
@@ -22,6 +28,68 @@ from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import optax
+
+
+def _device_groups(leaves: Sequence[Any]) -> list[list[int]]:
+    """The indices of ``leaves`` per set of devices holding them, in first-seen order."""
+    groups: dict[frozenset, list[int]] = {}
+    for index, leaf in enumerate(leaves):
+        groups.setdefault(frozenset(leaf.sharding.device_set), []).append(index)
+    return list(groups.values())
+
+
+def _only(treedef: Any, leaves: Sequence[Any], indices: Sequence[int]) -> Any:
+    """The tree with the leaves at ``indices`` and None (an empty subtree) everywhere else."""
+    keep = set(indices)
+    return treedef.unflatten([leaf if index in keep else None for index, leaf in enumerate(leaves)])
+
+
+def per_device_group(optimizer: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+    """``optimizer`` run once per group of parameters held by the same devices, each group's state on its devices.
+
+    ``init(params)`` splits the leaves of ``params`` by their device set (first
+    seen first) and returns a tuple of ``optimizer.init`` states, one per group,
+    each made by a program jitted on the group's devices (so scalars such as
+    Adam's step count live there too). ``update(updates, state, params)``
+    updates each group in a program jitted on its devices and returns the
+    updates as one tree. Each group is given the whole tree with the other
+    groups' leaves as None (empty subtrees), so masks and labels by name still
+    see the names. On one device set it is ``optimizer`` in one jitted program.
+
+    Args:
+      optimizer: any optax transformation; extra keyword arguments of its
+        ``update`` go to every group.
+
+    Raises:
+      ValueError: ``update`` got parameters split otherwise than ``init``'s
+        (another count of device groups).
+    """
+    init_group = jax.jit(optimizer.init)
+    update_group = jax.jit(optimizer.update)
+
+    def init(params: Any) -> tuple:
+        leaves, treedef = jax.tree.flatten(params)
+        return tuple(init_group(_only(treedef, leaves, group)) for group in _device_groups(leaves))
+
+    def update(updates: Any, state: tuple, params: Any = None, **extra: Any) -> tuple[Any, tuple]:
+        leaves, treedef = jax.tree.flatten(updates)
+        param_leaves = None if params is None else treedef.flatten_up_to(params)
+        groups = _device_groups(leaves if param_leaves is None else param_leaves)
+        if len(groups) != len(state):
+            raise ValueError(
+                f"per_device_group: the parameters lie on {len(groups)} device groups, the state was made for {len(state)}"
+            )
+        new_leaves: list[Any] = list(leaves)
+        new_state = []
+        for group, group_state in zip(groups, state):
+            group_params = None if param_leaves is None else _only(treedef, param_leaves, group)
+            group_updates, group_state = update_group(_only(treedef, leaves, group), group_state, group_params, **extra)
+            for index, leaf in zip(group, jax.tree.leaves(group_updates)):
+                new_leaves[index] = leaf
+            new_state.append(group_state)
+        return treedef.unflatten(new_leaves), tuple(new_state)
+
+    return optax.GradientTransformationExtraArgs(init, update)
 
 
 class TrainStep:
@@ -42,10 +110,8 @@ class TrainStep:
     @staticmethod
     def _groups(params: Mapping[str, Any]) -> list[list[str]]:
         """The parameter names per device set, in first-seen order."""
-        groups: dict[frozenset, list[str]] = {}
-        for name, value in params.items():
-            groups.setdefault(frozenset(value.sharding.device_set), []).append(name)
-        return list(groups.values())
+        names = list(params)
+        return [[names[index] for index in group] for group in _device_groups(list(params.values()))]
 
     def init(self, params: Mapping[str, Any]) -> tuple:
         """The optimizer state: one per device group of ``params``, each on its group's devices."""
@@ -69,4 +135,4 @@ def train_step(executable: Any, loss_fn: Callable[..., Any], optimizer: optax.Gr
     return TrainStep(executable, loss_fn, optimizer)
 
 
-__all__ = ["TrainStep", "train_step"]
+__all__ = ["TrainStep", "per_device_group", "train_step"]

@@ -45,4 +45,5 @@ def test_bench_plot_without_matplotlib_is_one_line_naming_the_extra(monkeypatch,
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
     assert main(["bench", str(DATA / "tiny_gpt2.onnx"), "--plot", str(tmp_path / "p.png")]) == 1
     err = capsys.readouterr().err.strip()
-    assert err == "onnx2jax bench: error: --plot needs matplotlib: pip install 'onnx2jax[plot]'"
+    assert err == ("onnx2jax bench: error: --plot needs matplotlib: pip install matplotlib "
+                   "(in a clone of onnx2jax: pip install -e '.[plot]')")

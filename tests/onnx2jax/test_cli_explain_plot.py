@@ -39,7 +39,8 @@ def test_plot_without_matplotlib_is_one_line_before_any_work(annotated, tmp_path
     # A missing model file would fail later: the extra is checked first.
     assert main(["explain", str(tmp_path / "missing.onnx"), "--plot", str(out)]) == 1
     captured = capsys.readouterr()
-    assert captured.err.strip() == "onnx2jax explain: error: --plot needs matplotlib: pip install 'onnx2jax[plot]'"
+    assert captured.err.strip() == ("onnx2jax explain: error: --plot needs matplotlib: "
+                                    "pip install matplotlib (in a clone of onnx2jax: pip install -e '.[plot]')")
     assert "Traceback" not in captured.err + captured.out
     assert not out.exists()
 

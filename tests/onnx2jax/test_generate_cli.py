@@ -124,7 +124,7 @@ def test_check_with_onnxruntime_genai(capsys):
 def test_text_prompt_without_tokenizers_says_which_extra(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if the 'text' extra were not installed
     assert main(["generate", str(GENAI / "llama_gqa"), "--prompt", "the small model"]) == 1
-    assert "pip install 'onnx2jax[text]'" in capsys.readouterr().err
+    assert "pip install tokenizers (in a clone of onnx2jax: pip install -e '.[text]')" in capsys.readouterr().err
 
 
 def test_text_prompt_is_tokenized_and_decoded(capsys):
