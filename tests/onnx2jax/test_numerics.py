@@ -299,3 +299,23 @@ def test_a_bf16_run_writes_its_weights_back_in_the_models_own_types():
     (logits,) = session.run(None, inputs)
     scale = float(np.abs(expected).max())
     assert float(np.abs(logits - expected).max()) <= 8 * BF16_EPS * scale
+
+
+def test_onnx2jax_compile_for_a_tpu_mesh_takes_the_platform_from_the_mesh(tpu_mesh):
+    """Through ``onnx2jax.compile`` on a mesh of compile-only TPU devices (parameters "placed" as sharded
+    ShapeDtypeStructs, as tests/onnx2jax/tpu_compile.py does until ``compile(target=...)`` does it): the
+    program's products follow the TPU's ``"auto"`` (bf16 compute: ``DEFAULT``), not the CPU host's."""
+    from unittest import mock
+
+    import onnx2jax.runtime.parameters
+
+    def abstract(array, sharding, shape=None):
+        return jax.ShapeDtypeStruct(tuple(array.shape if shape is None else shape), array.dtype, sharding=sharding)
+
+    inputs = dict(np.load(DATA / "zoo" / "gpt2.inputs.npz"))
+    with mock.patch.object(onnx2jax.runtime.parameters, "place", abstract):
+        compiled = onnx2jax.compile(str(DATA / "zoo" / "gpt2.onnx"), tpu_mesh, compute_dtype="bfloat16")
+    shardings = compiled.input_shardings({k: v.shape for k, v in inputs.items()})
+    values = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k]) for k, v in inputs.items()}
+    found = _precisions(compiled.lower(**values).as_text())
+    assert found and set(found) == {"DEFAULT"}, found
