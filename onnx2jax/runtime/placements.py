@@ -236,7 +236,9 @@ def holdable_output(shape: tuple[int, ...], placement: TensorPlacement) -> tuple
     device's 1/8, where replicating them all-gathers the whole logits onto
     every device). Only where no axis divides (a one-token decode step) do
     they replicate. The other axes keep their spec. A fused axis whose only
-    split sub-axis is its leading one is a plain split of the axis.
+    split sub-axis is its leading one, cut evenly, is a plain even split of the
+    axis; cut unevenly (``[{1, 2 shards}, {5, 1 shard}]``: device 0 holds all
+    5, device 1 nothing) it is neither a tile JAX can hold nor a split of the axis.
     """
     named = placement.sharding
     sizes = dict(named.mesh.shape)
@@ -244,14 +246,19 @@ def holdable_output(shape: tuple[int, ...], placement: TensorPlacement) -> tuple
     expanded = tuple(named.spec) + (None,) * (len(placement.expand(shape)) - len(named.spec))
     entries: list[tuple[str, ...]] = []
     bad: list[int] = []
+    uneven = False  # a bad axis is a plain split (or a fused one's leading sub-axis alone) that does not divide
     position = 0
     for axis, size in enumerate(shape):
         parts = expanded[position : position + len(fused.get(axis, (size,)))]
         position += len(parts)
         split = [i for i, entry in enumerate(parts) if entry is not None]
         entries.append(tuple(a for entry in parts for a in _mesh_axes(entry)))
-        if entries[axis] and (split != [0] if axis in fused else size % _ways(entries[axis], sizes)):
+        if entries[axis] and (
+            (split != [0] or fused[axis][0] % _ways(entries[axis], sizes)) if axis in fused
+            else size % _ways(entries[axis], sizes)
+        ):
             bad.append(axis)
+            uneven = uneven or axis not in fused or split == [0]
     if not bad:
         return (named if not fused else NamedSharding(named.mesh, _pspec(entries))), None
     moving = tuple(a for axis in bad for a in entries[axis])
@@ -266,7 +273,7 @@ def holdable_output(shape: tuple[int, ...], placement: TensorPlacement) -> tuple
     axes = ", ".join(f"axis {a} ({shape[a]})" for a in bad)
     why = (
         f"its spec splits {axes} over mesh axes {list(moving)}, "
-        + ("which do not divide it evenly (JAX holds no unevenly sharded array)" if any(a not in fused for a in bad)
+        + ("which do not divide it evenly (JAX holds no unevenly sharded array)" if uneven
            else "fused, so that its shards are not tiles of the ONNX tensor")
     )
     if target is not None:
