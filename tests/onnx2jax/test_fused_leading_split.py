@@ -122,22 +122,25 @@ def test_issue40_third_expanded_operand_of_add():
 
 
 @pytest.mark.parametrize(
-    "parts, held",
+    "parts, devices, held",
     [
-        ([(3, 2), (2, 1)], False),  # 6 as 3 x 2 shards: blocks [0, 4), [4, 6); a plain split is [0, 3), [3, 6)
-        ([(4, 2), (2, 1)], True),  # 8 as 4 x 2 shards: [0, 4), [4, 8), exactly a plain split: held as it
+        ([(3, 2), (2, 1)], [3, 6], False),  # 6 as 3 x 2 shards: blocks [0, 4), [4, 6); a plain split is [0, 3), [3, 6)
+        ([(4, 2), (2, 1)], [3, 6], True),  # 8 as 4 x 2 shards: [0, 4), [4, 8), exactly a plain split: held as it
+        ([(1, 1), (6, 2)], [3, 6], True),  # a size-1 sub-axis first changes nothing: [0, 3), [3, 6)
+        ([(2, 2), (6, 2)], [5, 1, 4, 0], True),  # both cut, the first into single rows: 4 blocks of 3, in order
+        ([(2, 2), (1, 2)], [5, 1, 4, 0], False),  # the 1 cut 2 ways: two devices hold nothing
     ],
-    ids=["uneven-sub-axis", "even-sub-axis"],
+    ids=["uneven-sub-axis", "even-sub-axis", "size-1-first", "two-cut-sub-axes", "size-1-cut"],
 )
-def test_output_fused_on_its_leading_sub_axis(parts, held):
+def test_output_fused_in_contiguous_blocks_is_a_plain_split(parts, devices, held):
     size = parts[0][0] * parts[1][0]
-    spec = _fused("out", 1, parts, [3, 6])
+    spec = _fused("out", 1, parts, devices)
     x = np.random.default_rng(0).standard_normal((4, size)).astype(np.float32)
     (out,), warned = _run(_abs([4, size], spec, 8), {"in2": x})
     if held:
         assert_placed(out, spec, np.abs(x))
         assert not warned, warned
     else:
-        # axis 1's mesh axis moves to axis 0 (4 rows divide by 2), in the spec's device order
-        assert_placed(out, ShardingSpec.split("out", {0: 2}, [3, 6]), np.abs(x))
-        assert any("'out'" in w and "do not divide it evenly" in w and "split on axis 0 instead" in w for w in warned)
+        # axis 1's mesh axes move to axis 0 (4 rows divide by 2 and by 4), in the spec's device order
+        assert_placed(out, ShardingSpec.split("out", {0: len(devices)}, devices), np.abs(x))
+        assert any("'out'" in w and "split on axis 0 instead" in w for w in warned), warned
