@@ -96,3 +96,14 @@ def test_random_fused_axes_are_right_or_refused_by_name(seed):
 @given(SEEDS)
 def test_random_fused_axes_thousand(seed):
     check(seed, fused_family=True)
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        192,  # segfault: XLA's partitioner on a reshape of a slice of one column of a view (docs/known-issues.md)
+    ],
+)
+def test_fused_family_regressions(seed):
+    check(seed, fused_family=True)
+
