@@ -81,7 +81,7 @@ def test_split_pieces_no_mesh_expresses_all(seed):
 
 # The fused family (issue 40): several simple_shardings on one axis, with and without device groups, sub-axes
 # of size 1 and uneven ones. Issue 40's three crashes are regression tests in test_fused_leading_split.py.
-FUSED_CI = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUSED_CI = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FUSED_SLOW = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
