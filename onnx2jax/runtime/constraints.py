@@ -81,6 +81,7 @@ class ShardingHooks(StackHooks, PartialSumHooks):
         params: Mapping[str, Any] | None = None,
     ):
         self.placements = placements
+        self.mesh = next((p.sharding.mesh for p in placements.values()), None)
         self.views = dict(views)
         self.copies = dict(copies or {})
         self.gathered: dict[tuple, Any] = {}
@@ -127,6 +128,7 @@ class ShardingHooks(StackHooks, PartialSumHooks):
             outputs = []
             for name, out in zip(node.output, out_views):
                 if isinstance(out, View):
+                    out = dataclasses.replace(out, array=self._unit_axes_whole(out.array))
                     self.views[name] = out
                     out = out.fold()
                 outputs.append(out)
@@ -233,10 +235,24 @@ class ShardingHooks(StackHooks, PartialSumHooks):
             return jnp.reshape(expanded, value.shape)
         view = self.views.get(key.tensor)
         if view is None or tuple(view.array.shape) != placement.expand(tuple(value.shape)):
-            view = view_of(value, tuple(value.shape), placement)
+            view = view_of(self._unit_axes_whole(value), tuple(value.shape), placement)
         view = dataclasses.replace(view, array=jax.lax.with_sharding_constraint(view.array, placement.sharding))
         self.views[key.tensor] = view
         return view.fold()
+
+    def _unit_axes_whole(self, array: Any) -> Any:
+        """``array`` with no mesh axis on its size-1 axes, the others left to XLA, before it is reshaped.
+
+        XLA's SPMD partitioner recurses without end (a segfault) on a reshape whose operand has a size-1
+        axis split over a mesh axis while another axis is split too (a slice of a view taking one element
+        of a split sub-axis; docs/known-issues.md). A size-1 axis cut k ways has its element on one device
+        of k: releasing it costs at most that one element's broadcast.
+        """
+        shape = tuple(np.shape(array))
+        if self.mesh is None or is_static(array) or 1 not in shape or len(shape) < 2:
+            return array
+        spec = PartitionSpec(*(None if d == 1 else PartitionSpec.UNCONSTRAINED for d in shape))
+        return jax.lax.with_sharding_constraint(array, NamedSharding(self.mesh, spec))
 
     def _run_unfused(self, node: onnx.NodeProto, inputs: list, views: list, attrs: dict[str, Any], compute) -> list | None:
         """The node's outputs computed on unfused views, or None where it cannot be (`onnx2jax.runtime.views`)."""

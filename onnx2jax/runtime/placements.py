@@ -235,8 +235,12 @@ def holdable_output(shape: tuple[int, ...], placement: TensorPlacement) -> tuple
     8 ways come back split 8 ways on the sequence (an all-to-all of each
     device's 1/8, where replicating them all-gathers the whole logits onto
     every device). Only where no axis divides (a one-token decode step) do
-    they replicate. The other axes keep their spec. A fused axis whose only
-    split sub-axis is its leading one is a plain split of the axis.
+    they replicate. The other axes keep their spec. A fused axis whose shards
+    are contiguous blocks of it (:func:`_fused_blocks`) is a plain split of the
+    axis, held when even: ``[{4, 2 shards}, {2, 1 shard}]`` on 8 is a 2-way split;
+    ``[{1, 2 shards}, {5, 1 shard}]`` on 5 (device 0 holds all 5, device 1
+    nothing) is one JAX cannot hold, nor is ``[{3, 2 shards}, {2, 1 shard}]`` on
+    6 (blocks [0, 4) and [4, 6), where an even split of 6 is [0, 3) and [3, 6)).
     """
     named = placement.sharding
     sizes = dict(named.mesh.shape)
@@ -244,14 +248,20 @@ def holdable_output(shape: tuple[int, ...], placement: TensorPlacement) -> tuple
     expanded = tuple(named.spec) + (None,) * (len(placement.expand(shape)) - len(named.spec))
     entries: list[tuple[str, ...]] = []
     bad: list[int] = []
+    uneven = False  # some bad axis is cut in contiguous blocks, only not evenly
     position = 0
     for axis, size in enumerate(shape):
         parts = expanded[position : position + len(fused.get(axis, (size,)))]
         position += len(parts)
-        split = [i for i, entry in enumerate(parts) if entry is not None]
         entries.append(tuple(a for entry in parts for a in _mesh_axes(entry)))
-        if entries[axis] and (split != [0] if axis in fused else size % _ways(entries[axis], sizes)):
+        if not entries[axis]:
+            continue
+        blocks, even = (
+            _fused_blocks(fused[axis], parts, sizes) if axis in fused else (True, size % _ways(entries[axis], sizes) == 0)
+        )
+        if not (blocks and even):
             bad.append(axis)
+            uneven = uneven or blocks
     if not bad:
         return (named if not fused else NamedSharding(named.mesh, _pspec(entries))), None
     moving = tuple(a for axis in bad for a in entries[axis])
@@ -266,7 +276,7 @@ def holdable_output(shape: tuple[int, ...], placement: TensorPlacement) -> tuple
     axes = ", ".join(f"axis {a} ({shape[a]})" for a in bad)
     why = (
         f"its spec splits {axes} over mesh axes {list(moving)}, "
-        + ("which do not divide it evenly (JAX holds no unevenly sharded array)" if any(a not in fused for a in bad)
+        + ("which do not divide it evenly (JAX holds no unevenly sharded array)" if uneven
            else "fused, so that its shards are not tiles of the ONNX tensor")
     )
     if target is not None:
@@ -274,6 +284,23 @@ def holdable_output(shape: tuple[int, ...], placement: TensorPlacement) -> tuple
     if any(entries):
         return result, f"{why}, and no other axis divides evenly, so it comes back replicated over those mesh axes"
     return result, f"{why}, and no other axis divides evenly, so it comes back replicated"
+
+
+def _fused_blocks(sub_sizes: Sequence[int], parts: Sequence[Any], sizes: Mapping[str, int]) -> tuple[bool, bool]:
+    """Whether a fused axis of ``sub_sizes`` cut by the PartitionSpec entries ``parts`` (one per sub-axis)
+    gives each shard one contiguous block of the axis, and whether those blocks are even.
+
+    A shard's elements are contiguous exactly when every sub-axis before the last cut one gives it a single
+    index (its size equals its number of blocks: a size-1 sub-axis uncut, or one cut into single elements);
+    the blocks then follow the shards in row-major order, so that the mesh axes of the sub-axes, in order,
+    cut the ONNX axis itself, evenly when the last cut sub-axis divides by its ways.
+    """
+    ways = [_ways(_mesh_axes(entry), sizes) for entry in parts]
+    cut = [j for j, entry in enumerate(parts) if entry is not None]
+    if not cut:
+        return True, True
+    last = cut[-1]
+    return all(sub_sizes[j] == ways[j] for j in range(last)), sub_sizes[last] % ways[last] == 0
 
 
 def _mesh_axes(entry: Any) -> tuple[str, ...]:

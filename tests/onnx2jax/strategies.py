@@ -18,7 +18,9 @@ replicate (groups), sometimes one of them is pinned to one coordinate (a spec
 on some devices), sometimes an axis is written fused ([2 x 1 shard, n/2 x k
 shards]). Specs go on some node outputs, on graph inputs (sharded inputs),
 on parameters, and sometimes the input is passed as an already sharded
-jax.Array.
+jax.Array. ``random_case(seed, fused_family=True)`` draws another family,
+whose split axes are mostly fused: 2 or 3 sub-axes of any sizes (1s among
+them), the mesh axes dealt among them, uneven sub-axes included.
 
 The check (:func:`run_case`): compile and call; the values must equal the
 unsharded run and onnxruntime; each output must be placed as its spec (given
@@ -27,7 +29,8 @@ or inferred by ``sharding.infer``) says, per device, from
 "comes back replicated" must be replicated, those warned "comes back split
 on axis k" split on axis k, and only those whose spec JAX cannot hold may be
 warned; each parameter with a spec is placed as it says.
-ShardingError and MeshMappingError are refusals by name.
+ShardingError and MeshMappingError are refusals by name; ``sharding.check``
+must find an error exactly when compile raises ShardingError (the two agree).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ FLOAT = onnx.TensorProto.FLOAT
 NUM_DEVICES = 8
 MESH_SHAPES = ((8,), (2, 4), (4, 2), (2, 2, 2))
 SIZES = (2, 3, 4, 6, 8, 12, 16)
+FUSED_SIZES = (1, 2, 3, 4, 5, 6, 8, 12)  # the fused family's inputs: axes of 1 and of a prime 5 too
 
 
 @dataclasses.dataclass
@@ -68,14 +72,20 @@ class Case:
 
 
 class _Mesh:
-    """A random arrangement of the 8 devices as a mesh: ``array[coords]`` is a device."""
+    """A random arrangement of the 8 devices as a mesh: ``array[coords]`` is a device.
 
-    def __init__(self, rng: np.random.Generator):
+    With ``fused_family`` its specs write most split axes fused (:meth:`_fused_family_spec`).
+    """
+
+    def __init__(self, rng: np.random.Generator, fused_family: bool = False):
         shape = MESH_SHAPES[rng.integers(len(MESH_SHAPES))]
         self.array = rng.permutation(NUM_DEVICES).reshape(shape)
+        self.fused_family = fused_family
 
     def spec(self, rng: np.random.Generator, name: str, shape: tuple[int, ...], *, allow_fused: bool = True) -> ShardingSpec:
         """A random spec on ``shape`` that is a NamedSharding on this mesh (of its unfused view, when fused)."""
+        if self.fused_family:
+            return self._fused_family_spec(rng, name, shape)
         free = list(rng.permutation(self.array.ndim))
         axes = [int(a) for a in rng.permutation(len(shape))]
         dims: list[tuple[int, tuple[int, ...], bool]] = []  # (tensor axis, mesh axes, fused)
@@ -105,8 +115,46 @@ class _Mesh:
             else:
                 parts = (SimpleShardedDim(count),)
             sharded.append(ShardedDim(axis, parts))
+        return self._written(name, sharded, [chosen for _, chosen, _ in dims], pinned)
+
+    def _fused_family_spec(self, rng: np.random.Generator, name: str, shape: tuple[int, ...]) -> ShardingSpec:
+        """A random spec whose split axes are mostly fused: several simple_shardings on one axis.
+
+        A fused axis is written as 2 or 3 sub-axes whose sizes multiply to the axis (sizes 1 among them), and
+        the mesh axes it takes are dealt, in order, to its sub-axes (some get none: 1 shard; several on one:
+        a 2-D cut of it). Sub-axes need not divide (a size-1 sub-axis cut 4 ways: issue 40's crashes). The
+        mesh axes left over replicate (device groups), sometimes one is pinned (a spec on some devices).
+        """
+        free = list(rng.permutation(self.array.ndim))
+        sharded, grid = [], []
+        for axis in (int(a) for a in rng.permutation(len(shape))):
+            if not free or rng.random() < 0.3:
+                continue
+            take = int(rng.integers(1, len(free) + 1))
+            chosen = tuple(int(a) for a in free[:take])
+            del free[:take]
+            if rng.random() < 0.3:  # a plain split beside the fused ones
+                sharded.append(ShardedDim(axis, (SimpleShardedDim(self._count(chosen)),)))
+                grid.append(chosen)
+                continue
+            subs = _factorisation(rng, shape[axis])
+            cuts = sorted(int(c) for c in rng.integers(0, take + 1, size=len(subs) - 1))
+            dealt = [chosen[a:b] for a, b in zip([0, *cuts], [*cuts, take])]
+            sharded.append(ShardedDim(axis, tuple(SimpleShardedDim(self._count(d), dim_value=n) for n, d in zip(subs, dealt))))
+            grid.extend(dealt)
+        pinned = {}
+        if free and rng.random() < 0.2:
+            a = int(free.pop())
+            pinned[a] = int(rng.integers(self.array.shape[a]))
+        return self._written(name, sharded, grid, pinned)
+
+    def _count(self, mesh_axes: tuple[int, ...]) -> int:
+        return math.prod(self.array.shape[a] for a in mesh_axes)
+
+    def _written(self, name: str, sharded: list, mesh_axes: list[tuple[int, ...]], pinned: dict[int, int]) -> ShardingSpec:
+        """The spec cutting each shard-grid axis (row-major, as written) over ``mesh_axes`` of it: each shard's
+        devices are the mesh block at its coordinates (a group when several; ``pinned`` axes fixed)."""
         devices, groups = [], []
-        mesh_axes = [chosen for _, chosen, _ in dims]
         for index in itertools.product(*[range(math.prod(self.array.shape[a] for a in ch)) for ch in mesh_axes]):
             coords: list = [slice(None)] * self.array.ndim
             for a, c in pinned.items():
@@ -153,6 +201,17 @@ class _Graph:
         name = f"{op.lower()}{len(self.nodes)}"
         self.nodes.append(oh.make_node(op, inputs, outputs, name=name, **attrs))
         return name
+
+
+def _factorisation(rng: np.random.Generator, size: int) -> tuple[int, ...]:
+    """``size`` as 2 or 3 factors in a random order, 1s included (5 -> (1, 5) or (5, 1), 1 -> (1, 1))."""
+    divisors = [d for d in range(1, size + 1) if size % d == 0]
+    first = int(rng.choice(divisors))
+    rest = size // first
+    if rng.random() < 0.3:
+        middle = int(rng.choice([d for d in range(1, rest + 1) if rest % d == 0]))
+        return (first, middle, rest // middle)
+    return (first, rest)
 
 
 def _broadcast_shape(rng, shape):
@@ -275,13 +334,18 @@ def _add_op(g: _Graph, rng, current: str, shape: tuple[int, ...], extra_outputs:
     return out, shape, name
 
 
-def random_case(seed: int) -> Case:
-    """The case of one seed: a random graph, specs on it, and its inputs."""
+def random_case(seed: int, *, fused_family: bool = False) -> Case:
+    """The case of one seed: a random graph, specs on it, and its inputs.
+
+    Args:
+      fused_family: write most split axes fused (several simple_shardings on one axis, sizes 1 and uneven
+        among the sub-axes), on inputs whose sizes include 1 and 5; another family of seeds than the default.
+    """
     rng = np.random.default_rng(seed)
-    mesh = _Mesh(rng)
+    mesh = _Mesh(rng, fused_family)
     g = _Graph(rng)
     rank = int(rng.integers(1, 4))
-    shape = tuple(int(d) for d in rng.choice(SIZES, size=rank))
+    shape = tuple(int(d) for d in rng.choice(FUSED_SIZES if fused_family else SIZES, size=rank))
     g.inputs.append(oh.make_tensor_value_info("x", FLOAT, list(shape)))
     inputs = {"x": rng.standard_normal(shape).astype(np.float32)}
     description = [f"mesh {mesh.array.tolist()}", f"x {list(shape)}"]
@@ -327,7 +391,7 @@ def random_case(seed: int) -> Case:
 
 @dataclasses.dataclass
 class Outcome:
-    kind: str  # "right", "refused", "wrong", "crash", "lying-warning", "misplaced"
+    kind: str  # "right", "refused", "wrong", "crash", "lying-warning", "misplaced", "disagree"
     detail: str = ""
 
 
@@ -345,11 +409,17 @@ def _presharded(mesh, value: np.ndarray, draws: tuple) -> jax.Array:
 
 
 def _holdable(spec: ShardingSpec, shape: tuple[int, ...]) -> bool:
-    """Whether JAX can hold a tensor of ``shape`` sharded as ``spec``: no fused axis, every split divides."""
-    for dim in spec.sharded_dims:
-        if len(dim.parts) > 1 or shape[dim.axis] % dim.parts[0].num_shards:
-            return False
-    return True
+    """Whether JAX can hold a tensor of ``shape`` sharded as ``spec``: every shard one box, all of one shape.
+
+    Read off ``sharding.tiles.device_regions`` (DESIGN's definition, element by element): a plain split
+    that divides, or a fused axis whose shards are even contiguous blocks of it (``[{4, 2}, {2, 1}]`` on 8),
+    is; an uneven split, an empty shard (``[{1, 2}, {5, 1}]``: device 1 holds nothing) or a shard in
+    several pieces (``[{2, 1}, {4, 2}]``) is not.
+    """
+    regions = [r for held in sharding.device_regions(spec, shape).values() for r in held]
+    if any(len(ranges) != 1 for r in regions for ranges in r.ranges):
+        return False
+    return len({tuple(stop - start for ((start, stop),) in r.ranges) for r in regions}) == 1
 
 
 def _is_replicated(array: jax.Array) -> bool:
@@ -377,12 +447,19 @@ def run_case(case: Case, *, unsharded: bool = True) -> Outcome:
     if unsharded:
         for got, ort in zip(onnx2jax.translate(model)(**case.inputs), want):
             np.testing.assert_allclose(np.asarray(got), ort, rtol=1e-4, atol=1e-4)  # the references agree
+    checked = [d for d in sharding.check(model) if d.severity == "error"] if model.configuration else []
     try:
         compiled = onnx2jax.compile(model)
-    except (ShardingError, MeshMappingError) as e:
-        return Outcome("refused", f"{type(e).__name__}: {str(e)[:300]}")
+    except ShardingError as e:
+        if not checked:
+            return Outcome("disagree", f"compile refused what sharding.check accepts: {str(e)[:300]}")
+        return Outcome("refused", f"ShardingError: {str(e)[:300]}")
+    except MeshMappingError as e:  # the mesh is compile's question, not check's
+        return Outcome("refused", f"MeshMappingError: {str(e)[:300]}")
     except Exception as e:  # noqa: BLE001 - anything else is a finding
         return Outcome("crash", f"compile: {type(e).__name__}: {str(e)[:500]}")
+    if checked:
+        return Outcome("disagree", f"compile accepted what sharding.check refuses: {checked[0]}")
     inputs = dict(case.inputs)
     for name, draws in case.presharded.items():
         inputs[name] = _presharded(compiled.mesh, inputs[name], draws)
@@ -454,7 +531,7 @@ def _check_placements(case: Case, compiled, outputs, warned: list[str]) -> Outco
         expected = onh.to_array(next(i for i in model.graph.initializer if i.name == name))
         if not np.array_equal(logical, expected):
             return Outcome("wrong", f"parameter {name!r} does not hold its initializer")
-        if _holdable(spec, tuple(param.shape)) and tuple(param.shape) == expected.shape:
+        if tuple(param.shape) == expected.shape and _holdable(spec, expected.shape):  # held as written, not unfused
             problem = placement_problem(param, spec, devices)
             if problem:
                 return Outcome("misplaced", f"parameter {name!r}: {problem}")

@@ -177,3 +177,36 @@ def test_exported_shard_map_with_a_symbolic_batch_still_crashes():
     if done.returncode == 0 and "called" in done.stdout:
         pytest.fail("upstream fixed it: remove the symbolic-dimension fallback of runtime/stacks.column_parallel")
     assert done.returncode == -11 or "Segmentation fault" in done.stderr, (done.returncode, done.stderr[-2000:])
+
+
+UNIT_AXIS_RESHAPE_REPRODUCER = """
+import jax
+jax.config.update("jax_num_cpu_devices", 8)
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("d0", "d1"))
+c = lambda x, *spec: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, P(*spec)))
+f = lambda y: c(c(y.reshape(3, 4, 1, 1), None, "d0", None, "d1").reshape(12, 1), "d1")
+out = jax.jit(f)(np.arange(12, dtype=np.float32).reshape(12, 1))
+print("ran", np.asarray(out).ravel().tolist() == list(range(12)))
+"""
+
+
+def test_xla_reshape_of_a_split_size_1_axis_still_crashes():
+    """A reshape of an operand whose size-1 axis is split (beside another split axis) segfaults XLA's SPMD
+    partitioner in jax 0.10.2 (docs/known-issues.md).
+
+    When this fails, the reshape compiles: ShardingHooks._unit_axes_whole (runtime/constraints.py) can go.
+    """
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    done = subprocess.run(
+        [sys.executable, "-c", UNIT_AXIS_RESHAPE_REPRODUCER], capture_output=True, text=True, timeout=300, env=env
+    )
+    if done.returncode == 0 and "ran" in done.stdout:
+        pytest.fail("upstream fixed it: remove ShardingHooks._unit_axes_whole from runtime/constraints.py")
+    assert done.returncode == -11 or "Segmentation fault" in done.stderr, (done.returncode, done.stderr[-2000:])
+

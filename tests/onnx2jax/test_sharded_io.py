@@ -28,7 +28,8 @@ def test_each_output_sharded_as_its_spec_or_moved_with_a_warning():
         b.output(name, [8, 12])
     even = ShardingSpec.split("even", {0: 4, 1: 2}, [5, 1, 4, 0, 6, 3, 7, 2])
     uneven = ShardingSpec.split("uneven", {1: 8}, [5, 1, 4, 0, 6, 3, 7, 2])
-    fused = ShardingSpec("fused", (ShardedDim(1, (SimpleShardedDim(2, dim_value=2), SimpleShardedDim(2, dim_value=6))),), devices=(5, 1, 4, 0))
+    # columns as [3, 4], the 4 cut 4 ways: each device holds 3 columns 4 apart, no tile of the ONNX tensor
+    fused = ShardingSpec("fused", (ShardedDim(1, (SimpleShardedDim(1, dim_value=3), SimpleShardedDim(4, dim_value=4))),), devices=(5, 1, 4, 0))
     cols = ShardingSpec.split("cols", {1: 4}, [(5, 1), (6, 3), (4, 0), (7, 2)])  # a transposed reading of even's order
     b.node("Relu", ["x"], ["even"], [even])
     b.node("Neg", ["x"], ["uneven"], [uneven])

@@ -16,8 +16,8 @@ SLOW = settings(max_examples=3000, deadline=None, suppress_health_check=[HealthC
 SEEDS = st.integers(0, 2**32 - 1)
 
 
-def check(seed: int) -> None:
-    case = random_case(seed)
+def check(seed: int, fused_family: bool = False) -> None:
+    case = random_case(seed, fused_family=fused_family)
     outcome = run_case(case)
     assert outcome.kind in ("right", "refused"), f"seed {seed}: {outcome.kind}: {outcome.detail}\n" + "\n".join(
         case.description
@@ -77,3 +77,33 @@ def test_split_pieces_no_mesh_expresses_all(seed):
     case = random_case(seed)
     outcome = run_case(case)
     assert outcome.kind == "right", f"seed {seed}: {outcome.kind}: {outcome.detail}"
+
+
+# The fused family (issue 40): several simple_shardings on one axis, with and without device groups, sub-axes
+# of size 1 and uneven ones. Issue 40's three crashes are regression tests in test_fused_leading_split.py.
+FUSED_CI = settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUSED_SLOW = settings(max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FUSED_CI
+@given(SEEDS)
+def test_random_fused_axes_are_right_or_refused_by_name(seed):
+    check(seed, fused_family=True)
+
+
+@pytest.mark.slow
+@FUSED_SLOW
+@given(SEEDS)
+def test_random_fused_axes_thousand(seed):
+    check(seed, fused_family=True)
+
+
+@pytest.mark.parametrize(
+    "seed",
+    [
+        192,  # segfault: XLA's partitioner on a reshape of a slice of one column of a view (docs/known-issues.md)
+    ],
+)
+def test_fused_family_regressions(seed):
+    check(seed, fused_family=True)
+
