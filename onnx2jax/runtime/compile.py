@@ -25,6 +25,7 @@ from onnx2jax.runtime.pipeline_schedules import PipelineSchedule
 from onnx2jax.runtime.plan import make_plan
 from onnx2jax.runtime.segmented import compile_segmented
 from onnx2jax.runtime.spmd import Compiled, translate_for
+from onnx2jax.runtime.targets import Target, parse_target
 from onnx2jax.scan import ScanSetting
 
 
@@ -41,6 +42,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     check_indices: bool = True,
     plan: str | None = None,
     auto: Mapping[str, Any] | None = None,
+    target: "str | Target | None" = None,
+    slices: int = 1,
 ) -> Executable:
     """Compiles an annotated ONNX model for a device mesh.
 
@@ -84,6 +87,13 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         says what was weighed, chosen and measured. ``auto`` holds the
         workload: ``batch``, ``seq``, ``memory_per_device``, ``objective``,
         ``calibrate``, ``inputs``.
+      target: compile for hardware that need not be attached: a TPU topology as jax spells it,
+        ``"tpu:v5e:2x4"`` (:mod:`onnx2jax.runtime.targets`; needs libtpu: ``pip install 'jax[tpu]'``). The
+        mesh is laid over the target's compile-only devices; the executable's ``lower()``,
+        ``lower().compile()`` and ``report()`` work, and running or placing raises
+        :class:`~onnx2jax.errors.NoDevicesError`. ``mesh=`` a Mesh of topology devices does the same.
+      slices: with ``target``, how many slices of it (data parallel across slices: the data axis of a
+        hybrid mesh spans them).
 
     Returns:
       An :class:`~onnx2jax.runtime.executable.Executable` (``__call__``,
@@ -108,14 +118,19 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       >>> (logits,) = compiled(input_ids)                         # doctest: +SKIP
       >>> compiled.report().render()                              # doctest: +SKIP
     """
+    resolved = None if target is None else parse_target(target, slices)
+    if resolved is None and slices != 1:
+        raise ValueError(f"slices={slices} needs a target")
     if plan is not None:
+        if resolved is not None:
+            raise ValueError("plan='auto' with a target is not implemented yet; give the model's own plan")
         return _planned(model, plan, devices, auto, mesh=mesh, check=check, microbatches=microbatches,
                         scan_layers=scan_layers, check_indices=check_indices)
     if auto is not None:
         raise ValueError("compile(auto=...) goes with plan='auto'")
     plan = make_plan(
         model, mesh, configuration=configuration, check=check, devices=devices, microbatches=microbatches,
-        scan_layers=scan_layers,
+        scan_layers=scan_layers, target=resolved,
     )
     if schedule is not None and plan.kind != "stages":
         raise ValueError(f"schedule={schedule!r} needs a model with pipeline stages; this one has none")
@@ -126,6 +141,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     else:
         translated = translate_for(plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred)
         executable = Compiled(translated, plan.program)
+        if resolved is not None:
+            executable.target = resolved.name  # the target as the user named it, in NoDevicesError's message
     executable.model.index_check.enabled = check_indices
     return executable
 

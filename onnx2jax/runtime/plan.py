@@ -29,10 +29,11 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh
 
-from onnx2jax.errors import ConfigurationError
+from onnx2jax.errors import ConfigurationError, TargetError
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.placements import mesh_for, placements_on, spec_layouts
+from onnx2jax.runtime.targets import Target
 from onnx2jax.runtime.user_mesh import auto_axes, context_mesh
 from onnx2jax.scan import ScanSetting
 from sharding.configuration import choose_configuration
@@ -129,6 +130,7 @@ def program_plan(
     inference: Inference | None = None,
     annotations: WrittenAnnotations | None = None,
     strict: bool = False,
+    target: Target | None = None,
 ) -> ProgramPlan:
     """Inference and the mesh of one SPMD program at its model's own shapes.
 
@@ -142,13 +144,16 @@ def program_plan(
       annotations: the annotations that inference read (kept for inference at other shapes).
       strict: ``inference`` is at a call's concrete shapes: every spec is laid out (as ``at_shapes`` lays
         them out), so that a call at those shapes infers nothing again.
+      target: with no ``mesh`` and no ``jax_devices``, the compile target whose devices the searched mesh
+        is laid over (:mod:`onnx2jax.runtime.targets`): the device count is the target's, not ``jax.devices()``'s.
 
     Raises:
       sharding.ShardingError: with ``check``, the annotations have errors.
       sharding.mesh.layout.MeshMappingError: a spec cannot be a NamedSharding on one mesh.
     """
     if configuration is None:
-        mesh = mesh or Mesh(np.array((list(jax_devices) if jax_devices else jax.devices())[:1]), ("d0",))
+        pool = list(jax_devices) if jax_devices else target.devices() if target is not None else jax.devices()
+        mesh = mesh or Mesh(np.array(pool[:1]), ("d0",))
         return ProgramPlan(proto, None, None, mesh, None, {}, check, tuple(structural))
     num_devices = device_configurations(proto)[configuration].num_devices
     if inference is None:
@@ -159,7 +164,7 @@ def program_plan(
         raise ShardingError(list(errors))
     # At the model's own shapes (not strict): a fused spec on a symbolic axis waits for the call's shapes.
     layouts = spec_layouts(inference, strict=strict)
-    mesh, mapping = mesh_for(layouts, configuration, num_devices, mesh, devices, jax_devices)
+    mesh, mapping = mesh_for(layouts, configuration, num_devices, mesh, devices, jax_devices, target)
     placements = placements_on(mapping, layouts, mesh)
     return ProgramPlan(
         proto, configuration, inference, mesh, mapping, placements, check, tuple(structural), annotations
@@ -183,6 +188,7 @@ class Plan:
       devices: with ``mesh``, the flat mesh position of each configuration device.
       check, microbatches, scan_layers: as :func:`onnx2jax.compile` was given them.
       program: for ``kind == "whole"``, the program's analysis (inference, mesh, placements).
+      target: the compile target the mesh is searched over (None: ``jax.devices()``, or ``mesh``).
     """
 
     proto: onnx.ModelProto
@@ -197,6 +203,7 @@ class Plan:
     microbatches: int
     scan_layers: ScanSetting
     program: ProgramPlan | None = None
+    target: Target | None = None
 
     @property
     def shapes(self) -> Shapes | None:
@@ -215,6 +222,7 @@ def make_plan(
     scan_layers: ScanSetting = "auto",
     inferred: InferredModel | None = None,
     program: bool = True,
+    target: Target | None = None,
 ) -> Plan:
     """The one analysis of a compile (see the module docstring); arguments as :func:`onnx2jax.compile`'s.
 
@@ -249,9 +257,16 @@ def make_plan(
         kind = "segments"
     if kind != "stages" and microbatches != 1:
         raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
+    if target is not None and mesh is not None:
+        raise ValueError(f"give a target ({target.name}) or a mesh, not both")
+    if target is not None and kind != "whole":
+        raise TargetError(
+            target.name, f"compiling for a target is implemented for one SPMD program; this model runs as {kind} "
+            "(pipeline stages, or segments around data-dependent shapes): pass mesh= a Mesh of the target's devices",
+        )
     plan = Plan(
         proto, external_dir, structural, config, inferred, kind, mesh, None if devices is None else tuple(devices),
-        check, microbatches, scan_layers,
+        check, microbatches, scan_layers, target=target,
     )
     if kind == "whole" and program:
         plan = dataclasses.replace(plan, program=whole_program(plan))
@@ -267,7 +282,7 @@ def whole_program(plan: Plan, input_shapes: Mapping[str, tuple[int, ...]] | None
     Raises:
       sharding.ShardingError, sharding.mesh.layout.MeshMappingError: as :func:`program_plan`.
     """
-    common = dict(check=plan.check, devices=plan.devices, structural=plan.structural)
+    common = dict(check=plan.check, devices=plan.devices, structural=plan.structural, target=plan.target)
     if input_shapes is None or plan.configuration is None:
         return program_plan(plan.proto, plan.configuration, plan.mesh, shapes=plan.shapes, **common)
     annotations = read_annotations(plan.proto, plan.configuration)

@@ -1,0 +1,118 @@
+"""Compiling for a TPU topology that is not attached (onnx2jax.runtime.targets, issue 41 items 1 and 2).
+
+References: the same model compiled for the 8 fake CPU devices (the TPU program's collectives, counted
+from the compiled HLO, equal the CPU program's), the analytic per-device parameter bytes of a Megatron
+plan (a hand count), and the refusals named by class and target. libtpu's compile-only devices come from
+``jax.experimental.topologies``; nothing here touches a TPU.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import onnx
+import pytest
+from zoo_cases import CASES, ZOO
+
+import onnx2jax
+from onnx2jax.errors import NoDevicesError, TargetError
+from onnx2jax.runtime import targets
+from onnx2jax.runtime.report import count_collectives
+from sharding.megatron import megatron_plan
+
+pytestmark = pytest.mark.skipif(not targets.libtpu_available(), reason="libtpu (the test extra) is not installed")
+
+IDS = np.arange(16, dtype=np.int64).reshape(1, 16) % 50
+
+
+@functools.lru_cache(maxsize=None)
+def _llama(tp: int):
+    return megatron_plan(onnx.load(onnx2jax.demo_model_path()), tp)
+
+
+@pytest.mark.parametrize("tp", [8, 4])
+def test_tiny_llama_compiles_for_v5e_with_the_cpu_programs_collectives(tp):
+    model = _llama(tp)
+    if tp == 8:
+        tpu = onnx2jax.compile(model, target="tpu:v5e:2x4")
+    else:  # a plan for 4 devices on a 4-chip target, and a Mesh of topology devices given as mesh=
+        from jax.sharding import Mesh
+
+        devices = targets.parse_target("v5e:2x2").devices()
+        tpu = onnx2jax.compile(model, mesh=Mesh(np.array(devices), ("x",)))
+    assert {d.platform for d in tpu.mesh.devices.flat} == {"tpu"}
+    compiled = tpu.lower(IDS.shape).compile()
+    cpu_text = onnx2jax.compile(model).compiled_text(IDS)
+    assert count_collectives(compiled.as_text()) == count_collectives(cpu_text)
+    assert count_collectives(cpu_text)["all-reduce"] > 0  # the comparison counts something
+
+
+def test_a_target_executable_lowers_with_abstract_inputs_and_reports_without_placing():
+    tpu = onnx2jax.compile(_llama(8), target="tpu:v5e:2x4")
+    import jax
+
+    by_shape = tpu.lower(IDS.shape).as_text()
+    by_struct = tpu.lower(jax.ShapeDtypeStruct(IDS.shape, np.int64)).as_text()
+    by_array = tpu.lower(IDS).as_text()
+    assert by_shape == by_struct == by_array
+    report = tpu.report(IDS.shape)
+    assert tpu._placed is None  # nothing was placed
+    # Hand count: every parameter's bytes, each split 8 ways where its spec splits it, else whole.
+    cpu = onnx2jax.compile(_llama(8))
+    expected = {}
+    for array in cpu.stored_params.values():
+        for shard in array.addressable_shards:
+            expected[shard.device.id] = expected.get(shard.device.id, 0) + shard.data.nbytes
+    assert sorted(report.param_bytes_per_device.values()) == sorted(expected.values())
+    assert report.collectives == count_collectives(cpu.compiled_text(IDS))
+
+
+def test_running_or_placing_for_a_target_is_refused_by_name():
+    tpu = onnx2jax.compile(_llama(8), target="tpu:v5e:2x4")
+    with pytest.raises(NoDevicesError, match="tpu:v5e:2x4"):
+        tpu(IDS)
+    with pytest.raises(NoDevicesError, match="tpu:v5e:2x4.*not attached"):
+        tpu.params
+
+
+@pytest.mark.parametrize("name", ["mistral", "gpt2"])
+def test_zoo_models_compile_for_v5e_with_the_cpu_programs_collectives(name):
+    model = megatron_plan(onnx.load(ZOO / f"{name}.onnx"), CASES[name].tp)
+    inputs = dict(np.load(ZOO / f"{name}.inputs.npz"))
+    tpu = onnx2jax.compile(model, target="tpu:v5e:2x4")
+    text = tpu.lower(**inputs).compile().as_text()
+    assert count_collectives(text) == count_collectives(onnx2jax.compile(model).compiled_text(**inputs))
+
+
+def test_target_names_are_parsed_as_jax_spells_topologies():
+    assert targets.parse_target("tpu:v5e:2x4") == targets.Target("tpu", "v5e:2x4")
+    assert targets.parse_target("v5p:2x2x2", slices=2) == targets.Target("tpu", "v5p:2x2x2", 2)
+    for bad in ("v5e", "tpu:v5e:2xq", "gpu:a100", "v5e:2x4:1"):
+        with pytest.raises(TargetError, match="as jax spells it"):
+            targets.parse_target(bad)
+    assert "tpu:v5e:2x4" in targets.list_targets()
+
+
+def test_a_plan_for_another_device_count_than_the_targets_is_refused():
+    with pytest.raises(TargetError, match="8 devices, the target 4"):
+        onnx2jax.compile(_llama(8), target="tpu:v5e:2x2")
+
+
+def test_missing_libtpu_says_what_to_install(monkeypatch):
+    monkeypatch.setattr(targets, "libtpu_available", lambda: False)
+    targets._topology.cache_clear()
+    try:
+        with pytest.raises(TargetError, match=r"pip install 'jax\[tpu\]'"):
+            onnx2jax.compile(_llama(8), target="tpu:v5e:2x4")
+    finally:
+        targets._topology.cache_clear()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", ["tpu:v5p:2x2x2", "tpu:v6e:2x4"])
+def test_tiny_llama_compiles_for_other_generations(target):
+    model = _llama(8)
+    tpu = onnx2jax.compile(model, target=target)
+    text = tpu.lower(IDS.shape).compile().as_text()
+    assert count_collectives(text) == count_collectives(onnx2jax.compile(model).compiled_text(IDS))
