@@ -177,7 +177,9 @@ def _candidates(ids: np.ndarray) -> list[tuple[int, int, int]]:
     return [(s, p, length) for s, p, _, length in found]
 
 
-ArrayOf = Callable[[str], np.ndarray]
+ArrayOf = Callable[[str], "np.ndarray | None"]
+"""Initializer name -> its value when it is a compile-time constant (compared between layers), or None for a
+parameter: layers' parameters are told apart by name and graph type, never by reading their values."""
 
 
 def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None) -> Repetition:
@@ -185,9 +187,10 @@ def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None
 
     Args:
       graph: the model's main graph (functions inlined).
-      array_of: initializer name -> its value (to tell stacked slots from
-        per-layer copies of one value); defaults to reading the graph's
-        initializers, which needs them inline.
+      array_of: initializer name -> its value for a compile-time constant (per-layer copies of one
+        constant are shared, not stacked), None for a parameter (each layer's own initializer is a
+        stacked slot, whatever its values: repeated layers are recognised from structure and shapes,
+        and no weight is read). Default: inline non-float initializers are constants, the rest parameters.
 
     Returns:
       a :class:`Repetition`; ``found`` is false and ``reason`` says why when
@@ -199,7 +202,7 @@ def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None
     nodes = [graph.node[i] for i in order]
     if array_of is None:
         by_name = {i.name: i for i in graph.initializer}
-        array_of = lambda name: onnx.numpy_helper.to_array(by_name[name])  # noqa: E731
+        array_of = lambda name: _constant_value(by_name[name])  # noqa: E731
     labels = _labels(graph, nodes)
     table: dict[tuple, int] = {}
     ids = np.array([table.setdefault(label, len(table)) for label in labels])
@@ -361,8 +364,8 @@ def _verify(index: _Index, start: int, length: int, count: int, array_of: ArrayO
             shared.append(a)
             continue
         first = array_of(a)
-        if all(_equal(array_of(n), first) for n in names[1:]):
-            shared.append(a)
+        if first is not None and all(_equal(array_of(n), first) for n in names[1:]):
+            shared.append(a)  # a compile-time constant with one value in every layer
         else:
             stacked[a] = tuple(names)
     invariants = tuple(sorted(a for a in external if a not in index.inits and a not in carry_pos))
@@ -377,6 +380,14 @@ def _verify(index: _Index, start: int, length: int, count: int, array_of: ArrayO
         shared=tuple(sorted(shared)),
         invariants=invariants,
     )
+
+
+def _constant_value(tensor: onnx.TensorProto) -> np.ndarray | None:
+    """An inline non-float initializer's value (a constant); None for a float or external one (a parameter)."""
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    if tensor.data_type in floats or onnx.external_data_helper.uses_external_data(tensor):
+        return None
+    return onnx.numpy_helper.to_array(tensor)
 
 
 def _equal(a: np.ndarray, b: np.ndarray) -> bool:

@@ -43,7 +43,7 @@ from onnx2jax.graph_runner import (
 )
 from onnx2jax.hostvalues import to_host
 from onnx2jax.input_checks import IndexCheck
-from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
+from onnx2jax.loading import ExternalTensor, ModelLike, drop_pages, host_array, initializer_array, open_model
 from onnx2jax.placing import holding
 from onnx2jax.xla_options import compiler_options
 from onnx2jax.x64 import x64_scope
@@ -102,7 +102,10 @@ class JaxModel:
         scan_layers: _scan.ScanSetting = "auto",
         inferred: InferredModel | None = None,
         check_indices: bool = True,
+        defer_external: bool = False,
     ):
+        """``defer_external``: external-data weights are held as :class:`~onnx2jax.loading.ExternalTensor`
+        (shape and dtype, file not opened) for an ahead-of-time compile; such a model lowers but does not run."""
         self.proto = proto
         self._inferred = inferred  # the model's shape inference, when a compile's plan has it
         graph = proto.graph
@@ -115,11 +118,12 @@ class JaxModel:
         self.constants: dict[str, np.ndarray] = {}
         shape_setting = shape_setting_inputs(graph, self.opsets)
         for init in graph.initializer:
-            array = initializer_array(init, external_dir)
+            deferred = defer_external and onnx.external_data_helper.uses_external_data(init)
+            array = ExternalTensor(init, external_dir) if deferred else initializer_array(init, external_dir)
             if _is_parameter(array) and init.name not in shape_setting:
                 self.params[init.name] = array
-            else:
-                self.constants[init.name] = array
+            else:  # a constant is folded while tracing: its values are needed
+                self.constants[init.name] = host_array(array)
         for sparse in graph.sparse_initializer:
             self.params[sparse.values.name] = _densify(sparse)
         initialized = set(self.params) | set(self.constants)

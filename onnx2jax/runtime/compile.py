@@ -139,7 +139,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     elif plan.kind == "segments":
         executable = compile_segmented(plan)
     else:
-        translated = translate_for(plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred)
+        translated = translate_for(plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred,
+                                   defer_external=not plan.read_weights)
         executable = Compiled(translated, plan.program)
         if resolved is not None:
             executable.target = resolved.name  # the target as the user named it, in NoDevicesError's message

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from onnx2jax.loading import host_array
 from onnx2jax.placing import place
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.views import View
@@ -144,7 +145,7 @@ class ParameterStore:
         arrays: dict[str, jax.Array] = {}
         copies: dict[str, jax.Array] = {}
         for key, name in self.names.items():
-            array = params[name]
+            array = host_array(params[name])
             if key in self.layouts:
                 array = array.reshape(self.layouts[key].unfused_shape)
             placed = place(array, self.shardings[key], self.held[key][0])

@@ -33,7 +33,7 @@ from onnx2jax.errors import ConfigurationError, TargetError
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.placements import mesh_for, placements_on, spec_layouts
-from onnx2jax.runtime.targets import Target
+from onnx2jax.runtime.targets import Target, has_attached_devices
 from onnx2jax.runtime.user_mesh import auto_axes, context_mesh
 from onnx2jax.scan import ScanSetting
 from sharding.configuration import choose_configuration
@@ -189,6 +189,8 @@ class Plan:
       check, microbatches, scan_layers: as :func:`onnx2jax.compile` was given them.
       program: for ``kind == "whole"``, the program's analysis (inference, mesh, placements).
       target: the compile target the mesh is searched over (None: ``jax.devices()``, or ``mesh``).
+      read_weights: False for an ahead-of-time compile (a target, or a mesh of compile-only devices): the
+        external weights' files are never opened, the model is translated with their shapes only.
     """
 
     proto: onnx.ModelProto
@@ -204,6 +206,7 @@ class Plan:
     scan_layers: ScanSetting
     program: ProgramPlan | None = None
     target: Target | None = None
+    read_weights: bool = True
 
     @property
     def shapes(self) -> Shapes | None:
@@ -237,13 +240,14 @@ def make_plan(
       ValueError: ``microbatches`` without pipeline stages.
       sharding.ShardingError, sharding.mesh.layout.MeshMappingError: as :func:`program_plan`.
     """
-    proto, external_dir = open_model(model)
+    mesh = auto_axes(context_mesh() if mesh is None else mesh)
+    ahead_of_time = target is not None or (mesh is not None and not has_attached_devices(mesh))
+    proto, external_dir = open_model(model, weights=not ahead_of_time)  # a target's compile reads no weight
     annotated = any(node.device_configurations for node in proto.graph.node)
     if inferred is None and (annotated or may_cut(proto)):
         inferred = infer_model(proto)
     shapes = None if inferred is None or not annotated else (inferred.shapes, inferred.diagnostics)
     structural = tuple(require_valid(proto, shapes=shapes))
-    mesh = auto_axes(context_mesh() if mesh is None else mesh)
     choice = choose_configuration(proto, configuration)
     if choice.unknown:
         raise ConfigurationError(choice.defined, configuration)
@@ -266,7 +270,7 @@ def make_plan(
         )
     plan = Plan(
         proto, external_dir, structural, config, inferred, kind, mesh, None if devices is None else tuple(devices),
-        check, microbatches, scan_layers, target=target,
+        check, microbatches, scan_layers, target=target, read_weights=not ahead_of_time,
     )
     if kind == "whole" and program:
         plan = dataclasses.replace(plan, program=whole_program(plan))

@@ -116,3 +116,42 @@ def test_tiny_llama_compiles_for_other_generations(target):
     tpu = onnx2jax.compile(model, target=target)
     text = tpu.lower(IDS.shape).compile().as_text()
     assert count_collectives(text) == count_collectives(onnx2jax.compile(model).compiled_text(IDS))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "deleted"])
+def test_a_target_compile_never_opens_the_external_weights(tmp_path, damage):
+    model = _llama(8)
+    saved = onnx.ModelProto()
+    saved.CopyFrom(model)  # onnx.save with external data rewrites the proto it is given
+    onnx.save(saved, tmp_path / "m.onnx", save_as_external_data=True, location="w.bin")
+    weights = tmp_path / "w.bin"
+    assert weights.stat().st_size > 100_000  # the weights really are external
+    if damage == "truncated":
+        with open(weights, "r+b") as f:
+            f.truncate(100)
+    else:
+        weights.unlink()
+    tpu = onnx2jax.compile(str(tmp_path / "m.onnx"), target="tpu:v5e:2x4", scan_layers=True)
+    assert tpu.model.scan.active  # the layers found from structure, stacked abstractly
+    text = tpu.lower(IDS.shape).compile().as_text()
+    reference = onnx2jax.compile(model, scan_layers=True).compiled_text(IDS)
+    assert count_collectives(text) == count_collectives(reference)
+    # The same model on CPU devices does read its weights, and says the file is damaged.
+    with pytest.raises(onnx2jax.errors.ModelLoadError, match="w.bin"):
+        onnx2jax.compile(str(tmp_path / "m.onnx"))
+
+
+def test_two_slices_put_the_data_axis_across_slices():
+    from sharding.auto import auto_plan
+
+    annotated, _ = auto_plan(onnx.load(onnx2jax.demo_model_path()), {"data": 2, "tensor": 4}, batch=4, seq=16,
+                             memory_per_device=10**9)
+    tpu = onnx2jax.compile(annotated, configuration="auto", target="tpu:v5e:2x2", slices=2)
+    assert tpu.mesh.devices.size == 8
+    slices = np.vectorize(lambda d: d.slice_index)(tpu.mesh.devices)
+    # The first axis (the data axis, 2 ways) is the slice index; every other axis stays inside a slice.
+    assert np.array_equal(slices, np.broadcast_to(np.arange(2).reshape(2, *[1] * (slices.ndim - 1)), slices.shape))
+    ids = np.zeros((4, 16), np.int64)
+    text = tpu.lower(ids.shape).compile().as_text()
+    cpu = onnx2jax.compile(annotated, configuration="auto")
+    assert count_collectives(text) == count_collectives(cpu.compiled_text(ids))
