@@ -32,9 +32,9 @@ from onnx2jax.errors import TargetError
 
 KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
     "v4": ("2x2x1", "2x2x2", "2x2x4", "4x4x4"),
-    "v5e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    "v5e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
     "v5p": ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4"),
-    "v6e": ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    "v6e": ("2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
 }
 """Topologies :func:`list_targets` offers, per TPU generation (others jax spells are accepted as well)."""
 
