@@ -152,6 +152,17 @@ class ParameterStore:
             (arrays if key == name else copies)[key] = placed
         return arrays, copies
 
+    def held_on_host(self, key: str, params: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The stored array ``key`` as a host array in its held shape (unfused, zero-padded), read from ``params``."""
+        array = np.asarray(host_array(params[self.names[key]]))
+        layout = self.layouts.get(key)
+        if layout is None:
+            return array
+        unfused = array.reshape(layout.unfused_shape)
+        if layout.padded_shape == layout.unfused_shape:
+            return unfused
+        return np.pad(unfused, [(0, p - u) for p, u in zip(layout.padded_shape, layout.unfused_shape)])
+
     def logical(self, key: str, value: Any) -> Any:
         """The stored ``value`` of ``key`` in its ONNX shape (padding removed, fused axes folded)."""
         layout = self.layouts.get(key)

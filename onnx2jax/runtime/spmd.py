@@ -35,6 +35,7 @@ import onnx
 
 from onnx2jax import symbolic
 from onnx2jax.errors import NoDevicesError, NodeError
+from onnx2jax.loading import host_array
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.constraints import ShardingHooks
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
@@ -199,6 +200,15 @@ class Compiled:
             stacked = self.model._stacked[key]
             arrays[key] = jax.ShapeDtypeStruct(stacked.shape, stacked.dtype, sharding=sharding)
         return arrays
+
+    def host_params(self) -> dict[str, np.ndarray]:
+        """:attr:`params` as host arrays in their held layouts, read from the model (not from devices): what an
+        artifact for a target whose devices are not attached carries (:func:`onnx2jax.export.export`)."""
+        held = {key: self._store.held_on_host(key, self._host_params) for key in self._store.names
+                if key == self._store.names[key]}
+        for key in self._stacked_shardings:
+            held[key] = np.stack([np.asarray(host_array(layer)) for layer in self.model._stacked[key].layers])
+        return held
 
     @property
     def abstract_param_copies(self) -> dict[str, jax.ShapeDtypeStruct]:
