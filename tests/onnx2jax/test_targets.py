@@ -53,6 +53,7 @@ def test_tiny_llama_compiles_for_v5e_with_the_cpu_programs_collectives(tp):
         devices = targets.parse_target("v5e:2x2").devices()
         tpu = onnx2jax.compile(model, mesh=Mesh(np.array(devices), ("x",)))
     assert {d.platform for d in tpu.mesh.devices.flat} == {"tpu"}
+    assert tpu.target == ("tpu:v5e:2x4" if tp == 8 else "tpu TPU v5 lite x4")  # what NoDevicesError names
     compiled = tpu.lower(IDS.shape).compile()
     assert count_collectives(compiled.as_text()) == _cpu_collectives(tp)
     assert _cpu_collectives(tp)["all-reduce"] > 0  # the comparison counts something
