@@ -279,3 +279,34 @@ class SearchOptionError(ValueError):
         self.option, self.value, self.source = option, value, source
         where = f" in {source}" if source else ""
         super().__init__(f"search option {option}={value!r}{where}: {reason}")
+
+
+class TargetError(ValueError):
+    """A compile target onnx2jax cannot use: a name it cannot read, a topology libtpu does not know, libtpu
+    missing (the message says what to install), or a plan whose mesh does not fit the target.
+
+    Attributes:
+      target: the target as given (``"tpu:v5e:2x4"``).
+      reason: what is wrong.
+    """
+
+    def __init__(self, target: str, reason: str):
+        self.target, self.reason = target, reason
+        super().__init__(f"target {target!r}: {reason}")
+
+
+class NoDevicesError(RuntimeError):
+    """An executable compiled for a target whose devices are not attached (compile-only TPU devices of a
+    topology) was asked to run or to place its parameters: it can only lower, compile and report.
+
+    Attributes:
+      target: the target's name.
+      action: what was asked (``"run"``, ``"place parameters"``).
+    """
+
+    def __init__(self, target: str, action: str):
+        self.target, self.action = target, action
+        super().__init__(
+            f"cannot {action}: this executable is compiled for {target}, whose devices are not attached "
+            "(compile-only); lower(), lower().compile() and report() work, running needs that hardware"
+        )

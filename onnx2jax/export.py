@@ -66,18 +66,25 @@ def export(compiled: Any, *inputs: Any, path: str | os.PathLike | None = None, *
     bound = {**dict(zip(model.input_names, inputs)), **named}
     static = {k: np.asarray(v) for k, v in bound.items() if k in model.shape_input_names}
     dynamic = [k for k in model.input_names if k in bound and k not in static]
-    names = list(compiled.params)
+    # For a target whose devices are not attached (compile-only TPU devices), nothing is placed: the program
+    # is lowered for the target's platform over the planned shardings, the weights read from the model file.
+    held = compiled.abstract_params if compiled.target is not None else compiled.params
+    names = list(held)
 
     def program(params, *values):
         return compiled.apply(dict(zip(names, params)), **dict(zip(dynamic, values)), **static)
 
-    params = [compiled.params[n] for n in names]
+    params = [held[n] for n in names]
     shardings = ([p.sharding for p in params],) + (None,) * len(dynamic)
+    platforms = [compiled.mesh.devices.flat[0].platform]
     with x64_scope(model.uses_64bit), portable():
         avals = [_abstract(bound[k]) for k in dynamic]
-        exported = jax.export.export(jax.jit(program, in_shardings=shardings))(
+        exported = jax.export.export(jax.jit(program, in_shardings=shardings), platforms=platforms)(
             [jax.ShapeDtypeStruct(p.shape, p.dtype) for p in params], *avals
         )
+    if compiled.target is not None:
+        host = compiled.host_params()
+        params = [host[n] for n in names]
     meta = {
         "format": FORMAT,
         "inputs": dynamic,

@@ -4,11 +4,11 @@ A transformer export is a prefix (embeddings, masks, rotary tables), N copies
 of one layer and a suffix (final norm, head). Each copy is the same subgraph
 up to its initializers: the same ops with the same attributes in the same
 order, wired the same way, reading initializers of the same shapes and dtypes
-whose values differ from layer to layer. Layer k's output (the residual
+(each layer its own: parameters are told apart by name, never by value, so no weight is read). Layer k's output (the residual
 stream; the *carry*) is layer k+1's input. Everything else a layer reads from
 outside itself is *loop-invariant*: graph inputs, values computed in the
 prefix and read by every layer (attention masks, position ids, rotary cos/sin),
-and initializers every layer shares by name or holds with equal values.
+and initializers every layer shares by name (or, for a compile-time constant, holds with equal values).
 
 :func:`find_repeated_layers` finds the longest such chain in the stored node
 order (exporters emit one layer's nodes together, in module order) and
@@ -59,10 +59,11 @@ class Repetition:
       outputs: for each ``carry_in``, the tensor of the *last* layer that
         follows it (what the suffix reads).
       stacked: first layer's initializer name -> every layer's initializer
-        for that slot (first layer's included), for slots whose values differ
-        between layers. Stack them along a new leading axis.
+        for that slot (first layer's included), for slots each layer reads under
+        its own name (a constant's per-layer copies of one value excepted). Stack them
+        along a new leading axis.
       shared: first layer's initializer names read by every layer with the
-        same value (shared by name, or per-layer copies of equal value).
+        same value (shared by name, or per-layer copies of one constant's value).
       invariants: tensors computed outside the layers (graph inputs, prefix
         values) that every layer reads under the same name.
       reason: why no repetition was found ('' when one was).
@@ -177,7 +178,9 @@ def _candidates(ids: np.ndarray) -> list[tuple[int, int, int]]:
     return [(s, p, length) for s, p, _, length in found]
 
 
-ArrayOf = Callable[[str], np.ndarray]
+ArrayOf = Callable[[str], "np.ndarray | None"]
+"""Initializer name -> its value when it is a compile-time constant (compared between layers), or None for a
+parameter: layers' parameters are told apart by name and graph type, never by reading their values."""
 
 
 def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None) -> Repetition:
@@ -185,9 +188,10 @@ def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None
 
     Args:
       graph: the model's main graph (functions inlined).
-      array_of: initializer name -> its value (to tell stacked slots from
-        per-layer copies of one value); defaults to reading the graph's
-        initializers, which needs them inline.
+      array_of: initializer name -> its value for a compile-time constant (per-layer copies of one
+        constant are shared, not stacked), None for a parameter (each layer's own initializer is a
+        stacked slot, whatever its values: repeated layers are recognised from structure and shapes,
+        and no weight is read). Default: inline non-float initializers are constants, the rest parameters.
 
     Returns:
       a :class:`Repetition`; ``found`` is false and ``reason`` says why when
@@ -199,7 +203,7 @@ def find_repeated_layers(graph: onnx.GraphProto, array_of: ArrayOf | None = None
     nodes = [graph.node[i] for i in order]
     if array_of is None:
         by_name = {i.name: i for i in graph.initializer}
-        array_of = lambda name: onnx.numpy_helper.to_array(by_name[name])  # noqa: E731
+        array_of = lambda name: _constant_value(by_name[name])  # noqa: E731
     labels = _labels(graph, nodes)
     table: dict[tuple, int] = {}
     ids = np.array([table.setdefault(label, len(table)) for label in labels])
@@ -361,8 +365,8 @@ def _verify(index: _Index, start: int, length: int, count: int, array_of: ArrayO
             shared.append(a)
             continue
         first = array_of(a)
-        if all(_equal(array_of(n), first) for n in names[1:]):
-            shared.append(a)
+        if first is not None and all(_equal(array_of(n), first) for n in names[1:]):
+            shared.append(a)  # a compile-time constant with one value in every layer
         else:
             stacked[a] = tuple(names)
     invariants = tuple(sorted(a for a in external if a not in index.inits and a not in carry_pos))
@@ -377,6 +381,14 @@ def _verify(index: _Index, start: int, length: int, count: int, array_of: ArrayO
         shared=tuple(sorted(shared)),
         invariants=invariants,
     )
+
+
+def _constant_value(tensor: onnx.TensorProto) -> np.ndarray | None:
+    """An inline non-float initializer's value (a constant); None for a float or external one (a parameter)."""
+    floats = {onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE}
+    if tensor.data_type in floats or onnx.external_data_helper.uses_external_data(tensor):
+        return None
+    return onnx.numpy_helper.to_array(tensor)
 
 
 def _equal(a: np.ndarray, b: np.ndarray) -> bool:

@@ -11,10 +11,11 @@ tensor is read.
 
 from __future__ import annotations
 
+import copy
 import mmap
 import os
 import weakref
-from typing import NamedTuple, Union
+from typing import Any, NamedTuple, Union
 
 import numpy as np
 import onnx
@@ -120,13 +121,18 @@ def load_model(model: ModelLike, *, inline: bool = True) -> onnx.ModelProto:
     return proto
 
 
-def open_model(model: ModelLike, *, inline: bool = True) -> tuple[onnx.ModelProto, str | None]:
+def open_model(model: ModelLike, *, inline: bool = True, weights: bool = True) -> tuple[onnx.ModelProto, str | None]:
     """Like :func:`load_model`, but the main graph's external initializers stay on disk.
 
     Their references are checked (inside the model's directory, present, long
     enough) and :func:`initializer_array` maps them read-only, so a model over
     2 GB never becomes one protobuf, and placing a sharded weight reads only
     each device's slice of the file.
+
+    ``weights=False`` (an ahead-of-time compile for a target, which needs only shapes): the external
+    weights' files are not opened, only their locations checked (inside the model's directory); a
+    missing or truncated file is not an error here. Small non-float constants (shape vectors) are
+    still read: shape inference needs their values.
 
     Returns:
       The ModelProto and the directory its external data is read from (None
@@ -146,8 +152,9 @@ def open_model(model: ModelLike, *, inline: bool = True) -> tuple[onnx.ModelProt
     if not external:
         return load_model(proto, inline=inline), None
     base = os.path.dirname(os.path.abspath(path))
-    _check_external(proto, base)
     in_main_graph = {id(t) for t in proto.graph.initializer}
+    read = [t for t in external if id(t) not in in_main_graph or _is_small_constant(t)]
+    _check_external(proto, base, None if weights else read)
     for tensor in external:  # subgraph constants and shape-sized tensors are small: read them in
         if id(tensor) not in in_main_graph or _is_small_constant(tensor):
             onnx.external_data_helper.load_external_data_for_tensor(tensor, base)
@@ -222,6 +229,44 @@ def freeze(array: np.ndarray) -> np.ndarray:
     """``array`` made read-only (so that jax on CPU may alias it instead of copying)."""
     array.flags.writeable = False
     return array
+
+
+class ExternalTensor:
+    """An external-data initializer known by its shape and dtype only: its file is not opened.
+
+    What :class:`~onnx2jax.translate.JaxModel` holds for a weight when compiling ahead of time for a
+    target (``defer_external``): planning, lowering and reports need shapes and dtypes, never values.
+    :meth:`load` maps the data (:func:`initializer_array`), where something does need the values.
+    """
+
+    def __init__(self, tensor: onnx.TensorProto, base_dir: str | None):
+        self.tensor, self.base_dir = tensor, base_dir
+        self.name = tensor.name
+        self.shape = tuple(int(d) for d in tensor.dims)
+        self.dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        self.ndim = len(self.shape)
+        self.size = int(np.prod(self.shape, dtype=np.int64))
+        self.nbytes = self.size * self.dtype.itemsize
+
+    def load(self) -> np.ndarray:
+        """The values, memory-mapped read-only (the file is opened now); converted when held in another dtype."""
+        array = initializer_array(self.tensor, self.base_dir)
+        return array if array.dtype == self.dtype else array.astype(self.dtype)
+
+    def astype(self, dtype: Any) -> "ExternalTensor":
+        """The same tensor held as ``dtype`` (a compute dtype): still unread, converted when loaded."""
+        held = copy.copy(self)
+        held.dtype = np.dtype(dtype)
+        held.nbytes = held.size * held.dtype.itemsize
+        return held
+
+    def __repr__(self) -> str:
+        return f"ExternalTensor({self.name!r}, {list(self.shape)}, {self.dtype})"
+
+
+def host_array(value: "np.ndarray | ExternalTensor") -> np.ndarray:
+    """``value``'s values on the host: an :class:`ExternalTensor` is loaded, an array is itself."""
+    return value.load() if isinstance(value, ExternalTensor) else value
 
 
 def initializer_array(tensor: onnx.TensorProto, base_dir: str | None) -> np.ndarray:
@@ -302,9 +347,14 @@ def _external_tensors(proto: onnx.ModelProto) -> list[onnx.TensorProto]:
     ]
 
 
-def _check_external(proto: onnx.ModelProto, base_dir: str) -> None:
-    """Checks every external reference: inside ``base_dir``, present, and long enough."""
+def _check_external(proto: onnx.ModelProto, base_dir: str, opened: list[onnx.TensorProto] | None = None) -> None:
+    """Checks every external reference: inside ``base_dir``, present, and long enough.
+
+    ``opened``: only these tensors' files are checked for presence and length (the others' are never
+    opened: an ahead-of-time compile); every location is checked to be inside ``base_dir``.
+    """
     base = os.path.realpath(base_dir)
+    checked = None if opened is None else {id(t) for t in opened}
     for tensor in _external_tensors(proto):
         info = _external_info(tensor)
         location = info.location
@@ -319,6 +369,8 @@ def _check_external(proto: onnx.ModelProto, base_dir: str) -> None:
                 f"tensor {tensor.name!r}: external data location {location!r} "
                 f"escapes the model's directory {base!r}"
             )
+        if checked is not None and id(tensor) not in checked:
+            continue
         if not os.path.isfile(target):
             raise ModelLoadError(
                 f"tensor {tensor.name!r}: external data file {location!r} not found in {base!r}"

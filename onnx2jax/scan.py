@@ -36,6 +36,7 @@ import onnx
 
 from onnx2jax.errors import NodeError
 from onnx2jax.layers import Repetition, find_repeated_layers
+from onnx2jax.loading import host_array
 from onnx2jax.placing import place_stacked, stack_on_host
 
 AUTO_MIN_LAYERS = 16
@@ -91,8 +92,7 @@ def plan(
         return ScanPlan(False, Repetition(reason="scan_layers=False"), "layers unrolled: scan_layers=False")
     if segmented:
         return _refuse(setting, Repetition(reason="segmented"), "the model runs in segments around data-dependent nodes")
-    values = {**constants, **params}
-    repetition = find_repeated_layers(proto.graph, lambda name: values[name])
+    repetition = find_repeated_layers(proto.graph, constants.get)  # parameters by structure, never by value
     if not repetition.found:
         return _refuse(setting, repetition, f"no repeated layer: {repetition.reason}")
     traced_constants = [n for n in repetition.stacked if n not in params]
@@ -161,7 +161,7 @@ class Stacked:
 
     def place(self, sharding: jax.sharding.Sharding) -> jax.Array:
         """The stacked array on ``sharding`` (the layer axis first, unsplit)."""
-        return place_stacked(self.layers, sharding)
+        return place_stacked([host_array(layer) for layer in self.layers], sharding)
 
     def host(self) -> np.ndarray:
         """The whole stack as one aligned read-only host array, the layers' file pages dropped.
@@ -169,7 +169,7 @@ class Stacked:
         For an unsharded model's uncommitted arguments: jax on CPU holds it
         without copying, so it is the one copy of these weights.
         """
-        return stack_on_host(self.layers)
+        return stack_on_host([host_array(layer) for layer in self.layers])
 
 
 def stacked_arrays(plan_: ScanPlan, params: Mapping[str, np.ndarray]) -> dict[str, Stacked]:

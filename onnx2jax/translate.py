@@ -45,7 +45,7 @@ from onnx2jax.graph_runner import (
 )
 from onnx2jax.hostvalues import to_host
 from onnx2jax.input_checks import IndexCheck
-from onnx2jax.loading import ModelLike, drop_pages, initializer_array, open_model
+from onnx2jax.loading import ExternalTensor, ModelLike, drop_pages, host_array, initializer_array, open_model
 from onnx2jax.numerics import checked_compute_dtype, checked_precision, compute_scope, narrowed, precision_scope
 from onnx2jax.placing import holding
 from onnx2jax.xla_options import compiler_options
@@ -107,7 +107,10 @@ class JaxModel:
         check_indices: bool = True,
         precision: str = "auto",
         compute_dtype: str | None = None,
+        defer_external: bool = False,
     ):
+        """``defer_external``: external-data weights are held as :class:`~onnx2jax.loading.ExternalTensor`
+        (shape and dtype, file not opened) for an ahead-of-time compile; such a model lowers but does not run."""
         self.proto = proto
         self.precision = checked_precision(precision)  # every product's, while tracing (onnx2jax.numerics)
         self.compute_dtype = checked_compute_dtype(compute_dtype)
@@ -122,11 +125,12 @@ class JaxModel:
         self.constants: dict[str, np.ndarray] = {}
         shape_setting = shape_setting_inputs(graph, self.opsets)
         for init in graph.initializer:
-            array = initializer_array(init, external_dir)
+            deferred = defer_external and onnx.external_data_helper.uses_external_data(init)
+            array = ExternalTensor(init, external_dir) if deferred else initializer_array(init, external_dir)
             if _is_parameter(array) and init.name not in shape_setting:
                 self.params[init.name] = array
-            else:
-                self.constants[init.name] = array
+            else:  # a constant is folded while tracing: its values are needed
+                self.constants[init.name] = host_array(array)
         for sparse in graph.sparse_initializer:
             self.params[sparse.values.name] = _densify(sparse)
         if self.compute_dtype is not None:  # held in the compute dtype: half a float32 export's bytes

@@ -38,7 +38,7 @@ from rich.table import Table
 from onnx2jax.cli import annotate_auto
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError, check_writable
-from onnx2jax.cli.options import add_verbose_argument, byte_count
+from onnx2jax.cli.options import add_target_arguments, add_verbose_argument, byte_count
 from onnx2jax.errors import ModelLoadError
 from onnx2jax.loading import open_model
 from onnx2jax.saving import save_model
@@ -111,6 +111,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "by default the output is a small .onnx that reads the source model's external data",
     )
     annotate_auto.add_arguments(parser)
+    add_target_arguments(parser)
     add_verbose_argument(parser, "the table of every annotation written (node, op, tensor, spec, role)")
     return parser
 
@@ -144,7 +145,7 @@ def _annotate(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Mo
             raise UsageError(f"--stage expects NODE=INT, got {item!r}") from None
     if args.name_nodes:
         name_nodes(model)
-    annotate_auto.require_auto(args)
+    annotate_auto.require_auto(args, target=True)  # --target: the automatic plan for a TPU topology
     if args.auto:
         if args.plan or args.stages or specs or stages:
             raise UsageError("--auto writes the whole plan: it goes without --plan, --stages, --spec and --stage")

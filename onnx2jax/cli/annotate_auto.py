@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
 import onnx
 
 from onnx2jax.cli.errors import UsageError
-from onnx2jax.cli.options import byte_count, request_devices
+from onnx2jax.cli.options import byte_count, request_devices, target_of
 from sharding.auto import AutoPlanError, AutoReport, auto_plan
 from sharding.auto.cost import OBJECTIVES
 
@@ -39,11 +40,14 @@ def add_arguments(parser: argparse.ArgumentParser, *, devices: bool = False) -> 
     parser.add_argument("--mesh-shape", metavar="DxT", help="--auto: only this data x tensor shape, e.g. 2x4")
 
 
-def require_auto(args: argparse.Namespace, *, devices: bool = False) -> None:
-    """Refuses the workload options (and ``--devices`` where ``devices``) without ``--auto``: nothing would read them."""
+def require_auto(args: argparse.Namespace, *, devices: bool = False, target: bool = False) -> None:
+    """Refuses the workload options (and ``--devices`` where ``devices``, ``--target`` where ``target``) without
+    ``--auto``: nothing would read them."""
     given = [option for option, value in (("--batch", args.batch), ("--seq", args.seq), ("--memory", args.memory),
                                           ("--mesh-shape", args.mesh_shape), ("--devices", devices and args.devices),
                                           ("--objective", args.objective != "latency")) if value]
+    if target and getattr(args, "target", None) is not None:
+        given.append("--target")
     if given and not args.auto:
         raise UsageError(f"{', '.join(given)} go with --auto (the automatic plan's workload)")
 
@@ -77,11 +81,19 @@ def search(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Model
     from onnx2jax.runtime.calibration import rates
     from onnx2jax.runtime.compile import compile as compile_model
 
+    target = target_of(args)
+    if target is not None:  # the plan is for the target's chips; the winner is compiled for it, not here
+        count = len(target.devices())
+        if args.devices is None:
+            args.devices = count
+        elif args.devices != count:
+            raise UsageError(f"--devices {args.devices} but --target {target.name} has {count} devices")
     devices = _mesh(args)
     if args.devices < 1:
         raise UsageError(f"--devices must be >= 1, got {args.devices}")
-    seen = len(request_devices(args.devices))  # fake CPU devices where the machine has no accelerator
-    here = seen >= args.devices
+    # fake CPU devices where the machine has no accelerator; none for a target (its chips are not here)
+    seen = len(jax.devices()) if target is not None else len(request_devices(args.devices))
+    here = seen >= args.devices and target is None
     try:
         annotated, report = auto_plan(model, devices, batch=args.batch, seq=args.seq, memory_per_device=args.memory,
                                       objective=args.objective, rates=rates(jax.devices()[:args.devices]) if here else None)
@@ -95,6 +107,11 @@ def search(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Model
     elif here:
         executable = compile_model(annotated, configuration="auto")
         check(executable, report, example_inputs(annotated, args.batch, args.seq))
+    elif target is not None:
+        from onnx2jax.cli.target import compile_for_target
+
+        shapes = {k: np.shape(v) for k, v in example_inputs(annotated, args.batch, args.seq).items()}
+        notes.extend(compile_for_target(annotated, target, "auto", shapes)["lines"])
     else:
         notes.append(f"JAX sees {seen} devices, not {args.devices}: the rates are the defaults and the winner "
                      "was not compiled (run where the devices are visible to check it)")

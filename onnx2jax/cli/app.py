@@ -17,11 +17,13 @@ from typing import Sequence
 
 from onnx2jax import __version__
 from onnx2jax import bundled
-from onnx2jax.cli import annotate, bench, check, conformance, data, demo, explain, export, generate, run, serve
+from onnx2jax.cli import (
+    annotate, bench, check, conformance, data, demo, explain, export, generate, run, serve, targets,
+)
 from onnx2jax.cli.errors import run_guarded
 from onnx2jax.cli.options import apply_cache_arguments, quiet_xla_log
 
-COMMANDS = (demo, run, generate, serve, conformance, annotate, check, explain, bench, export, data)
+COMMANDS = (demo, run, generate, serve, conformance, annotate, check, explain, bench, export, targets, data)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,12 +18,14 @@ import dataclasses
 import json
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import onnx
 from rich.table import Table
 
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
 from onnx2jax.cli.errors import CliError, UsageError
+from onnx2jax.cli.options import add_target_arguments, target_of
 from onnx2jax.loading import open_model
 from sharding import codes, segments
 from sharding.check import check_and_infer, merge
@@ -50,6 +52,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         "--strict", action="store_true", help="annotated ops without a sharding rule are errors"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_target_arguments(parser)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -177,7 +180,9 @@ def print_stages(console, diags: Sequence[Diagnostic]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Checks the annotations; prints a table or JSON; exit status 1 when there are errors."""
+    """Checks the annotations (and with ``--target`` compiles for it); prints a table or JSON; exit status 1
+    when there are errors."""
+    target_of(args)  # a bad --target is a usage error before anything runs
     model = load(args.model)
     require_names(model, parse_input_shapes(args.input_shape))
     require_annotations(model, args.model)
@@ -185,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
         diags, _, _ = checked(model, args.configuration, parse_input_shapes(args.input_shape), args.strict)
     counts = severity_counts(diags)
     which = configuration_line(model, args.configuration)
+    compiled = target_summary(args, args.model, args.configuration) if not counts["error"] else None
     if args.json:
         print(json.dumps({
             "model": args.model,
@@ -192,6 +198,7 @@ def run(args: argparse.Namespace) -> int:
             "valid": counts["error"] == 0,
             "counts": counts,
             "diagnostics": [dataclasses.asdict(d) for d in diags],
+            **({} if compiled is None else {"target": {k: v for k, v in compiled.items() if k != "lines"}}),
         }, indent=2))
     else:
         console = terminal.make_console()
@@ -201,9 +208,23 @@ def run(args: argparse.Namespace) -> int:
         print_stages(console, diags)
         if which:
             console.print(which, markup=False)
+        for line in [] if compiled is None else compiled["lines"]:
+            console.print(line, markup=False)
         hidden = "" if args.notes or not counts["note"] else " (--notes lists the notes)"
         console.print(summary_line(counts) + hidden)
     return 1 if counts["error"] else 0
+
+
+def target_summary(args: argparse.Namespace, model: Any, configuration: str | None) -> dict | None:
+    """With ``--target``: ``model`` compiled for it at ``--input-shape``'s shapes (:mod:`onnx2jax.cli.target`),
+    else None (the target is parsed first: a bad name is a usage error before anything compiles)."""
+    target = target_of(args)
+    if target is None:
+        return None
+    from onnx2jax.cli.target import compile_for_target
+
+    with terminal.make_console(stderr=True).status(f"compiling for {target.name} ..."):
+        return compile_for_target(model, target, configuration, parse_input_shapes(args.input_shape))
 
 
 def configuration_line(model: onnx.ModelProto, asked: str | None) -> str | None:

@@ -45,6 +45,7 @@ from onnx2jax.cli.check import (
     require_names,
     severity_counts,
     summary_line,
+    target_summary,
 )
 from onnx2jax.cli import annotate_auto
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time: tests swap it
@@ -222,6 +223,8 @@ def run(args: argparse.Namespace) -> int:
     require_annotations(model, args.model)
     with terminal.make_console(stderr=True).status(f"checking and inferring {args.model} ..."):  # terminals only
         diagnostics, inference, sharded = checked(model, args.configuration, shapes, args.strict)
+    # --target: the model's own plan compiled for it (with --auto, search compiled its winner for it already)
+    compiled = None if args.auto else target_summary(args, args.model, args.configuration)
     rows = list(_rows(inference, model, not args.placed, set(args.node)))
     part = _partition(model, inference.configuration)
     # Per-stage counts are over the whole model, whatever --node/--placed list.
@@ -241,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
             "segments": _segment_lines(sharded),
             **({} if stages is None else {"stages": stages}),
             **({} if auto is None else {"auto": {**auto[0].as_dict(), "run_notes": auto[1]}}),
+            **({} if compiled is None else {"target": {k: v for k, v in compiled.items() if k != "lines"}}),
         }, indent=2))
     else:
         console = terminal.make_console()
@@ -259,6 +263,8 @@ def run(args: argparse.Namespace) -> int:
         which = configuration_line(model, args.configuration)
         if which:
             console.print(which.replace("checked", "explained", 1), markup=False)
+        for line in [] if compiled is None else compiled["lines"]:
+            console.print(line, markup=False)
         console.print(summary_line(severity_counts(diagnostics)) + ("" if listed else " (--verbose lists every node)"))
     if args.write:
         # The weights stay in the source's external data (a small .onnx beside it); see onnx2jax.saving.

@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 
 from onnx2jax.cli import console as terminal  # terminal.make_console at call time, as run does
 from onnx2jax.cli.errors import UsageError
+from onnx2jax.cli.options import add_target_arguments, target_of
 from onnx2jax.cli.inputs import conform, parse_dims, random_inputs, read_input_files, symbolic_dims
 
 SYMBOLIC = "symbolic"
@@ -45,6 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                         help="what holds for the symbolic dims, as jax.export reads it (e.g. 'seq <= 512'): "
                         "decides the shape comparisons that depend on them")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    add_target_arguments(parser)
     return parser
 
 
@@ -115,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
     from onnx2jax.export import export
 
     console = terminal.make_console()
-    compiled = onnx2jax.compile(args.model)
+    # --target: the program lowered for the TPU topology's platform and shardings, to load where it is attached
+    # (the artifact carries the weights, read from the model file; nothing is placed here).
+    compiled = onnx2jax.compile(args.model, target=target_of(args))
     model = compiled.model
     known = symbolic_dims(model)
     sized, symbolic = split_symbolic(args.dim, known)

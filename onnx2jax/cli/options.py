@@ -1,15 +1,19 @@
-"""Pieces several sub-commands share: ``--scan-layers``, ``--verbose``, ``--cache``/``--no-cache``, sizes such as
-``16GB``, and starting JAX (XLA's own log kept off stderr, devices asked for)."""
+"""Pieces several sub-commands share: ``--scan-layers``, ``--verbose``, ``--cache``/``--no-cache``, ``--target``/
+``--slices``, sizes such as ``16GB``, and starting JAX (XLA's own log kept off stderr, devices asked for)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from onnx2jax.cli.errors import CliError, UsageError, debug_requested
 from onnx2jax.errors import CacheFolderError
 from onnx2jax.runtime import compilation_cache
+
+if TYPE_CHECKING:
+    from onnx2jax.runtime.targets import Target
 
 _SCAN_CHOICES = {"auto": "auto", "on": True, "off": False}
 
@@ -21,6 +25,40 @@ def add_scan_argument(parser: argparse.ArgumentParser) -> None:
         help="run the repeated layers of a transformer as one lax.scan, so compile time does not grow with "
              "depth: auto (default: from 16 repeated layers), on (or fail saying why), off (unrolled)",
     )
+
+
+def add_target_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--target tpu:v5e:2x4`` and ``--slices N``: compile for a TPU topology that is not attached
+    (:mod:`onnx2jax.runtime.targets`; ``onnx2jax targets`` lists them)."""
+    parser.add_argument(
+        "--target", metavar="TPU", default=None,
+        help="also compile for this TPU topology, ahead of time on this machine, as jax spells it: "
+             "tpu:v5e:2x4, tpu:v5p:2x2x2, tpu:v6e:2x4 (onnx2jax targets lists them; needs libtpu: "
+             "pip install 'jax[tpu]'); no weight is read",
+    )
+    parser.add_argument("--slices", type=int, default=1, metavar="N",
+                        help="--target: N slices of the topology, data parallel across them (default 1)")
+
+
+def target_of(args: argparse.Namespace) -> "Target | None":
+    """The :class:`~onnx2jax.runtime.targets.Target` ``--target``/``--slices`` name, or None.
+
+    Raises:
+      UsageError: a name that is not a topology as jax spells it, ``--slices`` below 1, or ``--slices``
+        without ``--target``.
+    """
+    target, slices = getattr(args, "target", None), getattr(args, "slices", 1)
+    if target is None:
+        if slices != 1:
+            raise UsageError("--slices goes with --target")
+        return None
+    from onnx2jax.errors import TargetError
+    from onnx2jax.runtime.targets import parse_target  # imports jax: only when a target is asked for
+
+    try:
+        return parse_target(target, slices)
+    except TargetError as e:
+        raise UsageError(f"--target: {e.reason}") from None
 
 
 def add_verbose_argument(parser: argparse.ArgumentParser, tables: str) -> None:

@@ -27,6 +27,7 @@ from onnx2jax.runtime.pipeline_schedules import PipelineSchedule
 from onnx2jax.runtime.plan import make_plan
 from onnx2jax.runtime.segmented import compile_segmented
 from onnx2jax.runtime.spmd import Compiled, translate_for
+from onnx2jax.runtime.targets import Target, parse_target
 from onnx2jax.scan import ScanSetting
 
 
@@ -45,6 +46,8 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     auto: Mapping[str, Any] | None = None,
     precision: str = "auto",
     compute_dtype: str | None = None,
+    target: "str | Target | None" = None,
+    slices: int = 1,
 ) -> Executable:
     """Compiles an annotated ONNX model for a device mesh.
 
@@ -96,6 +99,13 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       compute_dtype: ``"bfloat16"`` (or ``"float16"``): run a float32 export in
         that dtype, its float32 parameters held in it and its outputs cast back
         to the model's types (:mod:`onnx2jax.numerics`); None: the model's types.
+      target: compile for hardware that need not be attached: a TPU topology as jax spells it,
+        ``"tpu:v5e:2x4"`` (:mod:`onnx2jax.runtime.targets`; needs libtpu: ``pip install 'jax[tpu]'``). The
+        mesh is laid over the target's compile-only devices; the executable's ``lower()``,
+        ``lower().compile()`` and ``report()`` work, and running or placing raises
+        :class:`~onnx2jax.errors.NoDevicesError`. ``mesh=`` a Mesh of topology devices does the same.
+      slices: with ``target``, how many slices of it (data parallel across slices: the data axis of a
+        hybrid mesh spans them).
 
     Returns:
       An :class:`~onnx2jax.runtime.executable.Executable` (``__call__``,
@@ -121,7 +131,12 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
       >>> (logits,) = compiled(input_ids)                         # doctest: +SKIP
       >>> compiled.report().render()                              # doctest: +SKIP
     """
+    resolved = None if target is None else parse_target(target, slices)
+    if resolved is None and slices != 1:
+        raise ValueError(f"slices={slices} needs a target")
     if plan is not None:
+        if resolved is not None:
+            raise ValueError("plan='auto' with a target is not implemented yet; give the model's own plan")
         return _planned(model, plan, devices, auto, mesh=mesh, check=check, microbatches=microbatches,
                         scan_layers=scan_layers, check_indices=check_indices, precision=precision,
                         compute_dtype=compute_dtype)
@@ -131,7 +146,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     checked_compute_dtype(compute_dtype)  # refused before the model is planned
     plan = make_plan(
         model, mesh, configuration=configuration, check=check, devices=devices, microbatches=microbatches,
-        scan_layers=scan_layers,
+        scan_layers=scan_layers, target=resolved,
     )
     plan = dataclasses.replace(plan, precision=precision, compute_dtype=compute_dtype)
     if schedule is not None and plan.kind != "stages":
@@ -143,9 +158,11 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     else:
         translated = translate_for(
             plan.program, plan.external_dir, scan_layers=plan.scan_layers, inferred=plan.inferred, precision=plan.precision,
-            compute_dtype=plan.compute_dtype,
+            compute_dtype=plan.compute_dtype, defer_external=not plan.read_weights,
         )
         executable = Compiled(translated, plan.program)
+        if resolved is not None:
+            executable.target = resolved.name  # the target as the user named it, in NoDevicesError's message
     executable.model.index_check.enabled = check_indices
     return executable
 

@@ -27,6 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from onnx2jax.loading import host_array
 from onnx2jax.placing import place
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.views import View
@@ -74,31 +75,41 @@ def _whole_copy(distinct: list[TensorPlacement], mesh: Mesh) -> int:
 
 
 class ParameterStore:
-    """Every parameter on the mesh, one copy per distinct layout its consumers ask for.
+    """Every parameter's stored layout on the mesh, one copy per distinct layout its consumers ask for.
+
+    Planning and placing are two steps: the constructor reads only each
+    parameter's shape and dtype (never its values), so a store can be made for
+    a mesh of compile-only devices (a TPU topology) and give the program's
+    abstract parameters (:meth:`abstract`); :meth:`place` then puts host
+    arrays on the mesh, each device receiving only its slice.
 
     Attributes:
-      arrays: by parameter name, the copy of its first annotated consumer
-        (replicated when no consumer has a spec).
-      copies: further copies by copy id (``"name#k"``), one per other layout.
+      mesh: the mesh every layout is on.
+      names: by stored key (a parameter's name, or a copy id ``"name#k"``), the parameter it holds.
       consumer_copy: for each consumer input that reads a further copy, its id
         (a reader without a placement reads the whole parameter: a replicated copy).
       placements: the placement of every stored array (by name or copy id).
       layouts: stored arrays held unfused or padded, by name or copy id.
+      shardings: the NamedSharding of every stored array.
+      held: by stored key, the (shape, dtype) it is held in.
     """
 
     def __init__(
         self,
         mesh: Mesh,
-        params: Mapping[str, np.ndarray],
+        params: Mapping[str, Any],
         placements: Mapping[SpecKey, TensorPlacement],
         readers: Mapping[str, list[SpecKey]] | None = None,
     ):
-        """``readers``: by parameter, every node input that reads it (those without a placement read it whole)."""
-        self.arrays: dict[str, jax.Array] = {}
-        self.copies: dict[str, jax.Array] = {}
+        """``params``: by name, anything with ``shape`` and ``dtype`` (host arrays, ShapeDtypeStructs); no value is
+        read. ``readers``: by parameter, every node input that reads it (those without a placement read it whole)."""
+        self.mesh = mesh
+        self.names: dict[str, str] = {}
         self.consumer_copy: dict[SpecKey, str] = {}
         self.placements: dict[str, TensorPlacement | None] = {}
         self.layouts: dict[str, StoredLayout] = {}
+        self.shardings: dict[str, NamedSharding] = {}
+        self.held: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         wanted: dict[str, list[tuple[SpecKey, TensorPlacement]]] = {}
         for key, placement in placements.items():
             if key.kind == "in" and key.tensor in params:
@@ -117,19 +128,62 @@ class ParameterStore:
                 for key in unplaced:
                     if index:
                         self.consumer_copy[key] = f"{name}#{index}"
-            self.arrays[name] = self._put(name, array, distinct[0] if distinct else None, mesh)
+            shape, dtype = tuple(array.shape), np.dtype(array.dtype)
+            self._plan(name, name, shape, dtype, distinct[0] if distinct else None)
             for index, placement in enumerate(distinct[1:], start=1):
-                self.copies[f"{name}#{index}"] = self._put(f"{name}#{index}", array, placement, mesh)
+                self._plan(f"{name}#{index}", name, shape, dtype, placement)
 
-    def _put(self, key: str, array: np.ndarray, placement: TensorPlacement | None, mesh: Mesh) -> jax.Array:
+    def _plan(self, key: str, name: str, shape: tuple[int, ...], dtype: np.dtype,
+              placement: TensorPlacement | None) -> None:
+        self.names[key] = name
         self.placements[key] = placement
         if placement is None:
-            return place(array, NamedSharding(mesh, PartitionSpec()))
-        unfused = array.reshape(placement.expand(array.shape))
-        padded = padded_shape(unfused.shape, placement.sharding)
-        if placement.fused or padded != unfused.shape:
-            self.layouts[key] = StoredLayout(array.shape, unfused.shape, padded)
-        return place(unfused, placement.sharding, padded)
+            self.shardings[key] = NamedSharding(self.mesh, PartitionSpec())
+            self.held[key] = (shape, dtype)
+            return
+        unfused = tuple(placement.expand(shape))
+        padded = padded_shape(unfused, placement.sharding)
+        if placement.fused or padded != unfused:
+            self.layouts[key] = StoredLayout(shape, unfused, padded)
+        self.shardings[key] = placement.sharding
+        self.held[key] = (padded, dtype)
+
+    @property
+    def copy_keys(self) -> list[str]:
+        """The further copies' ids (``"name#k"``), in order."""
+        return [key for key in self.names if key != self.names[key]]
+
+    def abstract(self) -> tuple[dict[str, jax.ShapeDtypeStruct], dict[str, jax.ShapeDtypeStruct]]:
+        """(by name, by copy id): every stored array as a ShapeDtypeStruct with its sharding, no data."""
+        structs = {
+            key: jax.ShapeDtypeStruct(shape, dtype, sharding=self.shardings[key])
+            for key, (shape, dtype) in self.held.items()
+        }
+        copies = set(self.copy_keys)
+        return ({k: v for k, v in structs.items() if k not in copies}, {k: v for k, v in structs.items() if k in copies})
+
+    def place(self, params: Mapping[str, np.ndarray]) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+        """(by name, by copy id): the host ``params`` placed in their planned layouts, each device reading its slice."""
+        arrays: dict[str, jax.Array] = {}
+        copies: dict[str, jax.Array] = {}
+        for key, name in self.names.items():
+            array = host_array(params[name])
+            if key in self.layouts:
+                array = array.reshape(self.layouts[key].unfused_shape)
+            placed = place(array, self.shardings[key], self.held[key][0])
+            (arrays if key == name else copies)[key] = placed
+        return arrays, copies
+
+    def held_on_host(self, key: str, params: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The stored array ``key`` as a host array in its held shape (unfused, zero-padded), read from ``params``."""
+        array = np.asarray(host_array(params[self.names[key]]))
+        layout = self.layouts.get(key)
+        if layout is None:
+            return array
+        unfused = array.reshape(layout.unfused_shape)
+        if layout.padded_shape == layout.unfused_shape:
+            return unfused
+        return np.pad(unfused, [(0, p - u) for p, u in zip(layout.padded_shape, layout.unfused_shape)])
 
     def logical(self, key: str, value: Any) -> Any:
         """The stored ``value`` of ``key`` in its ONNX shape (padding removed, fused axes folded)."""
@@ -159,7 +213,7 @@ class ParameterStore:
                 "(unfused and/or padded to divide evenly; see Compiled.params)"
             )
         counts: dict[str, int] = {}
-        for copy in self.copies:
+        for copy in self.copy_keys:
             counts[copy.rsplit("#", 1)[0]] = counts.get(copy.rsplit("#", 1)[0], 0) + 1
         for name, extra in counts.items():
             notes.append(

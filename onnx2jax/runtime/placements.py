@@ -22,15 +22,18 @@ import onnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
-from onnx2jax.errors import DeviceCountError
+from onnx2jax.errors import DeviceCountError, TargetError
 from sharding import codes
 from sharding.mesh.layout import Layout, MeshPlan, layout_of
 from sharding.mesh.mapping import MeshMapping, map_specs
 from onnx2jax.runtime.parameters import holdable_sharding
+from onnx2jax.runtime.targets import data_axis_of, has_attached_devices, target_mesh
 from sharding.diagnostics import Diagnostic, ShardingError
 
 if TYPE_CHECKING:
     import sharding
+
+    from onnx2jax.runtime.targets import Target
 
 
 def _concrete(shape: tuple) -> tuple[int, ...]:
@@ -42,7 +45,8 @@ def _plan_for_mesh(mesh: Mesh, num_devices: int, device_ids: Sequence[int] | Non
     """Configuration device i sits at flat mesh position ``device_ids[i]`` (row-major by default)."""
     if mesh.devices.size != num_devices:
         raise DeviceCountError(
-            configuration, num_devices, mesh.devices.size, mesh=True, hint=len(jax.devices()) < num_devices
+            configuration, num_devices, mesh.devices.size, mesh=True,
+            hint=len(jax.devices()) < num_devices and has_attached_devices(mesh),
         )
     positions = list(range(num_devices)) if device_ids is None else list(device_ids)
     if sorted(positions) != list(range(num_devices)):
@@ -60,10 +64,25 @@ def mesh_for(
     mesh: Mesh | None,
     devices: Sequence[int] | None,
     jax_devices: Sequence[jax.Device] | None,
+    target: "Target | None" = None,
 ) -> tuple[Mesh, MeshMapping]:
-    """The mesh the specs run on (the user's, or one searched from the layouts) and the specs mapped onto it."""
+    """The mesh the specs run on (the user's, or one searched from the layouts) and the specs mapped onto it.
+
+    With a ``target`` (and no mesh), the searched mesh's axes are laid over the target's devices in their
+    physical order (:func:`onnx2jax.runtime.targets.target_mesh`; several slices: the data axis across them).
+    """
     if mesh is not None:
         return mesh, map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices, config))
+    if target is not None and jax_devices is None:
+        have = len(target.devices())
+        if have != num_devices:
+            raise TargetError(
+                target.name, f"configuration {config!r} has {num_devices} devices, the target {have}: choose a "
+                f"target of {num_devices} devices, or write the plan for {have}",
+            )
+        mapping = map_specs(layouts, num_devices)
+        names, sizes = mapping.plan.axis_names, mapping.plan.axis_sizes
+        return target_mesh(target, names, sizes, data_axis_of(names, sizes, target.slices)), mapping
     jax_devices = list(jax_devices) if jax_devices is not None else jax.devices()
     if len(jax_devices) < num_devices:
         raise DeviceCountError(config, num_devices, len(jax_devices))
@@ -191,6 +210,28 @@ def place_on_mesh(
             continue
         placed[name] = jax.device_put(value, input_sharding(tuple(np.shape(value)), in_placements.get(name), mesh))
     return placed
+
+
+def abstract_on_mesh(
+    values: Mapping[str, Any], in_placements: Mapping[str, TensorPlacement], mesh: Mesh
+) -> dict[str, Any]:
+    """Every runtime input as :func:`place_on_mesh` would place it, but without data: a ShapeDtypeStruct with
+    the sharding a call would give it (a jax.Array or ShapeDtypeStruct already on the mesh's devices is kept).
+
+    For lowering where the mesh's devices cannot hold data (compile-only devices of a TPU topology), or
+    where placing would only cost time (``lower()``, ``report()``).
+    """
+    mesh_devices = set(mesh.devices.flat)
+    found = {}
+    for name, value in values.items():
+        sharding = getattr(value, "sharding", None)
+        if isinstance(value, jax.core.Tracer) or getattr(sharding, "device_set", None) == mesh_devices:
+            found[name] = value
+            continue
+        shape = tuple(np.shape(value)) if not isinstance(value, jax.ShapeDtypeStruct) else tuple(value.shape)
+        dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
+        found[name] = jax.ShapeDtypeStruct(shape, dtype, sharding=input_sharding(shape, in_placements.get(name), mesh))
+    return found
 
 
 def input_sharding(shape: tuple[int, ...], placement: TensorPlacement | None, mesh: Mesh) -> jax.sharding.Sharding:

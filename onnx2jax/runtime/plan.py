@@ -29,10 +29,11 @@ import numpy as np
 import onnx
 from jax.sharding import Mesh
 
-from onnx2jax.errors import ConfigurationError
+from onnx2jax.errors import ConfigurationError, TargetError
 from onnx2jax.loading import ModelLike, open_model
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.placements import mesh_for, placements_on, spec_layouts
+from onnx2jax.runtime.targets import Target, has_attached_devices
 from onnx2jax.runtime.user_mesh import auto_axes, context_mesh
 from onnx2jax.scan import ScanSetting
 from sharding.configuration import choose_configuration
@@ -129,6 +130,7 @@ def program_plan(
     inference: Inference | None = None,
     annotations: WrittenAnnotations | None = None,
     strict: bool = False,
+    target: Target | None = None,
 ) -> ProgramPlan:
     """Inference and the mesh of one SPMD program at its model's own shapes.
 
@@ -142,13 +144,16 @@ def program_plan(
       annotations: the annotations that inference read (kept for inference at other shapes).
       strict: ``inference`` is at a call's concrete shapes: every spec is laid out (as ``at_shapes`` lays
         them out), so that a call at those shapes infers nothing again.
+      target: with no ``mesh`` and no ``jax_devices``, the compile target whose devices the searched mesh
+        is laid over (:mod:`onnx2jax.runtime.targets`): the device count is the target's, not ``jax.devices()``'s.
 
     Raises:
       sharding.ShardingError: with ``check``, the annotations have errors.
       sharding.mesh.layout.MeshMappingError: a spec cannot be a NamedSharding on one mesh.
     """
     if configuration is None:
-        mesh = mesh or Mesh(np.array((list(jax_devices) if jax_devices else jax.devices())[:1]), ("d0",))
+        pool = list(jax_devices) if jax_devices else target.devices() if target is not None else jax.devices()
+        mesh = mesh or Mesh(np.array(pool[:1]), ("d0",))
         return ProgramPlan(proto, None, None, mesh, None, {}, check, tuple(structural))
     num_devices = device_configurations(proto)[configuration].num_devices
     if inference is None:
@@ -159,7 +164,7 @@ def program_plan(
         raise ShardingError(list(errors))
     # At the model's own shapes (not strict): a fused spec on a symbolic axis waits for the call's shapes.
     layouts = spec_layouts(inference, strict=strict)
-    mesh, mapping = mesh_for(layouts, configuration, num_devices, mesh, devices, jax_devices)
+    mesh, mapping = mesh_for(layouts, configuration, num_devices, mesh, devices, jax_devices, target)
     placements = placements_on(mapping, layouts, mesh)
     return ProgramPlan(
         proto, configuration, inference, mesh, mapping, placements, check, tuple(structural), annotations
@@ -185,6 +190,9 @@ class Plan:
       program: for ``kind == "whole"``, the program's analysis (inference, mesh, placements).
       precision, compute_dtype: the matrix products' precision and the compute dtype (None: the model's own)
         every strategy translates with (:mod:`onnx2jax.numerics`).
+      target: the compile target the mesh is searched over (None: ``jax.devices()``, or ``mesh``).
+      read_weights: False for an ahead-of-time compile (a target, or a mesh of compile-only devices): the
+        external weights' files are never opened, the model is translated with their shapes only.
     """
 
     proto: onnx.ModelProto
@@ -201,6 +209,8 @@ class Plan:
     program: ProgramPlan | None = None
     precision: str = "auto"
     compute_dtype: str | None = None
+    target: Target | None = None
+    read_weights: bool = True
 
     @property
     def shapes(self) -> Shapes | None:
@@ -219,6 +229,7 @@ def make_plan(
     scan_layers: ScanSetting = "auto",
     inferred: InferredModel | None = None,
     program: bool = True,
+    target: Target | None = None,
 ) -> Plan:
     """The one analysis of a compile (see the module docstring); arguments as :func:`onnx2jax.compile`'s.
 
@@ -233,13 +244,14 @@ def make_plan(
       ValueError: ``microbatches`` without pipeline stages.
       sharding.ShardingError, sharding.mesh.layout.MeshMappingError: as :func:`program_plan`.
     """
-    proto, external_dir = open_model(model)
+    mesh = auto_axes(context_mesh() if mesh is None else mesh)
+    ahead_of_time = target is not None or (mesh is not None and not has_attached_devices(mesh))
+    proto, external_dir = open_model(model, weights=not ahead_of_time)  # a target's compile reads no weight
     annotated = any(node.device_configurations for node in proto.graph.node)
     if inferred is None and (annotated or may_cut(proto)):
         inferred = infer_model(proto)
     shapes = None if inferred is None or not annotated else (inferred.shapes, inferred.diagnostics)
     structural = tuple(require_valid(proto, shapes=shapes))
-    mesh = auto_axes(context_mesh() if mesh is None else mesh)
     choice = choose_configuration(proto, configuration)
     if choice.unknown:
         raise ConfigurationError(choice.defined, configuration)
@@ -253,9 +265,16 @@ def make_plan(
         kind = "segments"
     if kind != "stages" and microbatches != 1:
         raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
+    if target is not None and mesh is not None:
+        raise ValueError(f"give a target ({target.name}) or a mesh, not both")
+    if target is not None and kind != "whole":
+        raise TargetError(
+            target.name, f"compiling for a target is implemented for one SPMD program; this model runs as {kind} "
+            "(pipeline stages, or segments around data-dependent shapes): pass mesh= a Mesh of the target's devices",
+        )
     plan = Plan(
         proto, external_dir, structural, config, inferred, kind, mesh, None if devices is None else tuple(devices),
-        check, microbatches, scan_layers,
+        check, microbatches, scan_layers, target=target, read_weights=not ahead_of_time,
     )
     if kind == "whole" and program:
         plan = dataclasses.replace(plan, program=whole_program(plan))
@@ -271,7 +290,7 @@ def whole_program(plan: Plan, input_shapes: Mapping[str, tuple[int, ...]] | None
     Raises:
       sharding.ShardingError, sharding.mesh.layout.MeshMappingError: as :func:`program_plan`.
     """
-    common = dict(check=plan.check, devices=plan.devices, structural=plan.structural)
+    common = dict(check=plan.check, devices=plan.devices, structural=plan.structural, target=plan.target)
     if input_shapes is None or plan.configuration is None:
         return program_plan(plan.proto, plan.configuration, plan.mesh, shapes=plan.shapes, **common)
     annotations = read_annotations(plan.proto, plan.configuration)

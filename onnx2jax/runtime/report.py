@@ -9,10 +9,12 @@ input and output with a spec, and the note on a scanned loop's collectives.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import jax
+import numpy as np
 
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
 from onnx2jax.runtime.scan_sharded import loop_collectives
@@ -67,12 +69,18 @@ def count_collectives(hlo_text: str) -> dict[str, int]:
     return counts
 
 
-def param_bytes_per_device(params: Mapping[str, jax.Array]) -> dict[int, int]:
-    """Bytes of parameters each device holds, by device id."""
+def param_bytes_per_device(params: Mapping[str, "jax.Array | jax.ShapeDtypeStruct"]) -> dict[int, int]:
+    """Bytes of parameters each device holds, by device id, from each array's shape, dtype and sharding.
+
+    Placed arrays and abstract ones (ShapeDtypeStructs with a sharding: a program compiled for a target
+    whose devices are not attached) alike: nothing is read from a device.
+    """
     per_device: dict[int, int] = {}
     for array in params.values():
-        for shard in array.addressable_shards:
-            per_device[shard.device.id] = per_device.get(shard.device.id, 0) + shard.data.nbytes
+        itemsize = np.dtype(array.dtype).itemsize
+        for device, index in array.sharding.devices_indices_map(tuple(array.shape)).items():
+            size = math.prod(len(range(*i.indices(n))) for i, n in zip(index, array.shape))
+            per_device[device.id] = per_device.get(device.id, 0) + size * itemsize
     return per_device
 
 

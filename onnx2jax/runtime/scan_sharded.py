@@ -76,21 +76,25 @@ def stacked_placements(
     return {k: tuple(v) for k, v in found.items()}
 
 
-def place_stacked(
+def stacked_shardings(
     proto: onnx.ModelProto,
     plan: ScanPlan,
     placements: Mapping[SpecKey, TensorPlacement],
-    stacked: Mapping[str, Stacked],
     mesh: jax.sharding.Mesh,
-) -> dict[str, jax.Array]:
-    """Each stacked parameter on the mesh: its first-layer spec behind an unsplit layer axis."""
+) -> dict[str, NamedSharding]:
+    """Each stacked parameter's sharding (by stacked key): its first-layer spec behind an unsplit layer axis."""
     readers = stacked_placements(proto, plan, placements)
-    placed = {}
+    found = {}
     for slot in plan.repetition.stacked:
         placement = (readers.get(slot) or (None,))[0]
         spec = PartitionSpec(None, *(placement.sharding.spec if placement is not None else ()))
-        placed[plan.stacked_key(slot)] = stacked[plan.stacked_key(slot)].place(NamedSharding(mesh, spec))
-    return placed
+        found[plan.stacked_key(slot)] = NamedSharding(mesh, spec)
+    return found
+
+
+def place_stacked(stacked: Mapping[str, Stacked], shardings: Mapping[str, NamedSharding]) -> dict[str, jax.Array]:
+    """Each stacked parameter placed with its planned sharding (:func:`stacked_shardings`)."""
+    return {key: stacked[key].place(sharding) for key, sharding in shardings.items()}
 
 
 _COMPUTATION = re.compile(r"^(?:ENTRY )?%(\S+) .*\{$")

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from onnx2jax import symbolic
-from onnx2jax.errors import NodeError
+from onnx2jax.errors import NoDevicesError, NodeError
 from onnx2jax.numerics import on_platform
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.constraints import ShardingHooks
@@ -44,7 +44,9 @@ from onnx2jax.call_keys import call_key
 from onnx2jax.runtime.fast_call import FastCall, moved_inputs
 from onnx2jax.runtime.in_flight import InFlight
 from onnx2jax.runtime.parameters import ParameterStore
+from onnx2jax.runtime.placed_parameters import PlacedParameters
 from onnx2jax.runtime.placements import (
+    abstract_on_mesh,
     input_placements,
     input_sharding,
     output_placements,
@@ -54,7 +56,8 @@ from onnx2jax.runtime.placements import (
 from onnx2jax.runtime.plan import ProgramPlan
 from onnx2jax.runtime.collective_sources import differences
 from onnx2jax.runtime.report import Report, count_collectives, example_inputs, loop_note, node_rows, param_bytes_per_device
-from onnx2jax.runtime.scan_sharded import layer_specs_differ, place_stacked
+from onnx2jax.runtime.scan_sharded import layer_specs_differ, stacked_shardings
+from onnx2jax.runtime.targets import describe_mesh_target, has_attached_devices
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
 from onnx2jax.runtime.training import full_params, initializer_values, trainable_keys, write_onnx
 from onnx2jax.runtime.user_mesh import auto_input, tracing
@@ -96,7 +99,7 @@ def translate_for(program: ProgramPlan, external_dir: str | None, **options: Any
     return model
 
 
-class Compiled:
+class Compiled(PlacedParameters):
     """A model compiled for a mesh. Call it like the model; see :func:`onnx2jax.compile`.
 
     An :class:`~onnx2jax.runtime.executable.Executable`: ``apply`` is the same
@@ -151,11 +154,14 @@ class Compiled:
                 )
             scanned = per_layer_names(model.scan)  # each layer's parameters live only in the stacked copies
             params = {k: v for k, v in model.params.items() if k not in scanned}
+        # layouts only: no value is read
         self._store = ParameterStore(self.mesh, params, placements, _readers(model.proto.graph, params))
-        self.params = self._store.arrays
-        if model.scan.active:
-            self.params.update(place_stacked(model.proto, model.scan, placements, model._stacked, self.mesh))
-        self.param_copies = self._store.copies
+        self._host_params = params
+        self._stacked_shardings = (
+            stacked_shardings(model.proto, model.scan, placements, self.mesh) if model.scan.active else {}
+        )
+        self._placed: dict[str, dict[str, jax.Array]] = {}  # PlacedParameters.place fills it
+        self.target: str | None = None if has_attached_devices(self.mesh) else describe_mesh_target(self.mesh)
         self._signatures: dict[tuple, _Signature] = {}
         self._jitted: dict[tuple, Any] = {}
         self._last_args: tuple | None = None
@@ -282,8 +288,9 @@ class Compiled:
         """Traces the graph with the signature's constraints over stored ``params`` (:func:`_trace`)."""
         return _trace(self._store, self.model, self.plan, signature, params, copies, inputs)
 
-    def _program(self, inputs: Sequence[Any], named: Mapping[str, Any]):
-        """The jitted program for these inputs and its runtime arguments.
+    def _program(self, inputs: Sequence[Any], named: Mapping[str, Any], *, abstract: bool = False):
+        """The jitted program for these inputs and its runtime arguments (``abstract``: ShapeDtypeStructs with
+        their shardings instead of placed parameters and inputs: lowering without data, on any mesh).
 
         Inputs that set shapes are folded in as constants (one program per
         value). An output whose spec JAX cannot hold (uneven, or fused) comes
@@ -291,8 +298,9 @@ class Compiled:
         none does (``placements.holdable_output``), with a warning, once per
         input signature.
         """
-        placed, static, key, shapes, signature = self._prepare(inputs, named)
-        args = ((self.params, self.param_copies), placed)
+        placed, static, key, shapes, signature = self._prepare(inputs, named, abstract=abstract)
+        stored = (self.abstract_params, self.abstract_param_copies) if abstract else (self.params, self.param_copies)
+        args = (stored, placed)
         jitted = self._jitted.get((key, shapes))
         if jitted is None:
             store, model, plan = self._store, self.model, self.plan  # not self: no cycle (_trace)
@@ -307,13 +315,20 @@ class Compiled:
             jitted = self._jitted[(key, shapes)] = jax.jit(evaluate, out_shardings=out_shardings, compiler_options=options)
         return jitted, args, signature
 
-    def _prepare(self, inputs: Sequence[Any], named: Mapping[str, Any]):
-        """Binds a call's inputs: (runtime inputs placed on the mesh, shape-setting ones, their key, shapes, signature)."""
+    def _prepare(self, inputs: Sequence[Any], named: Mapping[str, Any], *, abstract: bool = False):
+        """Binds a call's inputs: (runtime inputs placed on the mesh, shape-setting ones, their key, shapes, signature).
+
+        ``abstract``: the runtime inputs as ShapeDtypeStructs with their shardings instead (nothing placed).
+        """
         dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
         dynamic = {k: auto_input(v) for k, v in dynamic.items()}
         shapes = tuple((k, np.shape(v)) for k, v in sorted(dynamic.items()))
         input_shapes = {k: symbolic.named_shape(np.shape(v)) for k, v in {**dynamic, **static}.items()}
         signature = self._signature((key, shapes), input_shapes)
+        if abstract:
+            return abstract_on_mesh(dynamic, signature.in_placements, self.mesh), static, key, shapes, signature
+        if self.target is not None and not all(isinstance(v, jax.core.Tracer) for v in dynamic.values()):
+            raise NoDevicesError(self.target, "run")
         return place_on_mesh(dynamic, signature.in_placements, self.mesh), static, key, shapes, signature
 
     def place_inputs(self, **named: Any) -> dict[str, Any]:
@@ -412,16 +427,38 @@ class Compiled:
         return stack
 
     def lower(self, *inputs: Any, **named: Any) -> jax.stages.Lowered:
-        """The jax ``Lowered`` program for these inputs (``.as_text()``, ``.compile()``)."""
+        """The jax ``Lowered`` program for these inputs (``.as_text()``, ``.compile()``), without placing anything.
+
+        The parameters are lowered as :attr:`abstract_params` (ShapeDtypeStructs with their planned shardings),
+        so this works on a mesh of compile-only devices (a TPU target) and reads no weight. Each input may be
+        an array, a ``jax.ShapeDtypeStruct`` or, for a runtime input, a tuple of ints (its shape, at the
+        model's dtype); inputs that set shapes must be concrete values.
+        """
         with self._scope():
-            jitted, args, _ = self._program(inputs, named)
+            jitted, args, _ = self._program(self._shaped(inputs), self._shaped(named), abstract=True)
             return jitted.lower(*args)
+
+    def _shaped(self, values: Any) -> Any:
+        """Runtime inputs given as shapes (tuples of ints) as ShapeDtypeStructs of the input's ONNX dtype."""
+        infos = {info.name: info for info in self.model.inputs}
+
+        def shaped(name: str | None, value: Any) -> Any:
+            info = infos.get(name)
+            if (
+                isinstance(value, tuple) and all(isinstance(d, int) for d in value) and info is not None
+                and info.dtype is not None and name not in self.model.shape_input_names
+            ):
+                return jax.ShapeDtypeStruct(value, info.dtype)
+            return value
+
+        if isinstance(values, Mapping):
+            return {k: shaped(k, v) for k, v in values.items()}
+        names = self.model.input_names
+        return tuple(shaped(names[i] if i < len(names) else None, v) for i, v in enumerate(values))
 
     def compiled_text(self, *inputs: Any, **named: Any) -> str:
         """The HLO text of the compiled, partitioned program."""
-        with self._scope():
-            jitted, args, _ = self._program(inputs, named)
-            return jitted.lower(*args).compile().as_text()
+        return self.lower(*inputs, **named).compile().as_text()
 
     def report(self, *inputs: Any, **named: Any) -> "Report":
         """Per node specs, collectives of the compiled program and bytes per device.
@@ -433,7 +470,7 @@ class Compiled:
         """
         inputs, named = example_inputs(inputs, named, self._last_args)
         with self._scope():
-            jitted, args, signature = self._program(inputs, named)
+            jitted, args, signature = self._program(self._shaped(inputs), self._shaped(named), abstract=True)
             compiled = jitted.lower(*args).compile()
         text = compiled.as_text()
         memory = compiled.memory_analysis()
@@ -441,7 +478,7 @@ class Compiled:
             mesh=dict(self.mesh.shape),
             configuration=self.configuration,
             collectives=count_collectives(text),
-            param_bytes_per_device=param_bytes_per_device(self.stored_params),
+            param_bytes_per_device=param_bytes_per_device({**self.abstract_params, **self.abstract_param_copies}),
             param_bytes_total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.model.params.values()),
             temp_bytes=getattr(memory, "temp_size_in_bytes", None),
             node_specs=node_rows(signature.inference, signature.placements),

@@ -70,7 +70,14 @@ def full_params(compiled: "Compiled", params: Mapping[str, Any]) -> dict[str, An
       ParameterError: a name that is not a parameter, or a value of another shape, naming the
         parameter with the expected and the given shape.
     """
-    own = compiled.params
+    target = getattr(compiled, "target", None)
+    own = compiled.params if target is None else compiled.abstract_params  # a target's: nothing placed
+    if target is not None and len(params) < len(own):
+        from onnx2jax.errors import NoDevicesError
+
+        absent = [name for name in own if name not in params]
+        raise NoDevicesError(target, f"take parameters {absent[:3]}{'...' if len(absent) > 3 else ''} from the "
+                                     "executable (give apply every parameter, e.g. its abstract_params)")
     unknown = [name for name in params if name not in own]
     if unknown:
         raise ParameterError(f"apply: {unknown_parameters(unknown, own)}")
