@@ -70,9 +70,10 @@ class Shape:
 
 
 TINY = Shape(layers=2, width=64, heads=8, kv_heads=8, ffn=128, vocab=256)
+SMALL = Shape(layers=2, width=1024, heads=8, kv_heads=8, ffn=4096, vocab=8192)
 LLAMA3_8B = Shape(layers=32, width=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256)
 LLAMA3_70B = Shape(layers=80, width=8192, heads=64, kv_heads=8, ffn=28672, vocab=128256)
-SHAPES = {"tiny": TINY, "8b": LLAMA3_8B, "70b": LLAMA3_70B}
+SHAPES = {"tiny": TINY, "small": SMALL, "8b": LLAMA3_8B, "70b": LLAMA3_70B}
 
 
 class _SparseGraph(mt._Graph):
@@ -289,10 +290,12 @@ def run_multislice(name: str, folder: pathlib.Path, topology: str, batch: int, s
     tpu = onnx2jax.compile(str(planned), configuration="auto", target=topology, slices=2)
 
     def loss(params, ids):
-        return jnp.mean(tpu.apply(params, ids).astype(jnp.float32) ** 2)
+        (logits,) = tpu.apply(params, ids)
+        return jnp.mean(logits.astype(jnp.float32) ** 2)
 
-    ids = jax.ShapeDtypeStruct((batch, seq), np.int64)
-    lowered = jax.jit(jax.grad(loss)).lower(tpu.abstract_params, ids)
+    with jax.enable_x64(True):  # the token ids are int64
+        ids = jax.ShapeDtypeStruct((batch, seq), np.int64)
+        lowered = jax.jit(jax.grad(loss)).lower(tpu.abstract_params, ids)
     _, report = compile_and_report(lowered, tpu.mesh, what=f"{name} gradient step")
     params = sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in jax.tree.leaves(tpu.abstract_params))
     return {"run": "multislice", "target": f"{topology} x2 slices", "input": [batch, seq],
@@ -300,8 +303,10 @@ def run_multislice(name: str, folder: pathlib.Path, topology: str, batch: int, s
             "dcn_bytes_per_slice": report.bytes_per_slice("DCN"), "report": _report_dict(report)}
 
 
-def run_refuse(name: str, folder: pathlib.Path, target: str, batch: int, seq: int) -> dict:
-    """The automatic plan for ``target`` with its chips' HBM as the limit: MemoryLimitError, nothing compiled."""
+def run_refuse(name: str, folder: pathlib.Path, target: str, batch: int, seq: int,
+               memory_per_device: int | None = None) -> dict:
+    """The automatic plan for ``target`` with its chips' HBM (or ``memory_per_device``) as the limit:
+    MemoryLimitError, before anything is compiled."""
     from onnx2jax.runtime import targets
     from onnx2jax.runtime.tpu_report import device_chip
     from sharding.auto import auto_plan
@@ -311,7 +316,7 @@ def run_refuse(name: str, folder: pathlib.Path, target: str, batch: int, seq: in
     devices = targets.parse_target(target).devices()
     try:
         auto_plan(onnx.load(str(path), load_external_data=False), len(devices), batch=batch, seq=seq,
-                  memory_per_device=device_chip(devices).hbm_bytes)
+                  memory_per_device=memory_per_device or device_chip(devices).hbm_bytes)
     except MemoryLimitError as error:
         return {"run": "refuse", "target": target, "refused": type(error).__name__, "message": str(error)[:600]}
     return {"run": "refuse", "target": target, "refused": None}
