@@ -246,8 +246,12 @@ def run_prefill(name: str, folder: pathlib.Path, target: str, tp: int, batch: in
     }
 
 
-def run_auto(name: str, folder: pathlib.Path, target: str, batch: int, seq: int) -> dict:
-    """The automatic plan for the target's device count (each device's HBM its limit), compiled for it."""
+def run_auto(name: str, folder: pathlib.Path, target: str, batch: int, seq: int,
+             mesh: tuple[int, int] | None = None) -> dict:
+    """The automatic plan for the target's devices (each device's HBM its limit), compiled for it.
+
+    ``mesh``: (data, tensor) to search within (default: every factorisation of the device count).
+    """
     import onnx2jax
     from onnx2jax.runtime import targets
     from onnx2jax.runtime.tpu_report import compile_and_report, device_chip
@@ -257,18 +261,23 @@ def run_auto(name: str, folder: pathlib.Path, target: str, batch: int, seq: int)
     started = time.perf_counter()
     devices = targets.parse_target(target).devices()
     chip = device_chip(devices)
-    annotated, auto = auto_plan(onnx.load(str(path), load_external_data=False), len(devices), batch=batch, seq=seq,
+    searched = {"data": mesh[0], "tensor": mesh[1]} if mesh else len(devices)
+    annotated, auto = auto_plan(onnx.load(str(path), load_external_data=False), searched, batch=batch, seq=seq,
                                 memory_per_device=chip.hbm_bytes)
-    planned = folder / f"{path.stem}-auto{len(devices)}.onnx"
+    planned = folder / f"{path.stem}-auto{'x'.join(map(str, mesh)) if mesh else len(devices)}.onnx"
     planned.write_bytes(annotated.SerializeToString())
-    plan_s = time.perf_counter() - started
-    tpu = onnx2jax.compile(str(planned), configuration="auto", target=target, scan_layers=True)
-    lowered = tpu.lower((batch, seq))
-    _, report = compile_and_report(lowered, tpu.mesh, what=f"{name} prefill [{batch}, {seq}]")
-    return {"run": name, "target": target, "input": [batch, seq], "plan": str(auto.winner)[:300],
-            "mesh": dict(tpu.mesh.shape), "scanned": bool(tpu.model.scan.active), "plan_s": plan_s,
-            "total_s": time.perf_counter() - started, "weight_bytes": weight_bytes(SHAPES[name])[0],
-            "report": _report_dict(report)}
+    result = {"run": name, "target": target, "input": [batch, seq], "searched": searched, "plan": auto.winner.name,
+              "plan_s": time.perf_counter() - started, "weight_bytes": weight_bytes(SHAPES[name])[0]}
+    try:
+        tpu = onnx2jax.compile(str(planned), configuration="auto", target=target, scan_layers=True)
+        lowered = tpu.lower((batch, seq))
+        _, report = compile_and_report(lowered, tpu.mesh, what=f"{name} prefill [{batch}, {seq}]")
+    except Exception as error:  # said in the result, with the time it took to fail
+        result.update(error=f"{type(error).__name__}: {str(error)[:500]}", total_s=time.perf_counter() - started)
+        return result
+    result.update(mesh=dict(tpu.mesh.shape), scanned=bool(tpu.model.scan.active),
+                  total_s=time.perf_counter() - started, report=_report_dict(report))
+    return result
 
 
 def run_multislice(name: str, folder: pathlib.Path, topology: str, batch: int, seq: int) -> dict:
@@ -329,7 +338,7 @@ def measure(args: argparse.Namespace) -> dict:
     if args.run in ("tiny", "8b"):
         result = run_prefill(args.run, folder, args.target or "tpu:v5e:2x4", 8, batch, seq)
     elif args.run == "70b":
-        result = run_auto("70b", folder, args.target or "tpu:v5p:4x4x4", batch, seq)
+        result = run_auto("70b", folder, args.target or "tpu:v5p:4x4x4", batch, seq, args.mesh)
     elif args.run == "multislice":
         result = run_multislice(args.model, folder, args.target or "tpu:v5e:2x4", batch, seq)
     elif args.run == "refuse":
@@ -348,6 +357,8 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", choices=sorted(SHAPES), help="multislice/refuse: which shape")
     parser.add_argument("--shape", type=lambda s: tuple(int(x) for x in s.split(",")), default=(1, 2048),
                         help="batch,seq of the input")
+    parser.add_argument("--mesh", type=lambda s: tuple(int(x) for x in s.split(",")), default=None,
+                        help="70b: data,tensor for the automatic plan to search within (default: every one)")
     parser.add_argument("--fresh", action="store_true", help="run in a fresh process (peak RSS its own)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -355,7 +366,7 @@ def main() -> None:
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if args.fresh:
         argv = [a for a in sys.argv[1:] if a != "--fresh"]
-        out = subprocess.run([sys.executable, __file__, *argv, "--json"], capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, __file__, *argv, "--json"], stdout=subprocess.PIPE, text=True, check=True)
         result = json.loads(out.stdout.strip().splitlines()[-1])
     else:
         result = measure(args)
