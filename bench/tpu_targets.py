@@ -309,7 +309,10 @@ def run_multislice(name: str, folder: pathlib.Path, topology: str, batch: int, s
     params = sum(int(np.prod(p.shape)) * np.dtype(p.dtype).itemsize for p in jax.tree.leaves(tpu.abstract_params))
     return {"run": "multislice", "target": f"{topology} x2 slices", "input": [batch, seq],
             "mesh": dict(tpu.mesh.shape), "param_bytes_per_replica": params,
-            "dcn_bytes_per_slice": report.bytes_per_slice("DCN"), "report": _report_dict(report)}
+            "dcn_bytes_per_slice": report.bytes_per_slice("DCN"),
+            "dcn_all_reduce_bytes": sorted(c.bytes for c in report.collectives
+                                           if c.network == "DCN" and c.kind == "all-reduce"),
+            "report": _report_dict(report)}
 
 
 def run_refuse(name: str, folder: pathlib.Path, target: str, batch: int, seq: int,
