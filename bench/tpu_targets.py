@@ -3,7 +3,8 @@
 Makes Llama-shaped decoders on demand (never committed): bf16 weights in a *sparse* external-data file
 (``truncate``: nothing written, and a target compile never reads it), the graph
 ``bench/medium_transformers.py``'s Llama (the exporter's causal mask, rotary, grouped-query attention)
-with every float in bf16. Each configuration runs in a fresh process; its peak RSS is ``VmHWM``.
+with every float in bf16. Each invocation measures one configuration in its own process (``--fresh``: in a
+child process, its JSON printed); its host peak RSS is ``VmHWM``.
 
 Configurations (``--run``):
 
@@ -11,21 +12,22 @@ Configurations (``--run``):
 - ``8b``: Llama-3-8B's shape (hidden 4096, 32 layers, 32/8 heads, FFN 14336, vocabulary 128256), Megatron
   plan at TP 8, layers scanned, on v5e:2x4, prefill at [1, 2048] (``--shape`` to change);
 - ``70b``: Llama-3-70B's shape (hidden 8192, 80 layers, 64/8 heads, FFN 28672) under the automatic plan on
-  v5p:4x4x4 (64 devices);
-- ``multislice``: two slices of v5e:2x4, data parallel across them: a gradient step's DCN bytes against
-  the parameter bytes of one replica;
-- ``refuse``: a configuration that does not fit (Llama-3-70B's shape on the 8 chips of a v5e:2x4),
-  refused by the automatic plan's ``MemoryLimitError`` before anything is compiled.
+  v5p:4x4x4 (64 devices; ``--mesh data,tensor`` to search one mesh shape only);
+- ``multislice``: two slices of v5e:2x4, data parallel across them (``--model small``: 2 layers, width
+  1024): a gradient step's DCN bytes against the parameter bytes of one replica;
+- ``refuse``: a configuration that does not fit (``--model 70b``: Llama-3-70B's shape on the 8 chips of a
+  v5e:2x4), refused by the automatic plan's ``MemoryLimitError`` before anything is compiled.
 
-    python bench/tpu_targets.py --run 8b --folder /tmp/tpu_models
-    python bench/tpu_targets.py --run tiny --folder /tmp/tpu_models --json
+    python bench/tpu_targets.py --run 8b --shape 1,2048 --fresh
+    python bench/tpu_targets.py --run 70b --shape 1,2048 --fresh
+    python bench/tpu_targets.py --run multislice --model small --shape 4,128 --fresh
+    python bench/tpu_targets.py --run refuse --model 70b --shape 1,2048
 
-The analytic per-chip count for a prefill at [B, S] (TP t, bf16, 2 bytes): weights / t (the
-column/row-split matrices; norms and anything the plan leaves whole, whole), plus the activations one scanned
-layer holds live at its widest (the [B, heads/t, S, S] attention scores in fp32 and their bf16
-probabilities, the [B, S, FFN/t] gate, up and product), plus the output logits [B, S, vocab/t]
-(a prefill's cache is its keys and values, [B, kv, S, d] per layer, counted here as outputs when the
-graph returns them; this graph returns only the logits).
+The analytic per-chip count for a prefill at [B, S] (TP t, bf16, 2 bytes; :func:`analytic_peak`): weights / t
+for the split matrices (projections, embedding, head) plus the norms whole; plus one scanned layer's widest
+activations, the larger of the [B, heads/t, S, S] attention scores (fp32) with their bf16 probabilities and
+the [B, S, FFN/t] gate, up and product, plus the residual stream in and out [B, S, width]; plus the output
+logits [B, S, vocab/t]. No cache: this graph takes none and returns only the logits.
 """
 
 from __future__ import annotations

@@ -57,7 +57,8 @@ def test_two_slices_all_reduce_every_weight_matrix_gradient_shard_over_dcn(tmp_p
     assert result["report"]["slices"] == 2 and result["mesh"] == {"d0": 2, "d1": 8}
     # Hand count: each weight matrix split 8 ways within a slice; its gradient shard crosses the slices once.
     d, f, v = shape.width, shape.ffn, shape.vocab
-    shards = sorted([d * d * 2 // 8] * (4 * shape.layers) + [d * f * 2 // 8] * (3 * shape.layers) + [v * d * 2 // 8] * 2)
+    shards = sorted([d * d * 2 // 8] * (4 * shape.layers) + [d * f * 2 // 8] * (3 * shape.layers)
+                    + [v * d * 2 // 8] * 2)
     large = [b for b in result["dcn_all_reduce_bytes"] if b >= min(shards)]
     assert sorted(large) == shards
     assert sum(shards) * 8 == tpu_targets.weight_bytes(shape)[1]
