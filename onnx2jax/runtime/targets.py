@@ -141,7 +141,11 @@ def target_mesh(target: Target, axis_names: Sequence[str], axis_sizes: Sequence[
             f"the target {len(devices)}",
         )
     if target.slices == 1:
-        return Mesh(mesh_utils.create_device_mesh(tuple(axis_sizes), devices), tuple(axis_names))
+        try:
+            array = mesh_utils.create_device_mesh(tuple(axis_sizes), devices)
+        except NotImplementedError:  # an axis no product of the torus's axes makes (8 on a 4x4x4): split one
+            array = mesh_utils.create_device_mesh(tuple(axis_sizes), devices, allow_split_physical_axes=True)
+        return Mesh(array, tuple(axis_names))
     if data_axis not in axis_names or axis_sizes[list(axis_names).index(data_axis)] % target.slices:
         raise TargetError(
             target.name,
