@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import sys
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -198,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
             "valid": counts["error"] == 0,
             "counts": counts,
             "diagnostics": [dataclasses.asdict(d) for d in diags],
-            **({} if compiled is None else {"target": {k: v for k, v in compiled.items() if k != "lines"}}),
+            **({} if compiled is None else {"target": {k: v for k, v in compiled.items() if k not in ("lines", "report")}}),
         }, indent=2))
     else:
         console = terminal.make_console()
@@ -212,7 +213,19 @@ def run(args: argparse.Namespace) -> int:
             console.print(line, markup=False)
         hidden = "" if args.notes or not counts["note"] else " (--notes lists the notes)"
         console.print(summary_line(counts) + hidden)
-    return 1 if counts["error"] else 0
+    does_not_fit = compiled is not None and compiled.get("fits") is False  # the target's chips cannot hold it
+    if does_not_fit and not args.json:
+        print(f"error: {_not_fitting(compiled['report'])}", file=sys.stderr)
+    return 1 if counts["error"] or does_not_fit else 0
+
+
+def _not_fitting(report: Any) -> str:
+    """The ChipMemoryError a program whose peak exceeds its chips' HBM is (onnx2jax.runtime.tpu_report)."""
+    try:
+        report.check_fits()
+    except Exception as error:  # noqa: BLE001 - ChipMemoryError, whose message names the chip and the bytes
+        return str(error)
+    return "the program fits"
 
 
 def target_summary(args: argparse.Namespace, model: Any, configuration: str | None) -> dict | None:

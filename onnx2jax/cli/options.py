@@ -179,21 +179,6 @@ def limit_cpu_threads(count: int, chosen: bool = False) -> None:
         os.environ.setdefault(CPU_THREADS_ENV, str(count))
 
 
-def _accelerator_visible() -> bool:
-    """Whether this machine shows a TPU chip or an NVIDIA or AMD GPU: JAX's own probes (they read ``/sys`` and
-    ``/dev`` and start nothing). Were they ever gone from jax, the answer is True: JAX then picks its platform
-    itself, as it would without the CLI."""
-    try:
-        from jax._src import hardware_utils as hw
-    except ImportError:
-        return True
-    probes = ("num_available_tpu_chips_and_device_id", "has_visible_nvidia_gpu", "num_available_amd_gpus")
-    if not all(hasattr(hw, name) for name in probes):
-        return True
-    return (hw.num_available_tpu_chips_and_device_id()[0] > 0 or hw.has_visible_nvidia_gpu()
-            or hw.num_available_amd_gpus(stop_at=1) > 0)
-
-
 def request_devices(count: int) -> list:
     """Asks JAX for ``count`` devices before it starts, and returns the devices it then has.
 
@@ -212,8 +197,10 @@ def request_devices(count: int) -> list:
         except RuntimeError:
             pass  # the backend already started; jax.devices() says how many there are
         else:
-            if not platforms and not _accelerator_visible():
-                jax.config.update("jax_platforms", "cpu")
+            if not platforms:
+                from onnx2jax.platforms import prefer_cpu_without_accelerator
+
+                prefer_cpu_without_accelerator()
     return jax.devices()
 
 

@@ -64,13 +64,26 @@ def compile_for_target(
         f"compiled for {target.name} (mesh {dict(executable.mesh.shape)}) at {where}: {counted}; "
         f"parameters {per_chip:,} bytes per chip",
     ]
+    tpu = report.tpu
+    if tpu is not None:  # the TPU compiler's own figures (onnx2jax.runtime.tpu_report)
+        lines += tpu.headline()
     return {
         "target": target.name,
         "mesh": dict(executable.mesh.shape),
         "shapes": {k: list(v) for k, v in shapes.items()},
         "collectives": collectives,
         "param_bytes_per_chip": per_chip,
+        **({} if tpu is None else {
+            "peak_bytes_per_chip": tpu.memory.peak_bytes,
+            "hbm_bytes_per_chip": tpu.memory.hbm_bytes,
+            "fits": tpu.memory.fits,
+            "ici_bytes_per_chip": tpu.network_bytes("ICI"),
+            "dcn_bytes_per_chip": tpu.network_bytes("DCN"),
+            "estimated_seconds": tpu.cost.seconds,
+            "roofline_seconds": tpu.cost.roofline_seconds,
+        }),
         "lines": lines,
+        "report": tpu,
     }
 
 

@@ -22,6 +22,7 @@ from sharding.text import format_spec
 
 if TYPE_CHECKING:
     import sharding
+    from onnx2jax.runtime.tpu_report import TpuReport
     from onnx2jax.translate import JaxModel
 
 _COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "collective-permute", "reduce-scatter")
@@ -96,6 +97,7 @@ class Report:
     temp_bytes: int | None
     node_specs: list[tuple[str, str, str, str, str]]
     notes: list[str]
+    tpu: "TpuReport | None" = None  # a TPU program's memory per chip, ICI/DCN collectives, cost (tpu_report)
 
     def render(self, console=None, *, every_spec: bool = False) -> None:
         """Prints the report as tables (rich).
@@ -126,6 +128,8 @@ class Report:
             )
         for note in self.notes:
             console.print(f"note: {note}")
+        if self.tpu is not None:
+            self.tpu.render(console)
 
 
 def _short(text: str) -> str:

@@ -469,9 +469,16 @@ class Compiled(PlacedParameters):
           ValueError: no inputs given and the model was never called.
         """
         inputs, named = example_inputs(inputs, named, self._last_args)
+        on_tpu = self.mesh.devices.flat[0].platform == "tpu"
         with self._scope():
             jitted, args, signature = self._program(self._shaped(inputs), self._shaped(named), abstract=True)
-            compiled = jitted.lower(*args).compile()
+            lowered = jitted.lower(*args)
+            if on_tpu:  # the TPU compiler's figures: peak per chip against HBM, ICI and DCN, its time estimate
+                from onnx2jax.runtime.tpu_report import compile_and_report
+
+                compiled, tpu = compile_and_report(lowered, self.mesh, what=self.target or "the program")
+            else:
+                compiled, tpu = lowered.compile(), None
         text = compiled.as_text()
         memory = compiled.memory_analysis()
         return Report(
@@ -480,10 +487,11 @@ class Compiled(PlacedParameters):
             collectives=count_collectives(text),
             param_bytes_per_device=param_bytes_per_device({**self.abstract_params, **self.abstract_param_copies}),
             param_bytes_total=sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in self.model.params.values()),
-            temp_bytes=getattr(memory, "temp_size_in_bytes", None),
+            temp_bytes=None if on_tpu else getattr(memory, "temp_size_in_bytes", None),  # 0 on a TPU: see tpu
             node_specs=node_rows(signature.inference, signature.placements),
             notes=self._notes() + loop_note(self.model, text)
             + ([] if self.model.scan.active else differences(text, signature.inference)),
+            tpu=tpu,
         )
 
     def _notes(self) -> list[str]:

@@ -18,17 +18,21 @@ mesh puts the data axis across slices (:func:`target_mesh`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import os
-from typing import Sequence
+import sys
+import tempfile
+from typing import Iterator, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
 from onnx2jax.errors import TargetError
+from onnx2jax.platforms import prefer_cpu_without_accelerator
 
 KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
     "v4": ("2x2x1", "2x2x2", "2x2x4", "4x4x4"),
@@ -113,12 +117,41 @@ def _topology(platform: str, topology: str, slices: int):
     if not libtpu_available():
         raise TargetError(f"{platform}:{topology}", f"libtpu is not installed; {INSTALL_HINT}")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    quiet = prefer_cpu_without_accelerator()  # compile-only devices need no TPU backend
     from jax.experimental import topologies
 
-    try:
-        return topologies.get_topology_desc(topology, platform=platform, num_slices=slices)
-    except Exception as error:  # jax raises RuntimeError/ValueError/XlaRuntimeError for an unknown topology
-        raise TargetError(f"{platform}:{topology}", f"libtpu does not know this topology: {error}") from error
+    with _stderr_kept(quiet) as said:
+        try:
+            return topologies.get_topology_desc(topology, platform=platform, num_slices=slices)
+        except Exception as error:  # jax raises RuntimeError/ValueError/XlaRuntimeError for an unknown topology
+            failure = error
+    detail = f"; libtpu said: {said[0].strip()[-2000:]}" if said and said[0].strip() else ""
+    raise TargetError(f"{platform}:{topology}", f"libtpu does not know this topology: {failure}{detail}") from failure
+
+
+@contextlib.contextmanager
+def _stderr_kept(keep: bool) -> Iterator[list[str]]:
+    """With ``keep``, what the process writes to its stderr (file descriptor 2) inside is held back, not shown.
+
+    libtpu, started on a machine with no TPU, prints its own warnings about the missing host (accelerator type,
+    worker hostnames) while it loads, from C++; they say nothing about compiling for a topology. They are kept
+    and shown with the error only when the lookup fails.
+    """
+    said: list[str] = []
+    if not keep:
+        yield said
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            said.append(held.read().decode(errors="replace"))
 
 
 def target_mesh(target: Target, axis_names: Sequence[str], axis_sizes: Sequence[int], data_axis: str | None) -> Mesh:

@@ -19,7 +19,7 @@ import pytest
 
 from onnx2jax import bundled
 from onnx2jax.cli.app import build_parser, main
-from onnx2jax.cli.options import _accelerator_visible
+from onnx2jax.platforms import accelerator_visible
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def _user_env() -> dict[str, str]:
 
 
 needs_no_accelerator = pytest.mark.skipif(
-    _accelerator_visible(), reason="this machine shows a TPU or GPU: the CLI rightly leaves JAX on it"
+    accelerator_visible(), reason="this machine shows a TPU or GPU: the CLI rightly leaves JAX on it"
 )
 
 
