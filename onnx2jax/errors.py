@@ -9,6 +9,8 @@ that no one device mesh expresses), `BackwardEdgeError` (a partition with an edg
 and the requests an automatic plan refuses (`sharding.auto.errors`, all `AutoPlanError`): `MemoryLimitError`
 (no layout fits the memory per device; names the smallest that does), `DeviceSplitError` (the device count
 cannot split the model), `MeshShapeError` (a mesh shape that does not exist).
+
+`ChipMemoryError`, a `MemoryLimitError`, is a program compiled for a TPU chip that does not fit its memory.
 """
 
 from __future__ import annotations
@@ -22,6 +24,30 @@ from sharding.model_arg import ModelLoadError as ModelLoadError
 from sharding.mesh.layout import MeshMappingError as MeshMappingError
 from sharding.partition import BackwardEdgeError as BackwardEdgeError
 from sharding.text import SpecSyntaxError as SpecSyntaxError
+
+
+class ChipMemoryError(MemoryLimitError):
+    """A program compiled for a TPU chip needs more memory per chip than the chip has: the TPU compiler
+    refused it (XLA's RESOURCE_EXHAUSTED, translated by :func:`onnx2jax.runtime.tpu_report.compile_for_tpu`),
+    or its report's peak exceeds the chip's HBM. A :class:`MemoryLimitError`, as an automatic plan's is.
+
+    Attributes:
+      chip: the chip's version (``"v5e"``).
+      needed: bytes per chip the program needs (None where the compiler did not say).
+      available: bytes per chip it may use (the compiler's figure where it gave one, else the chip's HBM).
+      what: what needs them (``"the program's HLO temporaries"``).
+    """
+
+    def __init__(self, chip: str, needed: int | None, available: int, what: str = "the program"):
+        self.chip, self.needed, self.available, self.what = chip, needed, available, what
+        gib = 1 << 30
+        if needed is None:
+            head = f"{what} does not fit a TPU {chip} chip's memory ({available / gib:.2f} GiB per chip)"
+        else:
+            head = (f"{what}: {needed:,} bytes ({needed / gib:.2f} GiB) per chip, over the "
+                    f"{available:,} bytes ({available / gib:.2f} GiB) a TPU {chip} chip offers, by "
+                    f"{(needed - available) / gib:.2f} GiB")
+        super().__init__(f"{head}: shard it over more chips, or make the batch or sequence smaller")
 
 
 class UnsupportedOpError(NotImplementedError):

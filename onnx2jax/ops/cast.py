@@ -60,9 +60,14 @@ def _cast_static_string(x, dtype: np.dtype | None):
 
 
 def _wrap_sub_byte(x, dtype: np.dtype):
-    """Float/int -> int4/uint4/int2/uint2 as ONNX's reference does: truncate, then wrap modulo 2**bits.
+    """Float/int -> int4/uint4/int2/uint2: truncate toward zero, then wrap modulo 2**bits.
 
-    XLA's convert saturates instead: -9.0 -> int4 is -8 there, but 7 in ONNX (-9 = 7 - 16).
+    ONNX's Cast leaves a float out of the integer type's range undefined; this is
+    onnx2jax's stated choice, what a C cast through a wider integer gives, and
+    what ONNX's reference gave with ml_dtypes before 0.7 (0.7 maps -9.0 -> int4
+    to 0). XLA's convert would saturate instead (-9.0 -> -8). Pinned here, not
+    borrowed from a library's version: tests/onnx2jax/ops/test_cast.py checks it
+    against numpy's arithmetic.
     """
     bits, signed = _SUB_BYTE_INTS[dtype]
     v = jnp.asarray(x).astype(jnp.int32)  # truncates floats; wider ints keep their low bits

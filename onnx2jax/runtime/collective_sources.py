@@ -40,9 +40,17 @@ def compiled_collectives(hlo_text: str) -> list[tuple[str, str | None, str]]:
     for match in _LINE.finditer(hlo_text):
         op_name = _OP_NAME.search(match.group(2))
         name = op_name.group(1) if op_name else ""
-        scopes = _SCOPE.findall(name)  # the innermost: a row-parallel sum reduced inside the Add that adds it
-        found.append((match.group(1), scopes[-1].replace("|", "/") if scopes else None, name))
+        found.append((match.group(1), onnx_node(name), name))
     return found
+
+
+def onnx_node(op_name: str) -> str | None:
+    """The ONNX node an HLO instruction's ``op_name`` metadata names, or None where it names none.
+
+    The innermost node scope wins: a row-parallel sum reduced inside the Add that adds it is the Add's.
+    """
+    scopes = _SCOPE.findall(op_name)
+    return scopes[-1].replace("|", "/") if scopes else None
 
 
 def predicted_collectives(inference: Inference) -> list[tuple[str, str]]:

@@ -71,3 +71,25 @@ def test_pass_rates_with_and_without_random_cases():
         f"1/2 pass (50.0%) without the 2 random cases (1 failing; {RANDOM_REASON})",
     ]
     assert pass_rates(results[:2]) == ["1/2 node cases pass (50.0%)"]
+
+
+def test_only_out_of_range_float_to_integer_casts_are_left_uncompared():
+    # ONNX's Cast: float -> integer is undefined out of the integer type's range (NaN and infinities too).
+    import numpy as np
+    import onnx
+    import onnx.helper as oh
+
+    from onnx2jax.conformance import defined_elements
+
+    def graph(to):
+        node = oh.make_node("Cast", ["x"], ["y"], to=to)
+        return oh.make_graph([node], "g", [oh.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [6])],
+                             [oh.make_tensor_value_info("y", to, [6])])
+
+    x = np.array([-9.0, -8.9, 7.9, 8.0, np.nan, 3.0], np.float32)
+    mask = defined_elements(graph(onnx.TensorProto.INT4), {"x": x}, "y")
+    np.testing.assert_array_equal(mask, [False, True, True, False, False, True])
+    assert defined_elements(graph(onnx.TensorProto.INT32), {"x": x}, "y") is not None  # NaN is undefined there too
+    assert defined_elements(graph(onnx.TensorProto.INT32), {"x": x[:4]}, "y") is None
+    assert defined_elements(graph(onnx.TensorProto.FLOAT16), {"x": x}, "y") is None  # float -> float is defined
+    assert defined_elements(graph(onnx.TensorProto.INT4), {"x": x.astype(np.int32)}, "y") is None  # int -> int4
