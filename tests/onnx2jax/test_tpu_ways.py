@@ -1,0 +1,89 @@
+"""Every way of running has a TPU program (issue 41 item 6): each compiled for v5e on compile-only devices.
+
+The reference for each: the same way's program compiled for the 8 fake CPU devices, whose collectives
+(counted from the compiled HLO by ``count_collectives``) the TPU program must have too, and a hand count
+where one is simple. libtpu's compile-only devices come from ``jax.experimental.topologies``; nothing here
+touches a TPU. One model per way in the default run; the rest are ``slow``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+import jax
+import numpy as np
+import onnx
+import optax
+import pytest
+
+import onnx2jax
+from onnx2jax.runtime import targets
+from onnx2jax.runtime.report import count_collectives
+from sharding.megatron import megatron_plan
+
+pytestmark = pytest.mark.skipif(not targets.libtpu_available(), reason="libtpu (the test extra) is not installed")
+
+TARGET = "tpu:v5e:2x4"
+
+
+@functools.lru_cache(maxsize=None)
+def _llama(tp: int) -> onnx.ModelProto:
+    return megatron_plan(onnx.load(onnx2jax.demo_model_path()), tp)
+
+
+_COLLECTIVE = re.compile(
+    r"=\s*(\([^=\n]*?\)|\S+)\s+(all-reduce|all-gather|all-to-all|collective-permute|reduce-scatter)(?:-start)?\("
+    r"[^\n]*?channel_id=(\d+)"
+)
+_ARRAY = re.compile(r"[a-z]\w*\[([\d,]*)\]")
+
+
+def moved(hlo_text: str) -> dict[str, list[int]]:
+    """Per collective kind, the element counts of the arrays it moves, one entry per array (sorted).
+
+    Platform-neutral where ``count_collectives`` is not: the TPU compiler combines all-reduces into tuples
+    (two arrays, one instruction) and clones a collective into several fused computations under one
+    ``channel_id``; this counts each channel once and each array of a tuple apart. Element counts, not
+    shapes: the two compilers bitcast the same array differently (``f32[1024]`` against ``f32[1,16,64]``).
+    """
+    channels: dict[tuple[str, str], list[int]] = {}
+    for result, kind, channel in _COLLECTIVE.findall(hlo_text):
+        channels[(kind, channel)] = [math.prod(int(d) for d in dims.split(",") if d) for dims in _ARRAY.findall(result)]
+    found: dict[str, list[int]] = {}
+    for (kind, _), sizes in channels.items():
+        found.setdefault(kind, []).extend(sizes)
+    return {kind: sorted(sizes) for kind, sizes in found.items()}
+
+
+def _mean_logits(outputs, *_):
+    return outputs[0].astype(np.float32).mean()
+
+
+def _trained(compiled) -> dict:
+    """The trainable parameters without data: ShapeDtypeStructs with their planned shardings."""
+    return {k: compiled.abstract_params[k] for k in compiled.trainable}
+
+
+def test_value_and_grad_and_train_step_compile_for_v5e_with_the_cpu_programs_collectives():
+    model = _llama(8)
+    tpu, cpu = onnx2jax.compile(model, target=TARGET), onnx2jax.compile(model)
+    ids = (1, 16)
+    tpu_grad = tpu.value_and_grad(_mean_logits).lower(_trained(tpu), ids).compile()
+    cpu_grad = cpu.value_and_grad(_mean_logits).lower(_trained(cpu), ids).compile()
+    assert {d.platform for d in tpu.mesh.devices.flat} == {"tpu"}
+    # The TPU program has 9 all-reduce and 23 all-gather instructions against the CPU's 10 and 4 (combined
+    # and cloned: see moved()); the arrays they move are the same.
+    assert moved(tpu_grad.as_text()) == moved(cpu_grad.as_text())
+    assert count_collectives(cpu_grad.as_text())["all-reduce"] > 0  # the backward of row-parallel layers
+
+    step = onnx2jax.train_step(tpu, _mean_logits, optax.adam(1e-3))
+    programs = step.lower(_trained(tpu), ids)
+    # One gradient program and one update per device group: a Megatron plan on one mesh is one group.
+    assert len(programs) == 2
+    update = programs[1].compile()
+    # Adam's update is elementwise: no collective on either platform.
+    assert not any(count_collectives(update.as_text()).values())
+    cpu_update = onnx2jax.train_step(cpu, _mean_logits, optax.adam(1e-3)).lower(_trained(cpu), ids)[1].compile()
+    assert not any(count_collectives(cpu_update.as_text()).values())
