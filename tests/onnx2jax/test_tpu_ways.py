@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -26,6 +27,7 @@ from sharding.megatron import megatron_plan
 pytestmark = pytest.mark.skipif(not targets.libtpu_available(), reason="libtpu (the test extra) is not installed")
 
 TARGET = "tpu:v5e:2x4"
+GENAI = Path(__file__).parents[1] / "data" / "genai"
 
 
 @functools.lru_cache(maxsize=None)
@@ -87,3 +89,15 @@ def test_value_and_grad_and_train_step_compile_for_v5e_with_the_cpu_programs_col
     assert not any(count_collectives(update.as_text()).values())
     cpu_update = onnx2jax.train_step(cpu, _mean_logits, optax.adam(1e-3)).lower(_trained(cpu), ids)[1].compile()
     assert not any(count_collectives(cpu_update.as_text()).values())
+
+
+def test_prefill_and_decode_compile_for_v5e_with_the_cpu_programs_collectives():
+    # A 4-chip sub-topology: the fixture's KV heads split 4 ways as they do on 4 CPU devices.
+    tpu = onnx2jax.load(GENAI / "llama_gqa_torch", target="tpu:v5e:2x2")
+    cpu = onnx2jax.load(GENAI / "llama_gqa_torch", devices=4)
+    assert {d.platform for d in tpu.compiled.mesh.devices.flat} == {"tpu"}
+    shapes = dict(batch=2, width=8, max_length=32)
+    for tpu_lowered, cpu_lowered in zip(tpu.lower_generation(**shapes), cpu.lower_generation(**shapes)):
+        tpu_text, cpu_text = tpu_lowered.compile().as_text(), cpu_lowered.compile().as_text()
+        assert moved(tpu_text) == moved(cpu_text)
+        assert count_collectives(cpu_text)["all-reduce"] > 0  # row-parallel layers: something is compared
