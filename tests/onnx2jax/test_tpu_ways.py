@@ -102,6 +102,22 @@ def test_zoo_compiles_for_v5e_with_the_cpu_programs_collectives(name, plan):
     assert count_collectives(tpu_text) == count_collectives(cpu_text)
 
 
+def test_pipeline_stages_compile_for_v5e_one_program_per_stage_on_its_sub_mesh():
+    from test_pipeline import MEGATRON_ALL_REDUCES, _staged
+
+    model = _staged(2, 4)  # tiny Llama in 2 stages, Megatron over 4 chips inside each
+    tpu = onnx2jax.compile(model, target=TARGET, microbatches=2)
+    cpu = onnx2jax.compile(model, microbatches=2)
+    chips = [{d.id for d in stage.compiled.mesh.devices.flat} for stage in tpu.stages]
+    assert chips == [{0, 1, 2, 3}, {4, 5, 6, 7}]  # each stage on its own 4 of the target's 8 chips
+    assert {d.platform for stage in tpu.stages for d in stage.compiled.mesh.devices.flat} == {"tpu"}
+    ids = np.zeros((4, 16), np.int64)
+    tpu_texts = [lowered.compile().as_text() for lowered in tpu.lower(ids)]
+    cpu_texts = [lowered.compile().as_text() for lowered in cpu.lower(ids)]
+    assert [moved(t) for t in tpu_texts] == [moved(t) for t in cpu_texts]
+    assert [count_collectives(t)["all-reduce"] for t in tpu_texts] == MEGATRON_ALL_REDUCES[2]  # the hand count
+
+
 def test_value_and_grad_and_train_step_compile_for_v5e_with_the_cpu_programs_collectives():
     model = _llama(8)
     tpu, cpu = onnx2jax.compile(model, target=TARGET), onnx2jax.compile(model)
