@@ -29,7 +29,6 @@ import weakref
 from typing import Any, Hashable
 
 import jax
-import numpy as np
 from jax.sharding import Mesh
 
 from sharding.annotate import name_nodes
@@ -43,7 +42,7 @@ from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate_sharding import CONFIGURATION, write_plan
 from onnx2jax.runtime.logit_positions import gather_logit_positions
 from onnx2jax.runtime.plan import make_plan
-from onnx2jax.runtime.targets import parse_target
+from onnx2jax.runtime.targets import Target, parse_target
 from onnx2jax.runtime.total_length import feed_total_length, mask_width_conditions
 from onnx2jax.translate import JaxModel
 
@@ -89,7 +88,8 @@ def load(
     if target is not None:
         if devices or mesh is not None:
             raise ValueError("give target or devices/mesh, not both: the target's chips are the devices")
-        mesh = Mesh(np.array(parse_target(target).devices()), ("tp",))
+        resolved = parse_target(target)
+        return _load(model, len(resolved.devices()), None, resolved)  # the plan lays its mesh over the chips
     size = _width(devices, mesh)
     key = _key(model, size, mesh)
     found = _LOADED.get(key) if key is not None else None
@@ -148,7 +148,7 @@ def _model_path(model: str | os.PathLike) -> str:
     return path
 
 
-def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
+def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None, target: Target | None = None) -> Decoder:
     """Opens, plans, translates and compiles ``model`` once (the module docstring's steps)."""
     config = None
     if isinstance(model, (str, os.PathLike)):
@@ -189,7 +189,7 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
     # tensor-parallel: the program is planned at the first prefill's shapes (Decoder.plan_prefill), so that
     # the sharding inference before the first token runs once, at that prefill's shapes
     plan = make_plan(Opened(proto, external_dir), mesh, configuration=configuration, scan_layers=False,
-                     inferred=inferred, program=configuration is None)
+                     inferred=inferred, program=configuration is None, target=target)
     if plan.kind != "whole":
         raise ValueError(f"generation runs a decoder as one program; this model's plan is of kind {plan.kind!r}")
     if isinstance(model, JaxModel) and plan.proto is model.proto and not model.scan.active:

@@ -70,9 +70,10 @@ def _trained(compiled) -> dict:
     return {k: compiled.abstract_params[k] for k in compiled.trainable}
 
 
-# Issue 41 item 8 (another change): on the three encoders the TPU program keeps an all-reduce of a parameter
-# built by dynamic-update-slice where the CPU program all-gathers activations.
-ENCODERS = {"vit", "whisper_encoder", "wav2vec2"}
+# T5 under the hand plan: the TPU program moves 11 arrays of 2048 elements (10 all-reduces), the CPU program 12
+# (11): one partial sum fewer on the TPU, not yet explained (the zoo's minimum, tests/onnx2jax/zoo_cases.py,
+# counts 12 partial sums).
+DIFFERS = {("t5", "hand"): "the TPU program all-reduces one array fewer than the CPU program (11 against 12)"}
 
 
 def _zoo_cases():
@@ -80,8 +81,8 @@ def _zoo_cases():
         for plan in ("hand", "auto"):
             # one default: the hand plan's (mistral, gpt2) are in tests/onnx2jax/test_targets.py
             marks = [] if (name, plan) == ("gpt2", "auto") else [pytest.mark.slow]
-            if name in ENCODERS:
-                marks.append(pytest.mark.xfail(reason="issue 41 item 8: the encoders' extra collective on the TPU"))
+            if (name, plan) in DIFFERS:
+                marks.append(pytest.mark.xfail(strict=True, reason=DIFFERS[(name, plan)]))
             yield pytest.param(name, plan, marks=marks, id=f"{name}-{plan}")
 
 
@@ -118,6 +119,47 @@ def test_pipeline_stages_compile_for_v5e_one_program_per_stage_on_its_sub_mesh()
     assert [count_collectives(t)["all-reduce"] for t in tpu_texts] == MEGATRON_ALL_REDUCES[2]  # the hand count
 
 
+SERVING = dict(max_batch=4, max_tokens_in_cache=128, page_size=16, prefill_chunk=16)
+
+
+def test_serving_steps_over_the_paged_cache_compile_for_v5e():
+    from onnx2jax.errors import NoDevicesError
+    from onnx2jax.serving.engine import Engine
+
+    tpu = Engine(str(GENAI / "llama_gqa"), target="tpu:v5e:2x2", **SERVING)
+    cpu = Engine(str(GENAI / "llama_gqa"), devices=4, **SERVING)
+    pages = tpu.runner.pages[0]
+    assert {d.platform for d in pages.sharding.device_set} == {"tpu"} and len(pages.sharding.device_set) == 4
+    assert pages.sharding.spec == cpu.runner.pages[0].sharding.spec  # split by KV heads as the CPU engine's
+    width = tpu.runner.block_widths[0]
+    for kind, rows in (("prefill", 1), ("decode", 4)):
+        compiled = tpu.runner.lower(kind, rows, width).compile()
+        # The donated cache comes back where it went in: no step reshards the pages.
+        for given, returned in zip(compiled.input_shardings[0][1], compiled.output_shardings[0]):
+            assert returned.is_equivalent_to(given, 4) and given.is_equivalent_to(pages.sharding, 4), kind
+    with pytest.raises(NoDevicesError, match="tpu:v5e:2x2"):
+        tpu.runner.decode([None], [0], [0], [None])
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "the serving programs' collectives differ between the compilers on 4 chips for 2 KV heads: prefill, the TPU "
+    "all-reduces 10 arrays and all-gathers 1 where the CPU all-reduces 7 and all-gathers 4; decode, 3 all-to-alls "
+    "of 512 elements and 12 collective-permutes on the TPU against 8 all-to-alls of 128 and one permute on the CPU "
+    "(the block-table gather and scatter over the pages partitioned differently)"))
+def test_serving_steps_have_the_cpu_programs_collectives_on_v5e():
+    from onnx2jax.serving.engine import Engine
+
+    tpu = Engine(str(GENAI / "llama_gqa"), target="tpu:v5e:2x2", **SERVING)
+    cpu = Engine(str(GENAI / "llama_gqa"), devices=4, **SERVING)
+    width = tpu.runner.block_widths[0]
+    for kind, rows in (("prefill", 1), ("decode", 4)):
+        tpu_text = tpu.runner.lower(kind, rows, width).compile().as_text()
+        cpu_text = cpu.runner.lower(kind, rows, width).compile().as_text()
+        assert count_collectives(cpu_text)["all-reduce"] > 0  # row-parallel layers: something is compared
+        assert moved(tpu_text) == moved(cpu_text), kind
+
+
 def test_value_and_grad_and_train_step_compile_for_v5e_with_the_cpu_programs_collectives():
     model = _llama(8)
     tpu, cpu = onnx2jax.compile(model, target=TARGET), onnx2jax.compile(model)
@@ -141,10 +183,18 @@ def test_value_and_grad_and_train_step_compile_for_v5e_with_the_cpu_programs_col
     assert not any(count_collectives(cpu_update.as_text()).values())
 
 
-def test_prefill_and_decode_compile_for_v5e_with_the_cpu_programs_collectives():
-    # A 4-chip sub-topology: the fixture's KV heads split 4 ways as they do on 4 CPU devices.
-    tpu = onnx2jax.load(GENAI / "llama_gqa_torch", target="tpu:v5e:2x2")
-    cpu = onnx2jax.load(GENAI / "llama_gqa_torch", devices=4)
+@pytest.mark.parametrize("name", [
+    "llama_gqa_torch",
+    pytest.param("llama_gqa_int4", marks=pytest.mark.xfail(
+        raises=jax.errors.JaxRuntimeError, strict=True,
+        reason="the int4 matmul lowers to the CPU kernel's custom call whatever the platform (the TPU compiler: "
+               "'Custom emitter for CustomSPMDPartitioning not found'); branch tpu-numerics makes it follow the "
+               "program's platform, not merged yet")),
+])
+def test_prefill_and_decode_compile_for_v5e_with_the_cpu_programs_collectives(name):
+    # A 4-chip sub-topology, planned as onnx2jax.load plans 4 CPU devices.
+    tpu = onnx2jax.load(GENAI / name, target="tpu:v5e:2x2")
+    cpu = onnx2jax.load(GENAI / name, devices=4)
     assert {d.platform for d in tpu.compiled.mesh.devices.flat} == {"tpu"}
     shapes = dict(batch=2, width=8, max_length=32)
     for tpu_lowered, cpu_lowered in zip(tpu.lower_generation(**shapes), cpu.lower_generation(**shapes)):
