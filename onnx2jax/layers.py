@@ -4,11 +4,11 @@ A transformer export is a prefix (embeddings, masks, rotary tables), N copies
 of one layer and a suffix (final norm, head). Each copy is the same subgraph
 up to its initializers: the same ops with the same attributes in the same
 order, wired the same way, reading initializers of the same shapes and dtypes
-whose values differ from layer to layer. Layer k's output (the residual
+(each layer its own: parameters are told apart by name, never by value, so no weight is read). Layer k's output (the residual
 stream; the *carry*) is layer k+1's input. Everything else a layer reads from
 outside itself is *loop-invariant*: graph inputs, values computed in the
 prefix and read by every layer (attention masks, position ids, rotary cos/sin),
-and initializers every layer shares by name or holds with equal values.
+and initializers every layer shares by name (or, for a compile-time constant, holds with equal values).
 
 :func:`find_repeated_layers` finds the longest such chain in the stored node
 order (exporters emit one layer's nodes together, in module order) and
@@ -59,10 +59,11 @@ class Repetition:
       outputs: for each ``carry_in``, the tensor of the *last* layer that
         follows it (what the suffix reads).
       stacked: first layer's initializer name -> every layer's initializer
-        for that slot (first layer's included), for slots whose values differ
-        between layers. Stack them along a new leading axis.
+        for that slot (first layer's included), for slots each layer reads under
+        its own name (a constant's per-layer copies of one value excepted). Stack them
+        along a new leading axis.
       shared: first layer's initializer names read by every layer with the
-        same value (shared by name, or per-layer copies of equal value).
+        same value (shared by name, or per-layer copies of one constant's value).
       invariants: tensors computed outside the layers (graph inputs, prefix
         values) that every layer reads under the same name.
       reason: why no repetition was found ('' when one was).

@@ -47,14 +47,14 @@ def target_of(args: argparse.Namespace) -> "Target | None":
       UsageError: a name that is not a topology as jax spells it, ``--slices`` below 1, or ``--slices``
         without ``--target``.
     """
-    from onnx2jax.errors import TargetError
-    from onnx2jax.runtime.targets import parse_target
-
     target, slices = getattr(args, "target", None), getattr(args, "slices", 1)
     if target is None:
         if slices != 1:
             raise UsageError("--slices goes with --target")
         return None
+    from onnx2jax.errors import TargetError
+    from onnx2jax.runtime.targets import parse_target  # imports jax: only when a target is asked for
+
     try:
         return parse_target(target, slices)
     except TargetError as e:

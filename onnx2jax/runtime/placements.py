@@ -27,6 +27,7 @@ from sharding import codes
 from sharding.mesh.layout import Layout, MeshPlan, layout_of
 from sharding.mesh.mapping import MeshMapping, map_specs
 from onnx2jax.runtime.parameters import holdable_sharding
+from onnx2jax.runtime.targets import data_axis_of, has_attached_devices, target_mesh
 from sharding.diagnostics import Diagnostic, ShardingError
 
 if TYPE_CHECKING:
@@ -44,7 +45,8 @@ def _plan_for_mesh(mesh: Mesh, num_devices: int, device_ids: Sequence[int] | Non
     """Configuration device i sits at flat mesh position ``device_ids[i]`` (row-major by default)."""
     if mesh.devices.size != num_devices:
         raise DeviceCountError(
-            configuration, num_devices, mesh.devices.size, mesh=True, hint=len(jax.devices()) < num_devices
+            configuration, num_devices, mesh.devices.size, mesh=True,
+            hint=len(jax.devices()) < num_devices and has_attached_devices(mesh),
         )
     positions = list(range(num_devices)) if device_ids is None else list(device_ids)
     if sorted(positions) != list(range(num_devices)):
@@ -72,8 +74,6 @@ def mesh_for(
     if mesh is not None:
         return mesh, map_specs(layouts, num_devices, _plan_for_mesh(mesh, num_devices, devices, config))
     if target is not None and jax_devices is None:
-        from onnx2jax.runtime.targets import data_axis_of, target_mesh
-
         have = len(target.devices())
         if have != num_devices:
             raise TargetError(
