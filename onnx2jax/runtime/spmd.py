@@ -35,7 +35,6 @@ import onnx
 
 from onnx2jax import symbolic
 from onnx2jax.errors import NoDevicesError, NodeError
-from onnx2jax.loading import host_array
 from onnx2jax.x64 import x64_scope
 from onnx2jax.runtime.constraints import ShardingHooks
 from onnx2jax.runtime.placement_keys import SpecKey, TensorPlacement
@@ -43,6 +42,7 @@ from onnx2jax.call_keys import call_key
 from onnx2jax.runtime.fast_call import FastCall, moved_inputs
 from onnx2jax.runtime.in_flight import InFlight
 from onnx2jax.runtime.parameters import ParameterStore
+from onnx2jax.runtime.placed_parameters import PlacedParameters
 from onnx2jax.runtime.placements import (
     abstract_on_mesh,
     input_placements,
@@ -54,7 +54,7 @@ from onnx2jax.runtime.placements import (
 from onnx2jax.runtime.plan import ProgramPlan
 from onnx2jax.runtime.collective_sources import differences
 from onnx2jax.runtime.report import Report, count_collectives, example_inputs, loop_note, node_rows, param_bytes_per_device
-from onnx2jax.runtime.scan_sharded import layer_specs_differ, place_stacked, stacked_shardings
+from onnx2jax.runtime.scan_sharded import layer_specs_differ, stacked_shardings
 from onnx2jax.runtime.targets import describe_mesh_target, has_attached_devices
 from onnx2jax.runtime.sizes_at_call import SizesAtCall
 from onnx2jax.runtime.training import full_params, initializer_values, trainable_keys, write_onnx
@@ -98,7 +98,7 @@ def translate_for(program: ProgramPlan, external_dir: str | None, **options: Any
     return model
 
 
-class Compiled:
+class Compiled(PlacedParameters):
     """A model compiled for a mesh. Call it like the model; see :func:`onnx2jax.compile`.
 
     An :class:`~onnx2jax.runtime.executable.Executable`: ``apply`` is the same
@@ -156,7 +156,7 @@ class Compiled:
         self._stacked_shardings = (
             stacked_shardings(model.proto, model.scan, placements, self.mesh) if model.scan.active else {}
         )
-        self._placed: tuple[dict[str, jax.Array], dict[str, jax.Array]] | None = None
+        self._placed: dict[str, dict[str, jax.Array]] = {}  # PlacedParameters.place fills it
         self.target: str | None = None if has_attached_devices(self.mesh) else describe_mesh_target(self.mesh)
         self._signatures: dict[tuple, _Signature] = {}
         self._jitted: dict[tuple, Any] = {}
@@ -168,53 +168,6 @@ class Compiled:
         self._trainable: tuple[str, ...] | None = None
 
     # -- parameters -------------------------------------------------------
-
-    def place(self) -> "Compiled":
-        """Places the parameters on the mesh as planned (once; the first call or :attr:`params` does it too).
-
-        Raises:
-          NoDevicesError: the mesh's devices are compile-only (a TPU topology): nothing can be placed there.
-        """
-        if self._placed is None:
-            if self.target is not None:
-                raise NoDevicesError(self.target, "place parameters")
-            arrays, copies = self._store.place(self._host_params)
-            arrays.update(place_stacked(self.model._stacked, self._stacked_shardings))
-            self._placed = (arrays, copies)
-        return self
-
-    @property
-    def params(self) -> dict[str, jax.Array]:
-        """The parameters as placed jax.Arrays, by name (placed at the first use: :meth:`place`)."""
-        return self.place()._placed[0]
-
-    @property
-    def param_copies(self) -> dict[str, jax.Array]:
-        """Further copies of parameters whose consumers want other layouts (``"name#k"``), placed."""
-        return self.place()._placed[1]
-
-    @property
-    def abstract_params(self) -> dict[str, jax.ShapeDtypeStruct]:
-        """:attr:`params` without data: each a ShapeDtypeStruct with its planned sharding (nothing placed)."""
-        arrays, _ = self._store.abstract()
-        for key, sharding in self._stacked_shardings.items():
-            stacked = self.model._stacked[key]
-            arrays[key] = jax.ShapeDtypeStruct(stacked.shape, stacked.dtype, sharding=sharding)
-        return arrays
-
-    def host_params(self) -> dict[str, np.ndarray]:
-        """:attr:`params` as host arrays in their held layouts, read from the model (not from devices): what an
-        artifact for a target whose devices are not attached carries (:func:`onnx2jax.export.export`)."""
-        held = {key: self._store.held_on_host(key, self._host_params) for key in self._store.names
-                if key == self._store.names[key]}
-        for key in self._stacked_shardings:
-            held[key] = np.stack([np.asarray(host_array(layer)) for layer in self.model._stacked[key].layers])
-        return held
-
-    @property
-    def abstract_param_copies(self) -> dict[str, jax.ShapeDtypeStruct]:
-        """:attr:`param_copies` without data."""
-        return self._store.abstract()[1]
 
     def _logical_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return {name: self._store.logical(name, value) for name, value in params.items()}

@@ -68,7 +68,7 @@ def test_a_target_executable_lowers_with_abstract_inputs_and_reports_without_pla
     by_array = tpu.lower(IDS).as_text()
     assert by_shape == by_struct == by_array
     report = tpu.report(IDS.shape)
-    assert tpu._placed is None  # nothing was placed
+    assert not tpu._placed  # nothing was placed
     # Hand count: every parameter's bytes, each split 8 ways where its spec splits it, else whole.
     cpu = onnx2jax.compile(_llama(8))
     expected = {}
@@ -165,3 +165,13 @@ def test_two_slices_put_the_data_axis_across_slices():
     text = tpu.lower(ids.shape).compile().as_text()
     cpu = onnx2jax.compile(annotated, configuration="auto")
     assert count_collectives(text) == count_collectives(cpu.compiled_text(ids))
+
+
+def test_placing_on_cpu_is_lazy_once_and_shared_with_copies():
+    cpu = onnx2jax.compile(_llama(8))
+    assert not cpu._placed  # planned, not placed
+    trained = cpu.with_trainable(list(cpu.params)[:1])  # the first read places...
+    assert trained.params is cpu.params  # ...once, for the copy too
+    reference = {i.name: onnx.numpy_helper.to_array(i) for i in _llama(8).graph.initializer}
+    for name in ("model.model.embed_tokens.weight",):
+        np.testing.assert_array_equal(np.asarray(cpu.logical_params[name]), reference[name])
