@@ -240,6 +240,15 @@ class Decoder:
         each call (quadratic; one compile per length n)."""
         return self._program("recompute", search, donate=())
 
+    def lower_generation(
+        self, batch: int, width: int, max_length: int, search: Search | None = None
+    ) -> tuple[jax.stages.Lowered, jax.stages.Lowered]:
+        """The prefill and decode programs lowered without placing anything (a target's decoder too):
+        :func:`~onnx2jax.runtime.generate_lower.lower_generation`."""
+        from onnx2jax.runtime.generate_lower import lower_generation
+
+        return lower_generation(self, batch, width, max_length, search)
+
     def _program(self, kind: str, search: Search, donate: tuple[int, ...]) -> Program:
         key = (kind, search.do_sample, search.penalized)
         found = self._programs.get(key)

@@ -125,6 +125,13 @@ class CachePlacement:
         shapes = layout.cache_shapes(batch, capacity)
         return tuple(_zeros(shape, dtype, self._sharding(batch, shape[2])) for shape in shapes)
 
+    def abstract_cache(self, batch: int, capacity: int) -> tuple[jax.ShapeDtypeStruct, ...]:
+        """:meth:`zeros_cache` without data: each cache input's shape, dtype and sharding (lowering for a
+        target whose devices are not attached)."""
+        dtype = jnp.dtype(self.layout.dtype)
+        return tuple(jax.ShapeDtypeStruct(shape, dtype, sharding=self._sharding(batch, shape[2]))
+                     for shape in self.layout.cache_shapes(batch, capacity))
+
     def constrain_cache(self, array: jax.Array) -> jax.Array:
         """``array`` (a present) placed as the cache of its shape is (see :meth:`zeros_cache`)."""
         return jax.lax.with_sharding_constraint(array, self._shardings[tuple(array.shape)])

@@ -42,6 +42,7 @@ from onnx2jax.runtime.decoder import Decoder
 from onnx2jax.runtime.generate_sharding import CONFIGURATION, write_plan
 from onnx2jax.runtime.logit_positions import gather_logit_positions
 from onnx2jax.runtime.plan import make_plan
+from onnx2jax.runtime.targets import Target, parse_target
 from onnx2jax.runtime.total_length import feed_total_length, mask_width_conditions
 from onnx2jax.translate import JaxModel
 
@@ -49,7 +50,9 @@ _LOADED: weakref.WeakValueDictionary[Hashable, Decoder] = weakref.WeakValueDicti
 """The handles loaded from paths, while something holds them."""
 
 
-def load(model: ModelLike | JaxModel, *, devices: int | None = None, mesh: Mesh | None = None) -> Decoder:
+def load(
+    model: ModelLike | JaxModel, *, devices: int | None = None, mesh: Mesh | None = None, target: str | None = None,
+) -> Decoder:
     """Loads a decoder LLM once for generation: the handle :func:`onnx2jax.generate` and
     :class:`onnx2jax.Generator` take (onnxruntime-genai's ``og.Model``).
 
@@ -59,6 +62,9 @@ def load(model: ModelLike | JaxModel, *, devices: int | None = None, mesh: Mesh 
       devices: run tensor-parallel over this many devices (the Megatron plan, the cache split by KV heads);
         None or 1: on one device.
       mesh: run tensor-parallel on this mesh (its size is the width).
+      target: plan for a TPU topology that is not attached (``"tpu:v5e:2x4"``): tensor-parallel over its
+        chips, a mesh of compile-only devices; the generation programs then lower and compile
+        (:meth:`~onnx2jax.runtime.decoder.Decoder.lower_generation`), nothing runs.
 
     Returns:
       A :class:`~onnx2jax.runtime.decoder.Decoder`: an Executable (``params``, ``__call__``, ``apply``,
@@ -68,7 +74,8 @@ def load(model: ModelLike | JaxModel, *, devices: int | None = None, mesh: Mesh 
     Raises:
       GenaiConfigError: the folder's genai_config.json and its model disagree (naming both).
       ModelLoadError: the file or its external data cannot be read safely.
-      ValueError: devices and mesh disagree, or more devices than JAX has.
+      ValueError: devices and mesh disagree, or more devices than JAX has, or target with devices or mesh.
+      TargetError: the target is not one libtpu knows, or libtpu is missing.
 
     Example:
       >>> model = onnx2jax.load("tests/data/genai/llama_gqa", devices=2)       # doctest: +SKIP
@@ -78,6 +85,11 @@ def load(model: ModelLike | JaxModel, *, devices: int | None = None, mesh: Mesh 
         if devices or mesh is not None:
             raise ValueError("devices/mesh are fixed when the model is loaded: pass them to onnx2jax.load(...)")
         return model
+    if target is not None:
+        if devices or mesh is not None:
+            raise ValueError("give target or devices/mesh, not both: the target's chips are the devices")
+        resolved = parse_target(target)
+        return _load(model, len(resolved.devices()), None, resolved)  # the plan lays its mesh over the chips
     size = _width(devices, mesh)
     key = _key(model, size, mesh)
     found = _LOADED.get(key) if key is not None else None
@@ -136,7 +148,7 @@ def _model_path(model: str | os.PathLike) -> str:
     return path
 
 
-def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
+def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None, target: Target | None = None) -> Decoder:
     """Opens, plans, translates and compiles ``model`` once (the module docstring's steps)."""
     config = None
     if isinstance(model, (str, os.PathLike)):
@@ -177,7 +189,7 @@ def _load(model: ModelLike | JaxModel, size: int, mesh: Mesh | None) -> Decoder:
     # tensor-parallel: the program is planned at the first prefill's shapes (Decoder.plan_prefill), so that
     # the sharding inference before the first token runs once, at that prefill's shapes
     plan = make_plan(Opened(proto, external_dir), mesh, configuration=configuration, scan_layers=False,
-                     inferred=inferred, program=configuration is None)
+                     inferred=inferred, program=configuration is None, target=target)
     if plan.kind != "whole":
         raise ValueError(f"generation runs a decoder as one program; this model's plan is of kind {plan.kind!r}")
     if isinstance(model, JaxModel) and plan.proto is model.proto and not model.scan.active:

@@ -304,7 +304,8 @@ class PipelineCompiled:
                     for name in stage.inputs
                 }
                 lowered.append(stage.compiled.lower(**args))
-                shapes = jax.eval_shape(lambda p, a, c=stage.compiled: c.apply(p, **a), stage.compiled.params, args)
+                shapes = jax.eval_shape(  # abstract parameters: nothing placed (a target's stages too)
+                    lambda p, a, c=stage.compiled: c.apply(p, **a), stage.compiled.abstract_params, args)
                 env.update(zip(stage.outputs, shapes))
             return lowered
 

@@ -267,11 +267,13 @@ def make_plan(
         raise ValueError(f"microbatches={microbatches} needs a model with pipeline stages; this one has none")
     if target is not None and mesh is not None:
         raise ValueError(f"give a target ({target.name}) or a mesh, not both")
-    if target is not None and kind != "whole":
+    if target is not None and kind == "segments":
         raise TargetError(
-            target.name, f"compiling for a target is implemented for one SPMD program; this model runs as {kind} "
-            "(pipeline stages, or segments around data-dependent shapes): pass mesh= a Mesh of the target's devices",
+            target.name, "compiling for a target is implemented for SPMD programs and pipeline stages; this model "
+            "runs as segments around data-dependent shapes (their sizes are known only by running)",
         )
+    if target is not None and kind == "stages":  # the stages take their sub-meshes from the target's chips
+        mesh = Mesh(np.array(target.devices()), ("devices",))
     plan = Plan(
         proto, external_dir, structural, config, inferred, kind, mesh, None if devices is None else tuple(devices),
         check, microbatches, scan_layers, target=target, read_weights=not ahead_of_time,

@@ -64,6 +64,7 @@ from onnx2jax.runtime.user_mesh import auto_input, tracing
 from onnx2jax.xla_options import compiler_options
 from onnx2jax.scan import per_layer_names
 from onnx2jax.trainable import checked_names
+from onnx2jax.runtime.value_and_grad import ValueAndGrad
 from onnx2jax.translate import JaxModel
 from sharding.inference import Inference
 
@@ -234,7 +235,7 @@ class Compiled(PlacedParameters):
         values = initializer_values(self, self.params if params is None else params)
         return write_onnx(self.plan.proto, values, path, external_data=external_data)
 
-    def value_and_grad(self, loss_fn: Callable[..., Any]) -> Callable[..., tuple]:
+    def value_and_grad(self, loss_fn: Callable[..., Any]) -> ValueAndGrad:
         """``(params, *inputs, loss_args=(), **named) -> (loss, grads)``: jitted ``jax.value_and_grad`` over :meth:`apply`.
 
         ``params``: the parameters to differentiate (a subset of :attr:`params`,
@@ -242,24 +243,11 @@ class Compiled(PlacedParameters):
         ``loss_fn(outputs, *loss_args)`` with the outputs in ONNX order; the
         gradients come back placed like their parameters; a name that is not
         a parameter is a ``ParameterError``. The same face as
-        :meth:`onnx2jax.runtime.pipeline.PipelineCompiled.value_and_grad`.
+        :meth:`onnx2jax.runtime.pipeline.PipelineCompiled.value_and_grad`. Its ``lower(params, *inputs,
+        loss_args=...)`` lowers the program over :attr:`abstract_params` (a target's too:
+        :class:`~onnx2jax.runtime.value_and_grad.ValueAndGrad`).
         """
-        jitted: dict[tuple, Any] = {}
-
-        def run(params: Mapping[str, Any], *inputs: Any, loss_args: Sequence[Any] = (), **named: Any) -> tuple:
-            checked_names(params, self.params, "value_and_grad")
-            dynamic, static, key = self.model.split_static(self.model.bind_inputs(inputs, named))
-            found = jitted.get(key)
-            if found is None:
-                def loss(trained, frozen, values, extra):
-                    return loss_fn(self.apply({**frozen, **trained}, **values, **static), *extra)
-
-                found = jitted[key] = jax.jit(jax.value_and_grad(loss))
-            frozen = {k: v for k, v in self.params.items() if k not in params}
-            with x64_scope(self.model.uses_64bit):
-                return found(dict(params), frozen, dynamic, tuple(loss_args))
-
-        return run
+        return ValueAndGrad(self, loss_fn)
 
     # -- per shape signature ----------------------------------------------
 

@@ -129,6 +129,21 @@ class TrainStep:
             states.append(group_state)
         return {k: new[k] for k in params}, tuple(states), loss
 
+    def lower(
+        self, params: Mapping[str, Any], *inputs: Any, loss_args: Sequence[Any] = (), **named: Any
+    ) -> list[jax.stages.Lowered]:
+        """The programs one step runs, lowered without placing anything: the gradient's
+        (``value_and_grad(loss_fn).lower``), then the optimizer's update per device group, over ``params``
+        as ShapeDtypeStructs with their shardings (``{k: compiled.abstract_params[k] for k in
+        compiled.trainable}``: a TPU target's too) and the optimizer state's shapes. Inputs as the
+        gradient's ``lower`` takes them."""
+        programs = [self.grad.lower(params, *inputs, loss_args=loss_args, **named)]
+        for names in self._groups(params):
+            group = {k: params[k] for k in names}
+            state = jax.eval_shape(self.optimizer.init, group)
+            programs.append(self._update.lower(group, group, state))
+        return programs
+
 
 def train_step(executable: Any, loss_fn: Callable[..., Any], optimizer: optax.GradientTransformation) -> TrainStep:
     """A :class:`TrainStep` of ``optimizer`` on ``executable.value_and_grad(loss_fn)`` (see the module docstring)."""

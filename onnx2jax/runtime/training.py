@@ -51,7 +51,8 @@ def trainable_keys(compiled: "Compiled") -> tuple[str, ...]:
     names = set(trainable_names(compiled.plan.proto, {**model.constants, **model.params}))
     stacked = _stacked_slots(compiled)
     return tuple(
-        key for key in compiled.params if (all(n in names for n in stacked[key]) if key in stacked else key in names)
+        key for key in compiled.abstract_params  # the keys of params, nothing placed (a target's too)
+        if (all(n in names for n in stacked[key]) if key in stacked else key in names)
     )
 
 

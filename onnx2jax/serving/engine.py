@@ -68,6 +68,8 @@ class Engine:
         saves the per-call cost of all but one step (several times the tokens/s of a small model), but a
         request's tokens then come in bursts of up to this many, and a newcomer waits up to this many steps to
         start: for batch work, not for streaming to someone who watches.
+      target: plan for a TPU topology that is not attached (``"tpu:v5e:2x4"``): the engine's programs then
+        lower over an abstract cache (``engine.runner.lower("decode", rows, width)``) and nothing runs.
 
     Attributes:
       runner, scheduler: the two layers below.
@@ -76,8 +78,9 @@ class Engine:
 
     def __init__(self, model: Any, *, max_batch: int = 8, max_tokens_in_cache: int = 4096, page_size: int = 16,
                  prefill_chunk: int = 32, prefill_rows: int = 4, context_length: int | None = None,
-                 eos_token_ids: Seq[int] | None = None, devices: int | None = None, decode_steps: int = 1):
-        self.source = model if isinstance(model, ModelSource) else open_model(model, devices=devices)
+                 eos_token_ids: Seq[int] | None = None, devices: int | None = None, decode_steps: int = 1,
+                 target: str | None = None):
+        self.source = model if isinstance(model, ModelSource) else open_model(model, devices=devices, target=target)
         context = context_length or self.source.context_length
         if context is None:
             raise ValueError(f"{self.source.layout.source}: the model's context length is unknown: give context_length")

@@ -96,11 +96,16 @@ class ModelRunner:
         # On the handle's mesh, the pages split by KV heads as the plan splits the cache (whole on one device).
         self._page_sharding = NamedSharding(source.mesh, PartitionSpec(None, source.heads_axes, None, None))
         self._view_sharding = NamedSharding(source.mesh, PartitionSpec(None, source.heads_axes, None, None))
-        with source.x64():
-            zeros = jax.jit(lambda: jnp.zeros(shape, layout.dtype), out_shardings=self._page_sharding)
-            self.pages = tuple(zeros() for _ in layout.past)
-            self.seen = jax.device_put(np.zeros((slots, source.vocab_size), bool),
-                                       NamedSharding(source.mesh, PartitionSpec()))
+        seen_sharding = NamedSharding(source.mesh, PartitionSpec())
+        if source.target is not None:  # nothing to place on: the cache's shapes and shardings, for lower()
+            self.pages = tuple(jax.ShapeDtypeStruct(shape, jnp.dtype(layout.dtype), sharding=self._page_sharding)
+                               for _ in layout.past)
+            self.seen = jax.ShapeDtypeStruct((slots, source.vocab_size), jnp.bool_, sharding=seen_sharding)
+        else:
+            with source.x64():
+                zeros = jax.jit(lambda: jnp.zeros(shape, layout.dtype), out_shardings=self._page_sharding)
+                self.pages = tuple(zeros() for _ in layout.past)
+                self.seen = jax.device_put(np.zeros((slots, source.vocab_size), bool), seen_sharding)
         self.decode_steps = decode_steps
         counts = [1]
         while counts[-1] * 4 < slots:
@@ -164,6 +169,7 @@ class ModelRunner:
         (the caller keeps it only after the prompt's last chunk). ``width``: the block tables' (default: as the
         chunks need); ``rows``: the program's (default: the fewest of :attr:`prefill_row_counts` that hold the
         chunks)."""
+        self._check_attached("run a prefill")
         rows = rows or next(r for r in self.prefill_row_counts if r >= len(chunks))
         c = self.chunk
         width = width or self._width(max((start for _, _, start, _, _ in chunks), default=0) + c)
@@ -189,6 +195,7 @@ class ModelRunner:
         sampling columns ``rows[i]`` (:func:`~onnx2jax.serving.sampler.sampling_columns`), while k < ``steps_left[i]`` (default: every
         step; after, it writes to the scratch page). Returns the chosen tokens, int32 [steps, len(blocks)].
         ``width``: the block tables' (default: as the longest request needs)."""
+        self._check_attached("run a decode step")
         n = len(blocks)
         left = [steps if b is not None else 0 for b in blocks] if steps_left is None else steps_left
         longest = max((k + s for b, k, s in zip(blocks, lengths, left) if b is not None), default=1)
@@ -207,6 +214,26 @@ class ModelRunner:
         with self.source.x64():
             self.pages, self.seen, chosen = self._decode(self.source.params, self.pages, self.seen, packed, steps)
             return np.asarray(chosen)
+
+    def lower(self, kind: str, rows: int, width: int, steps: int = 1) -> jax.stages.Lowered:
+        """The ``"prefill"`` or ``"decode"`` program at ``rows`` rows and a block table ``width`` pages wide
+        (``steps`` decode steps a call), lowered over the cache and the parameters as they are held, nothing run:
+        a target's (:attr:`ModelSource.target`) as ShapeDtypeStructs with their shardings."""
+        columns = width + self.chunk + 3 if kind == "prefill" else width + 3
+        packed = jax.ShapeDtypeStruct((rows, columns + SAMPLING_FIELDS), jnp.int32)
+        with self.source.x64():
+            if kind == "prefill":
+                return self._prefill.lower(self.source.params, self.pages, self.seen, packed)
+            if kind == "decode":
+                return self._decode.lower(self.source.params, self.pages, self.seen, packed, steps)
+        raise ValueError(f"kind must be 'prefill' or 'decode', got {kind!r}")
+
+    def _check_attached(self, action: str) -> None:
+        """Refuses to run for a target whose devices are not attached, naming it."""
+        if self.source.target is not None:
+            from onnx2jax.errors import NoDevicesError
+
+            raise NoDevicesError(self.source.target, action)
 
     def _width(self, positions: int) -> int:
         """The block-table width of a call whose rows reach ``positions``: a power of two of pages, at least

@@ -39,6 +39,8 @@ class ModelSource:
       heads_axes: the mesh axes the cache's KV heads are split over (None: whole on every device).
       devices: the tensor-parallel width.
       note: where the cache is not split over every device, how it is placed; else "".
+      target: the TPU target the handle was loaded for (``onnx2jax.load(..., target=)``), whose devices are not
+        attached: ``params`` are then ShapeDtypeStructs and the runner's programs only lower (None: placed).
     """
 
     layout: CacheLayout
@@ -52,11 +54,13 @@ class ModelSource:
     heads_axes: Any = None
     devices: int = 1
     note: str = ""
+    target: str | None = None
 
 
-def open_model(model: Any, *, devices: int | None = None) -> ModelSource:
+def open_model(model: Any, *, devices: int | None = None, target: str | None = None) -> ModelSource:
     """A :class:`ModelSource` for a genai folder, an .onnx path or a handle of :func:`onnx2jax.load`, on
-    ``devices`` devices (tensor-parallel, as :func:`onnx2jax.load` plans it).
+    ``devices`` devices (tensor-parallel, as :func:`onnx2jax.load` plans it), or for a TPU ``target`` that is not
+    attached (``"tpu:v5e:2x4"``: its parameters abstract, nothing placed).
 
     Raises:
       ValueError: a model without a KV cache (serving needs one).
@@ -64,7 +68,7 @@ def open_model(model: Any, *, devices: int | None = None) -> ModelSource:
     from onnx2jax.runtime.decoder import Decoder
     from onnx2jax.runtime.load import load
 
-    handle = model if isinstance(model, Decoder) else load(model, devices=devices)
+    handle = model if isinstance(model, Decoder) else load(model, devices=devices, target=target)
     layout = handle.layout
     if layout.kind == "none":
         raise ValueError(
@@ -86,12 +90,13 @@ def open_model(model: Any, *, devices: int | None = None) -> ModelSource:
     name = os.path.basename(os.path.normpath(os.fspath(model))) if isinstance(model, (str, os.PathLike)) else "model"
     mesh, heads = handle.compiled.mesh, None
     if handle.devices > 1:
-        sharding = handle.placement.zeros_cache(1, 1)[0].sharding  # the cache as the plan places it
+        sharding = handle.placement.abstract_cache(1, 1)[0].sharding  # the cache as the plan places it
         heads = (tuple(sharding.spec) + (None,) * 4)[1]
     return ModelSource(
-        layout=layout, params=handle.params, forward=forward, x64=handle.x64,
+        layout=layout, params=handle.params if target is None else handle.compiled.abstract_params,
+        forward=forward, x64=handle.x64,
         vocab_size=_vocab_size(handle, layout), context_length=layout.context_length, name=name,
-        mesh=mesh, heads_axes=heads, devices=handle.devices, note=handle.placement.note,
+        mesh=mesh, heads_axes=heads, devices=handle.devices, note=handle.placement.note, target=target,
     )
 
 
