@@ -186,11 +186,7 @@ def test_value_and_grad_and_train_step_compile_for_v5e_with_the_cpu_programs_col
 
 @pytest.mark.parametrize("name", [
     "llama_gqa_torch",
-    pytest.param("llama_gqa_int4", marks=pytest.mark.xfail(
-        raises=jax.errors.JaxRuntimeError, strict=True,
-        reason="the int4 matmul lowers to the CPU kernel's custom call whatever the platform (the TPU compiler: "
-               "'Custom emitter for CustomSPMDPartitioning not found'); branch tpu-numerics makes it follow the "
-               "program's platform, not merged yet")),
+    "llama_gqa_int4",  # MatMulNBits takes the TPU path: the kernel follows the program's platform (numerics)
 ])
 def test_prefill_and_decode_compile_for_v5e_with_the_cpu_programs_collectives(name):
     # A 4-chip sub-topology, planned as onnx2jax.load plans 4 CPU devices.
