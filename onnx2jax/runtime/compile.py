@@ -90,7 +90,10 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
         (:mod:`onnx2jax.runtime.auto_compile`); the executable's ``auto_report``
         says what was weighed, chosen and measured. ``auto`` holds the
         workload: ``batch``, ``seq``, ``memory_per_device``, ``objective``,
-        ``calibrate``, ``inputs``.
+        ``calibrate``, ``inputs``. With a ``target``, the best ``auto["top"]`` candidates (default 3) are
+        compiled for it and re-ranked by the TPU compiler's memory and time estimates
+        (:mod:`onnx2jax.runtime.auto_target`); the re-ranked winner is compiled for the target and
+        ``auto_report.target`` holds both rankings (docs/auto-plans.md).
       precision: the precision of every matrix product (:mod:`onnx2jax.numerics`,
         docs/tpu-numerics.md): ``"auto"`` (the default) keeps ONNX's float32
         fidelity (``HIGHEST``) on CPU and GPU and for float32 products on a TPU,
@@ -135,9 +138,7 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     if resolved is None and slices != 1:
         raise ValueError(f"slices={slices} needs a target")
     if plan is not None:
-        if resolved is not None:
-            raise ValueError("plan='auto' with a target is not implemented yet; give the model's own plan")
-        return _planned(model, plan, devices, auto, mesh=mesh, check=check, microbatches=microbatches,
+        return _planned(model, plan, devices, auto, resolved, mesh=mesh, check=check, microbatches=microbatches,
                         scan_layers=scan_layers, check_indices=check_indices, precision=precision,
                         compute_dtype=compute_dtype)
     if auto is not None:
@@ -167,15 +168,32 @@ def compile(  # noqa: A001 - the name mirrors jax's compile step on purpose
     return executable
 
 
-def _planned(model: ModelLike, plan: str, devices: Any, auto: Mapping[str, Any] | None, **options: Any) -> Executable:
-    """``compile(model, devices=N, plan="auto")``."""
-    from onnx2jax.runtime.auto_compile import compile_auto  # the search is loaded only when asked for
+def _planned(model: ModelLike, plan: str, devices: Any, auto: Mapping[str, Any] | None, target: Target | None,
+             **options: Any) -> Executable:
+    """``compile(model, devices=N, plan="auto")``: the planning step (:func:`plan_auto`), then this compile of
+    its annotated winner (for the target, when there is one), then the check against the prediction where
+    the program runs here."""
+    from onnx2jax.runtime.auto_check import check as check_prediction  # loaded only when asked for
+    from onnx2jax.runtime.auto_compile import PLAN_OPTIONS, example_inputs, plan_auto
 
     if plan != "auto":
         raise ValueError(f"plan must be 'auto' (or None for the model's own annotations), got {plan!r}")
-    if devices is None or (not isinstance(devices, (int, Mapping)) and not all(isinstance(d, int) for d in devices)):
+    if devices is not None and not isinstance(devices, (int, Mapping)) and not all(isinstance(d, int) for d in devices):
         raise ValueError("plan='auto' needs devices: a count, or a mesh shape {'data': d, 'tensor': t}")
-    return compile_auto(model, devices, compile, **(dict(auto) if auto else {}), **options)
+    workload = dict(auto) if auto else {}
+    unknown = sorted(set(workload) - set(PLAN_OPTIONS) - {"inputs"})
+    if unknown:
+        raise ValueError(f"compile(auto=...) has no option {unknown[0]!r}; the options are {PLAN_OPTIONS + ('inputs',)}")
+    inputs = workload.pop("inputs", None)
+    if target is not None and inputs is not None:
+        raise ValueError(f"auto={{'inputs': ...}} checks a program that runs here; one for {target.name} does not")
+    annotated, report = plan_auto(model, devices, target=target, **workload)
+    executable = compile(annotated, configuration="auto", target=target, **options)
+    if target is None:
+        check_prediction(executable, report, inputs if inputs is not None
+                         else example_inputs(annotated, workload.get("batch"), workload.get("seq")))
+    executable.auto_report = report
+    return executable
 
 
 __all__ = ["compile"]

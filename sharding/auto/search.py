@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 import onnx
@@ -89,6 +89,10 @@ class AutoReport:
         measured: Filled by `onnx2jax.runtime.auto_check`: the compiled winner's collectives by
             kind, their bytes and the parameter bytes per device.
         differences: Filled there too: each way the compiled program differs from the prediction.
+        target: Filled by `onnx2jax.runtime.auto_target` for a plan against a TPU target: the best
+            candidates as the TPU compiler ranks them (its ``lines()`` are appended to `lines`).
+        writer: Writes an evaluated candidate (by row name) into a copy of the model, with its evaluation
+            and notes (`annotated`, `choose`).
     """
 
     devices: int
@@ -106,6 +110,30 @@ class AutoReport:
     notes: tuple[str, ...] = ()
     measured: dict | None = None
     differences: list[str] = field(default_factory=list)
+    target: object | None = None
+    writer: Callable[[str], tuple[onnx.ModelProto, Evaluation, tuple[str, ...]]] | None = field(default=None, repr=False, compare=False)
+
+    def annotated(self, name: str) -> onnx.ModelProto:
+        """The candidate row ``name`` written into a copy of the model (configuration ``auto``), as the
+        winner is: what a re-ranking against a target compiles for each of the best few.
+
+        Raises:
+            KeyError: no evaluated candidate of that name (a pruned one was never evaluated).
+        """
+        return self._written(name)[0]
+
+    def choose(self, name: str) -> onnx.ModelProto:
+        """Makes the evaluated candidate ``name`` the winner (a re-ranking's choice: `winner`, `evaluation` and
+        `notes` become its own) and returns it written, as `annotated` does."""
+        model, evaluation, notes = self._written(name)
+        self.winner = next(row for row in self.rows if row.name == name)
+        self.evaluation, self.notes = evaluation, notes
+        return model
+
+    def _written(self, name: str) -> tuple[onnx.ModelProto, Evaluation, tuple[str, ...]]:
+        if self.writer is None:
+            raise KeyError(f"this report keeps no candidates to write; {name!r} cannot be annotated")
+        return self.writer(name)
 
     def lines(self, top: int = 5) -> list[str]:
         """The report as text: the winner, the top candidates, the hand plan, and the measured check."""
@@ -130,6 +158,8 @@ class AutoReport:
                        + (f"; {m['seconds'] * 1e6:,.1f} us per call" if m.get("seconds") else ""))
             out += [f"difference: {d}" for d in self.differences] or ["measured = predicted (collectives, bytes, "
                                                                       "parameter bytes per device)"]
+        if self.target is not None:
+            out += self.target.lines()  # type: ignore[attr-defined]
         return out
 
     def as_dict(self, top: int = 5) -> dict:
@@ -140,6 +170,7 @@ class AutoReport:
             "searched": len(self.rows), "search_seconds": self.search_seconds, "winner": asdict(self.winner),
             "top": [asdict(row) for row in self.rows[:top]], "hand": asdict(self.hand),
             "notes": list(self.notes), "measured": self.measured, "differences": list(self.differences),
+            **({} if self.target is None else {"target": self.target.as_dict()}),  # type: ignore[attr-defined]
         }
 
 
@@ -274,12 +305,19 @@ def auto_plan(
         _memory_error(rows, limit, num_devices)
     best = rows[0]
     candidate, evaluation = chosen[best.name]
-    annotated = candidate.model if isinstance(candidate, Pipeline) else write_plan(analysis, candidate.written,
-                                                                                    num_devices)
+
+    def write(name: str) -> tuple[onnx.ModelProto, Evaluation, tuple[str, ...]]:
+        if name not in chosen:
+            raise KeyError(f"no evaluated candidate named {name!r}; evaluated: {sorted(chosen)}")
+        written, evaluated = chosen[name]
+        model = written.model if isinstance(written, Pipeline) else write_plan(analysis, written.written, num_devices)
+        return model, evaluated, written.notes
+
+    annotated = write(best.name)[0]
     report = AutoReport(
         devices=num_devices, objective=objective, batch=batch, seq=seq, memory_limit=limit, limit_source=source,
         rates=rates, rows=rows, winner=best, hand=_row(hand, hand_eval, hand_cost, limit, param_limit),
-        search_seconds=time.perf_counter() - started, evaluation=evaluation, notes=candidate.notes,
+        search_seconds=time.perf_counter() - started, evaluation=evaluation, notes=candidate.notes, writer=write,
     )
     _log.info("auto plan: %s", report.lines()[0])
     return annotated, report
