@@ -5,12 +5,16 @@ Examples::
     onnx2jax annotate model.onnx --auto --devices 8 -o out.onnx
     onnx2jax annotate model.onnx --auto --devices 8 --batch 16 --seq 512 --memory 16GB --objective train -o out.onnx
     onnx2jax explain model.onnx --auto --devices 8 --batch 16     # the same search and report, nothing written
+    onnx2jax explain model.onnx --auto --target tpu:v5e:2x4 --batch 2 --seq 16 --top 3   # re-ranked for the TPU
 
 The devices are asked for as every ``--devices`` command asks (`onnx2jax.cli.options.request_devices`:
 fake CPU devices on a machine without accelerators). The search runs at this backend's rates when JAX
 sees the devices (measured once and cached: `onnx2jax.runtime.calibration`), else at the defaults; the winner is then compiled on those devices
 and its collectives compared with the prediction. The report (top candidates, predicted and measured
-cost, any difference) is printed as notes.
+cost, any difference) is printed as notes. With ``--target`` the search is for the target's chips at the
+default rates, and the cost model's best ``--top`` candidates are compiled for the target and re-ranked
+by the TPU compiler's peak memory and time estimate (`onnx2jax.runtime.auto_target`); the report ends
+with both rankings in one table.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser, *, devices: bool = False) -> 
                         help="--auto: bytes a device may hold, e.g. 16GB (default: the hand plan's)")
     parser.add_argument("--objective", choices=OBJECTIVES, default="latency", help="--auto: what to minimise")
     parser.add_argument("--mesh-shape", metavar="DxT", help="--auto: only this data x tensor shape, e.g. 2x4")
+    parser.add_argument("--top", type=int, metavar="K",
+                        help="--auto --target: how many of the cost model's best candidates to compile for the "
+                             "target and re-rank by the TPU compiler (default 3)")
 
 
 def require_auto(args: argparse.Namespace, *, devices: bool = False, target: bool = False) -> None:
@@ -45,7 +52,8 @@ def require_auto(args: argparse.Namespace, *, devices: bool = False, target: boo
     ``--auto``: nothing would read them."""
     given = [option for option, value in (("--batch", args.batch), ("--seq", args.seq), ("--memory", args.memory),
                                           ("--mesh-shape", args.mesh_shape), ("--devices", devices and args.devices),
-                                          ("--objective", args.objective != "latency")) if value]
+                                          ("--objective", args.objective != "latency"),
+                                          ("--top", getattr(args, "top", None) is not None)) if value]
     if target and getattr(args, "target", None) is not None:
         given.append("--target")
     if given and not args.auto:
@@ -77,12 +85,14 @@ def search(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Model
     import jax
 
     from onnx2jax.runtime.auto_check import check
-    from onnx2jax.runtime.auto_compile import example_inputs
+    from onnx2jax.runtime.auto_compile import example_inputs, plan_auto
     from onnx2jax.runtime.calibration import rates
     from onnx2jax.runtime.compile import compile as compile_model
 
     target = target_of(args)
-    if target is not None:  # the plan is for the target's chips; the winner is compiled for it, not here
+    if getattr(args, "top", None) is not None and target is None:
+        raise UsageError("--top goes with --target (how many candidates to compile for it)")
+    if target is not None:  # the plan is for the target's chips; the best few are compiled for it, not here
         count = len(target.devices())
         if args.devices is None:
             args.devices = count
@@ -95,9 +105,17 @@ def search(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Model
     seen = len(jax.devices()) if target is not None else len(request_devices(args.devices))
     here = seen >= args.devices and target is None
     try:
-        annotated, report = auto_plan(model, devices, batch=args.batch, seq=args.seq, memory_per_device=args.memory,
-                                      objective=args.objective, rates=rates(jax.devices()[:args.devices]) if here else None)
+        if target is not None:  # the cost model's best --top compiled for the target, re-ranked by its compiler
+            annotated, report = plan_auto(model, devices, batch=args.batch, seq=args.seq,
+                                          memory_per_device=args.memory, objective=args.objective, target=target,
+                                          top=args.top)
+        else:
+            annotated, report = auto_plan(model, devices, batch=args.batch, seq=args.seq,
+                                          memory_per_device=args.memory, objective=args.objective,
+                                          rates=rates(jax.devices()[:args.devices]) if here else None)
     except AutoPlanError as e:
+        raise UsageError(str(e)) from None
+    except ValueError as e:  # --top < 1
         raise UsageError(str(e)) from None
     notes = []
     external = any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer)
