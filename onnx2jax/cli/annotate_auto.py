@@ -20,6 +20,7 @@ with both rankings in one table.
 from __future__ import annotations
 
 import argparse
+import functools
 
 import numpy as np
 import onnx
@@ -108,7 +109,8 @@ def search(args: argparse.Namespace, model: onnx.ModelProto) -> tuple[onnx.Model
         if target is not None:  # the cost model's best --top compiled for the target, re-ranked by its compiler
             annotated, report = plan_auto(model, devices, batch=args.batch, seq=args.seq,
                                           memory_per_device=args.memory, objective=args.objective, target=target,
-                                          top=args.top)
+                                          top=args.top, compile_candidate=functools.partial(
+                                              compile_model, configuration="auto", target=target))
         else:
             annotated, report = auto_plan(model, devices, batch=args.batch, seq=args.seq,
                                           memory_per_device=args.memory, objective=args.objective,

@@ -14,7 +14,7 @@ prediction at the workload's shapes (`onnx2jax.runtime.auto_check`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -22,6 +22,7 @@ import onnx
 
 from onnx2jax.loading import ModelLike, load_model
 from onnx2jax.runtime.calibration import rates as backend_rates
+from onnx2jax.runtime.executable import Executable
 from onnx2jax.runtime.targets import Target
 from sharding.auto import auto_plan
 from sharding.auto.search import AutoReport
@@ -53,6 +54,7 @@ def plan_auto(
     calibrate: bool = True,
     target: Target | None = None,
     top: int | None = None,
+    compile_candidate: Callable[[onnx.ModelProto], Executable] | None = None,
 ) -> tuple[onnx.ModelProto, AutoReport]:
     """The automatic plan of ``model``: the annotated winner (configuration ``auto``) and the report.
 
@@ -67,9 +69,12 @@ def plan_auto(
             TPU compiler (``report.target`` holds both rankings).
         top: With a target, how many candidates to compile (default
             `onnx2jax.runtime.auto_target.DEFAULT_TOP`).
+        compile_candidate: With a target, compiles an annotated candidate for it (``onnx2jax.compile(m,
+            configuration="auto", target=target)``; passed in: no runtime module imports the front door).
 
     Raises:
-        ValueError: ``top`` without a target, or ``devices`` that is not the target's chip count.
+        ValueError: ``top`` without a target, a target without ``compile_candidate``, or ``devices`` that is
+            not the target's chip count.
         sharding.auto.MemoryLimitError: no layout fits ``memory_per_device``; with a target, no compiled
             candidate fits the chip (:class:`onnx2jax.errors.ChipMemoryError`) or the limit given.
     """
@@ -85,6 +90,8 @@ def plan_auto(
                          objective=objective, rates=rates)
     from onnx2jax.runtime.auto_target import DEFAULT_TOP, rerank
 
+    if compile_candidate is None:
+        raise ValueError(f"plan_auto for {target.name} needs compile_candidate (how a candidate is compiled for it)")
     chips = len(target.devices())
     if devices is None:
         devices = chips
@@ -93,7 +100,7 @@ def plan_auto(
     _, report = auto_plan(proto, devices, batch=batch, seq=seq, memory_per_device=memory_per_device,
                           objective=objective)
     shapes = {k: v.shape for k, v in example_inputs(proto, batch, seq).items()}
-    annotated, _ = rerank(report, target, shapes, top=DEFAULT_TOP if top is None else top,
+    annotated, _ = rerank(report, target, shapes, compile_candidate, top=DEFAULT_TOP if top is None else top,
                           memory_per_device=memory_per_device)
     return annotated, report
 

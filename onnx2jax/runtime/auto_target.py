@@ -3,7 +3,8 @@
 `sharding.auto.auto_plan` ranks every candidate layout by its cost model (rates of an attached backend,
 or the defaults). For a target whose chips are not attached, that ranking is a guess at the TPU's
 numbers: :func:`rerank` compiles the best few candidates (``top``, default 3) for the target
-(``onnx2jax.compile(..., target=)``, lowered at the workload's shapes and compiled by the TPU compiler
+(``onnx2jax.compile(..., configuration="auto", target=)``, passed in by the front door, which this
+runtime module does not import; lowered at the workload's shapes and compiled by the TPU compiler
 through :func:`onnx2jax.runtime.tpu_report.compile_and_report`) and ranks them again by what the
 compiler says: a candidate whose peak per chip exceeds the chip's HBM (or the ``memory_per_device``
 the user gave) is out, the rest are ordered by the compiler's time estimate. The winner is the
@@ -14,11 +15,12 @@ them side by side).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import onnx
 
 from onnx2jax.errors import ChipMemoryError, MemoryLimitError
+from onnx2jax.runtime.executable import Executable
 from onnx2jax.runtime.targets import Target
 from onnx2jax.runtime.tpu_report import TpuReport, compile_and_report
 from sharding.auto.search import AutoReport, Row
@@ -114,13 +116,14 @@ def rerank(
     report: AutoReport,
     target: Target,
     shapes: Mapping[str, Sequence[int]],
+    compile_candidate: Callable[[onnx.ModelProto], Executable],
     *,
     top: int = DEFAULT_TOP,
     memory_per_device: int | None = None,
-    configuration: str = "auto",
 ) -> tuple[onnx.ModelProto, TargetRanking]:
     """The best ``top`` candidates of ``report`` compiled for ``target`` at ``shapes`` and ranked by the TPU
-    compiler; returns the winner's annotated model and the ranking. ``report`` is updated: its ``target`` is
+    compiler (``compile_candidate``: an annotated candidate, configuration ``auto``, compiled for ``target``,
+    as ``onnx2jax.compile`` does); returns the winner's annotated model and the ranking. ``report`` is updated: its ``target`` is
     the ranking, its ``winner`` (and ``evaluation``) the TPU ranking's first.
 
     Raises:
@@ -128,8 +131,6 @@ def rerank(
       MemoryLimitError: no compiled candidate fits the chip's HBM (a :class:`ChipMemoryError`, naming the
         chip) or the ``memory_per_device`` given; the message names the smallest peak and its candidate.
     """
-    from onnx2jax.runtime.compile import compile as compile_model  # compile loads this module only when asked
-
     if top < 1:
         raise ValueError(f"top must be >= 1 (how many candidates to compile for {target.name}), got {top}")
     shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
@@ -137,7 +138,7 @@ def rerank(
     models, compiled = {}, []
     for rank, row in valid:
         models[row.name] = report.annotated(row.name)
-        executable = compile_model(models[row.name], configuration=configuration, target=target)
+        executable = compile_candidate(models[row.name])
         lowered = executable.lower(**shapes)
         try:
             _, tpu = compile_and_report(lowered, executable.mesh, what=f"candidate {row.name!r}")

@@ -15,6 +15,7 @@ The strategies never import this module.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Mapping, Sequence
 
 from jax.sharding import Mesh
@@ -187,7 +188,8 @@ def _planned(model: ModelLike, plan: str, devices: Any, auto: Mapping[str, Any] 
     inputs = workload.pop("inputs", None)
     if target is not None and inputs is not None:
         raise ValueError(f"auto={{'inputs': ...}} checks a program that runs here; one for {target.name} does not")
-    annotated, report = plan_auto(model, devices, target=target, **workload)
+    candidate = None if target is None else functools.partial(compile, configuration="auto", target=target)
+    annotated, report = plan_auto(model, devices, target=target, compile_candidate=candidate, **workload)
     executable = compile(annotated, configuration="auto", target=target, **options)
     if target is None:
         check_prediction(executable, report, inputs if inputs is not None
