@@ -22,7 +22,8 @@ import onnx
 from onnx2jax.errors import ChipMemoryError, MemoryLimitError
 from onnx2jax.runtime.executable import Executable
 from onnx2jax.runtime.targets import Target
-from onnx2jax.runtime.tpu_report import TpuReport, compile_and_report
+from onnx2jax.runtime.chips import Chip
+from onnx2jax.runtime.tpu_report import TpuReport, compile_and_report, device_chip
 from sharding.auto.search import AutoReport, Row
 
 DEFAULT_TOP = 3
@@ -145,30 +146,28 @@ def rerank(
             refused = None
         except ChipMemoryError as e:
             tpu, refused = None, str(e)
-        hbm = tpu.memory.hbm_bytes if tpu is not None else _hbm(target)
+        hbm = tpu.memory.hbm_bytes if tpu is not None else _chip(target).hbm_bytes
         limit = hbm if memory_per_device is None else min(hbm, int(memory_per_device))
         compiled.append(TargetCandidate(row, rank, tpu, refused, limit))
     ranking = TargetRanking(target.name, shapes, tuple(sorted(compiled, key=TargetCandidate.key)))
     report.target = ranking
     if not ranking.winner.fits:
-        _refuse(ranking, memory_per_device)
+        _refuse(ranking, _chip(target), memory_per_device)
     report.choose(ranking.winner.row.name)
     return models[ranking.winner.row.name], ranking
 
 
-def _hbm(target: Target) -> int:
-    from onnx2jax.runtime.tpu_report import device_chip
-
-    return device_chip(target.devices()).hbm_bytes
+def _chip(target: Target) -> Chip:
+    return device_chip(target.devices())
 
 
-def _refuse(ranking: TargetRanking, memory_per_device: int | None) -> None:
+def _refuse(ranking: TargetRanking, chip: Chip, memory_per_device: int | None) -> None:
     """No candidate fits: the error names the chip (or the limit given), the smallest peak and its candidate."""
     peaks = [c for c in ranking.candidates if c.tpu is not None]
     names = ", ".join(c.row.name for c in ranking.candidates)
     if not peaks:
-        raise ChipMemoryError(ranking.target, None, ranking.winner.limit_bytes,
-                              f"every candidate compiled for {ranking.target} ({names})")
+        raise ChipMemoryError(chip.name, None, chip.hbm_bytes,
+                              f"every candidate compiled for {ranking.target} ({names}; the compiler refused each)")
     smallest = min(peaks, key=lambda c: c.tpu.memory.peak_bytes)  # type: ignore[union-attr]
     peak, hbm = smallest.tpu.memory.peak_bytes, smallest.tpu.memory.hbm_bytes  # type: ignore[union-attr]
     if peak > hbm:

@@ -93,3 +93,18 @@ def test_top_goes_with_a_target(capsys):
     assert "--top goes with --target" in capsys.readouterr().err
     with pytest.raises(ValueError, match="goes with a target"):
         onnx2jax.compile(onnx2jax.demo_model_path(), plan="auto", devices=8, auto=dict(top=2))
+
+
+def test_candidates_the_chip_cannot_hold_are_refused_naming_the_chip(monkeypatch):
+    # the TPU compiler's out-of-memory refusal, as compile_for_tpu raises it, for every candidate (a real one
+    # takes minutes to reach: the tiny Llama at batch 4096, sequence 8192 on v5e:2x2)
+    import onnx2jax.runtime.auto_target as auto_target
+    from onnx2jax.errors import ChipMemoryError
+
+    def refuse(lowered, devices, *, what):
+        raise ChipMemoryError("v5e", 20 << 30, 16 << 30, what)
+
+    monkeypatch.setattr(auto_target, "compile_and_report", refuse)
+    with pytest.raises(ChipMemoryError, match=r"every candidate compiled for tpu:v5e:2x4 \(.*tensor.*; the compiler "
+                                              r"refused each\) does not fit a TPU v5e chip's memory \(16.00 GiB"):
+        onnx2jax.compile(onnx2jax.demo_model_path(), plan="auto", target=TARGET, auto=WORKLOAD)
