@@ -124,8 +124,8 @@ def rerank(
 ) -> tuple[onnx.ModelProto, TargetRanking]:
     """The best ``top`` candidates of ``report`` compiled for ``target`` at ``shapes`` and ranked by the TPU
     compiler (``compile_candidate``: an annotated candidate, configuration ``auto``, compiled for ``target``,
-    as ``onnx2jax.compile`` does); returns the winner's annotated model and the ranking. ``report`` is updated: its ``target`` is
-    the ranking, its ``winner`` (and ``evaluation``) the TPU ranking's first.
+    as ``onnx2jax.compile`` does); returns the winner's annotated model and the ranking. ``report`` is
+    updated: its ``target`` is the ranking, its ``winner`` (and ``evaluation``) the TPU ranking's first.
 
     Raises:
       ValueError: ``top`` < 1.

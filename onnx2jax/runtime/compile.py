@@ -184,7 +184,8 @@ def _planned(model: ModelLike, plan: str, devices: Any, auto: Mapping[str, Any] 
     workload = dict(auto) if auto else {}
     unknown = sorted(set(workload) - set(PLAN_OPTIONS) - {"inputs"})
     if unknown:
-        raise ValueError(f"compile(auto=...) has no option {unknown[0]!r}; the options are {PLAN_OPTIONS + ('inputs',)}")
+        raise ValueError(f"compile(auto=...) has no option {unknown[0]!r}; "
+                         f"the options are {PLAN_OPTIONS + ('inputs',)}")
     inputs = workload.pop("inputs", None)
     if target is not None and inputs is not None:
         raise ValueError(f"auto={{'inputs': ...}} checks a program that runs here; one for {target.name} does not")
