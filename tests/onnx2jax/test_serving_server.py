@@ -181,7 +181,8 @@ def _counter(server, outcome) -> float:
 
 def test_client_disconnecting_mid_stream_frees_its_slot_and_pages(server):
     aborted = _counter(server, "aborted")
-    body = {"model": MODEL, "prompt": EXPECTED["prompts"][1], "max_tokens": 110, "temperature": 0, "stream": True}
+    # 12 + 116 = the whole context: the longest the request can run, for the disconnect to be seen while it runs
+    body = {"model": MODEL, "prompt": EXPECTED["prompts"][1], "max_tokens": 116, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server['url']}/v1/completions", json=body, timeout=60) as response:
         lines = (line for line in response.iter_lines() if line.startswith("data: "))
         first = json.loads(next(lines)[6:])
