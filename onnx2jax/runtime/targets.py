@@ -32,7 +32,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from onnx2jax.errors import TargetError
-from onnx2jax.platforms import prefer_cpu_without_accelerator
+from onnx2jax.platforms import accelerator_visible, prefer_cpu_without_accelerator
 
 KNOWN_TOPOLOGIES: dict[str, tuple[str, ...]] = {
     "v4": ("2x2x1", "2x2x2", "2x2x4", "4x4x4"),
@@ -117,7 +117,8 @@ def _topology(platform: str, topology: str, slices: int):
     if not libtpu_available():
         raise TargetError(f"{platform}:{topology}", f"libtpu is not installed; {INSTALL_HINT}")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    quiet = prefer_cpu_without_accelerator()  # compile-only devices need no TPU backend
+    prefer_cpu_without_accelerator()  # compile-only devices need no TPU backend
+    quiet = not accelerator_visible()  # no TPU here: libtpu's words about the missing host say nothing
     from jax.experimental import topologies
 
     with _stderr_kept(quiet) as said:

@@ -57,8 +57,13 @@ class _Output:
 
 SHORT_CONTEXT = ("--context-length", "64")
 """For a server whose requests need at most 32 positions: the folder's 256 would have its start-up compile
-programs for four times the cache width (~10 s of the run). The module's own server keeps 256: its queue and
-disconnect tests hold slots with requests of 200 tokens and more."""
+programs for four times the cache width (~10 s of the run). The module's own server runs at 128 (`CONTEXT`)."""
+
+CONTEXT = 128
+"""The module server's context: its queue and disconnect tests hold slots with requests of 100 tokens and more;
+the folder's 256 would add a third block-table width, i.e. four more programs to compile at start-up, and
+requests twice as long, for no property the tests check at 128 too (the widths and pages, the refusals past the
+context, the queue and 429s, the freed slot, are the same at any context)."""
 
 
 def start_server(folder: pathlib.Path, *options: str) -> dict:
@@ -109,7 +114,7 @@ def server(tmp_path_factory):
     config["search"].update(do_sample=True, top_k=1)
     (folder / "genai_config.json").write_text(json.dumps(config))
     started = start_server(folder, "--max-batch", "2", "--queue-bound", "3", "--served-model-name", MODEL,
-                           "--page-size", "8", "--prefill-chunk", "16")
+                           "--page-size", "8", "--prefill-chunk", "16", "--context-length", str(CONTEXT))
     yield started
     stop_server(started)
 
@@ -176,7 +181,8 @@ def _counter(server, outcome) -> float:
 
 def test_client_disconnecting_mid_stream_frees_its_slot_and_pages(server):
     aborted = _counter(server, "aborted")
-    body = {"model": MODEL, "prompt": EXPECTED["prompts"][1], "max_tokens": 240, "temperature": 0, "stream": True}
+    # 12 + 116 = the whole context: the longest the request can run, for the disconnect to be seen while it runs
+    body = {"model": MODEL, "prompt": EXPECTED["prompts"][1], "max_tokens": 116, "temperature": 0, "stream": True}
     with httpx.stream("POST", f"{server['url']}/v1/completions", json=body, timeout=60) as response:
         lines = (line for line in response.iter_lines() if line.startswith("data: "))
         first = json.loads(next(lines)[6:])
@@ -231,11 +237,11 @@ def test_stop_strings_end_the_text_before_them():
 
 
 @pytest.mark.parametrize("change, status, field", [
-    ({"prompt": [1] * 300}, 400, "prompt"),  # longer than the context of 256
+    ({"prompt": [1] * 150}, 400, "prompt"),  # longer than the context of 128
     ({"prompt": [1, 600]}, 400, "prompt"),  # outside the vocabulary of 512
     ({"prompt": [1, -3]}, 400, "prompt"),
     ({"max_tokens": 0}, 400, "max_tokens"),
-    ({"max_tokens": 254}, 400, "max_tokens"),  # 3 + 254 tokens: past the context of 256
+    ({"max_tokens": 126}, 400, "max_tokens"),  # 3 + 126 tokens: past the context of 128
     ({"temperature": -1}, 400, "temperature"),
     ({"top_p": 0}, 400, "top_p"),
     ({"top_p": 1.5}, 400, "top_p"),
@@ -264,7 +270,7 @@ def test_server_unhurt_and_openai_client_sees_the_refusal(server):
 
 def test_more_requests_than_slots_queue_then_429_with_retry_after(server):
     prompt = EXPECTED["prompts"][2]
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 200, "temperature": 0}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 100, "temperature": 0}
     start = threading.Barrier(16)
 
     def post(_):
@@ -280,7 +286,7 @@ def test_more_requests_than_slots_queue_then_429_with_retry_after(server):
             assert r.headers["Retry-After"] == "1"
         else:  # none lost: every accepted request has all its tokens, the stored ones first
             tokens = r.json()["choices"][0]["token_ids"]
-            assert len(tokens) == 200 and prompt + tokens[:30] == EXPECTED["tokens"][2]
+            assert len(tokens) == 100 and prompt + tokens[:30] == EXPECTED["tokens"][2]
 
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(server):
