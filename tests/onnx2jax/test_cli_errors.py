@@ -4,6 +4,7 @@ Exit status 1 for a user error, 2 for a usage error; never a traceback unless
 ``--debug``. And nothing reports success when it did nothing.
 """
 
+import io
 import os
 import subprocess
 import sys
@@ -346,7 +347,8 @@ def test_terminal_tables_fit_80_columns(annotated, monkeypatch):
     import onnx2jax.cli.console
 
     console = Console(width=80, force_terminal=True, record=True)
-    monkeypatch.setattr(onnx2jax.cli.console, "make_console", lambda **_: console)
+    spinner = Console(width=80, force_terminal=True, file=io.StringIO())  # stderr's: its frames are transient
+    monkeypatch.setattr(onnx2jax.cli.console, "make_console", lambda stderr=False: spinner if stderr else console)
     assert main(["explain", str(annotated), "--node", "node_linear_6"]) == 0
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= 80
